@@ -1,0 +1,235 @@
+#include "engine/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/error.h"
+#include "engine/log.h"
+
+namespace cortado {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr char kMagic[8] = {'C', 'R', 'T', 'D', 'C', 'K', 'P', 'T'};
+constexpr size_t kHeaderBytes = 8 + 4 + 4 + 8;
+
+void PutBytes(std::string& out, const void* p, size_t n) {
+  out.append(static_cast<const char*>(p), n);
+}
+template <typename T>
+void Put(std::string& out, T v) {
+  PutBytes(out, &v, sizeof(T));
+}
+void PutString(std::string& out, const std::string& s) {
+  Put<uint64_t>(out, s.size());
+  out += s;
+}
+
+// Bounds-checked reader over the payload; every overrun is a "truncated or corrupt" error.
+class Reader {
+ public:
+  Reader(const std::string& data, const std::string& path) : data_(data), path_(path) {}
+  void Bytes(void* out, size_t n) {
+    CORTADO_CHECK(n <= data_.size() - pos_, "checkpoint '", path_, "' is corrupt (record past end)");
+    std::memcpy(out, data_.data() + pos_, n);
+    pos_ += n;
+  }
+  template <typename T>
+  T Get() {
+    T v;
+    Bytes(&v, sizeof(T));
+    return v;
+  }
+  std::string String() {
+    uint64_t n = Get<uint64_t>();
+    CORTADO_CHECK(n <= data_.size() - pos_, "checkpoint '", path_, "' is corrupt (string past end)");
+    std::string s = data_.substr(pos_, n);
+    pos_ += n;
+    return s;
+  }
+  bool AtEnd() const { return pos_ == data_.size(); }
+
+ private:
+  const std::string& data_;
+  const std::string& path_;
+  size_t pos_ = 0;
+};
+
+void WriteAll(int fd, const std::string& data, const std::string& path) {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    CORTADO_CHECK(n > 0, "writing checkpoint '", path, "': ", std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+const Tensor* Checkpoint::Find(const std::string& name) const {
+  for (const auto& [n, t] : tensors) {
+    if (n == name) return &t;
+  }
+  return nullptr;
+}
+
+const std::string& Checkpoint::Meta(const std::string& key) const {
+  auto it = meta.find(key);
+  CORTADO_CHECK(it != meta.end(), "checkpoint has no '", key, "' entry");
+  return it->second;
+}
+
+int64_t Checkpoint::MetaInt(const std::string& key) const {
+  const std::string& v = Meta(key);
+  try {
+    size_t used = 0;
+    int64_t x = std::stoll(v, &used);
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  Fail("checkpoint entry '", key, "' is not an integer: '", v, "'");
+}
+
+void SaveCheckpoint(const Checkpoint& checkpoint, const std::string& path) {
+  std::string payload;
+  Put<uint32_t>(payload, static_cast<uint32_t>(checkpoint.meta.size()));
+  for (const auto& [k, v] : checkpoint.meta) {
+    PutString(payload, k);
+    PutString(payload, v);
+  }
+  Put<uint32_t>(payload, static_cast<uint32_t>(checkpoint.tensors.size()));
+  for (const auto& [name, t] : checkpoint.tensors) {
+    CORTADO_CHECK(t.device() == Device::CPU(), "checkpoint tensor '", name, "' is not on the CPU");
+    PutString(payload, name);
+    Put<uint8_t>(payload, static_cast<uint8_t>(t.dtype()));
+    Put<uint32_t>(payload, static_cast<uint32_t>(t.ndim()));
+    for (int64_t d : t.shape()) Put<int64_t>(payload, d);
+    PutBytes(payload, t.raw_data(), t.nbytes());
+  }
+  std::string file;
+  file.reserve(kHeaderBytes + payload.size());
+  PutBytes(file, kMagic, 8);
+  Put<uint32_t>(file, kCheckpointVersion);
+  uLong crc = crc32_z(0L, reinterpret_cast<const Bytef*>(payload.data()), payload.size());
+  Put<uint32_t>(file, static_cast<uint32_t>(crc));
+  Put<uint64_t>(file, payload.size());
+  file += payload;
+
+  fs::path target(path);
+  fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  CORTADO_CHECK(!ec, "cannot create checkpoint folder '", dir.string(), "': ", ec.message());
+  std::string tmp = (dir / ("." + target.filename().string() + ".tmp")).string();
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  CORTADO_CHECK(fd >= 0, "cannot create '", tmp, "': ", std::strerror(errno));
+  try {
+    WriteAll(fd, file, tmp);
+    CORTADO_CHECK(::fsync(fd) == 0, "fsync '", tmp, "': ", std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    Fail("cannot rename '", tmp, "' to '", path, "': ", std::strerror(err));
+  }
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);  // make the rename itself durable
+    ::close(dfd);
+  }
+}
+
+Checkpoint LoadCheckpoint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  CORTADO_CHECK(in.good(), "cannot open checkpoint '", path, "'");
+  std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CORTADO_CHECK(file.size() >= kHeaderBytes && std::memcmp(file.data(), kMagic, 8) == 0,
+                "'", path, "' is not a Cortado checkpoint (bad magic or too short)");
+  uint32_t version, crc;
+  uint64_t size;
+  std::memcpy(&version, file.data() + 8, 4);
+  std::memcpy(&crc, file.data() + 12, 4);
+  std::memcpy(&size, file.data() + 16, 8);
+  CORTADO_CHECK(version == kCheckpointVersion, "checkpoint '", path, "' has format version ",
+                version, "; this build reads version ", kCheckpointVersion);
+  CORTADO_CHECK(size == file.size() - kHeaderBytes, "checkpoint '", path, "' is truncated (",
+                file.size() - kHeaderBytes, " of ", size, " payload bytes)");
+  std::string payload = file.substr(kHeaderBytes);
+  uLong actual = crc32_z(0L, reinterpret_cast<const Bytef*>(payload.data()), payload.size());
+  CORTADO_CHECK(static_cast<uint32_t>(actual) == crc, "checkpoint '", path,
+                "' is corrupt (CRC mismatch)");
+
+  Checkpoint ckpt;
+  Reader r(payload, path);
+  uint32_t n_meta = r.Get<uint32_t>();
+  for (uint32_t i = 0; i < n_meta; ++i) {
+    std::string k = r.String();
+    ckpt.meta[k] = r.String();
+  }
+  uint32_t n_tensors = r.Get<uint32_t>();
+  for (uint32_t i = 0; i < n_tensors; ++i) {
+    std::string name = r.String();
+    uint8_t dtype = r.Get<uint8_t>();
+    CORTADO_CHECK(dtype <= static_cast<uint8_t>(DType::kU8), "checkpoint '", path,
+                  "': tensor '", name, "' has unknown dtype ", int{dtype});
+    uint32_t ndim = r.Get<uint32_t>();
+    CORTADO_CHECK(ndim <= 8, "checkpoint '", path, "': tensor '", name, "' has ", ndim, " dims");
+    Shape shape(ndim);
+    for (auto& d : shape) {
+      d = r.Get<int64_t>();
+      CORTADO_CHECK(d >= 0 && d < (int64_t{1} << 40), "checkpoint '", path, "': tensor '", name,
+                    "' has a bad dimension");
+    }
+    Tensor t(shape, static_cast<DType>(dtype));
+    r.Bytes(t.raw_data(), t.nbytes());
+    ckpt.Add(name, t);
+  }
+  CORTADO_CHECK(r.AtEnd(), "checkpoint '", path, "' has trailing bytes");
+  return ckpt;
+}
+
+std::string CheckpointFileName(int64_t iteration) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "ckpt-%08lld.cortado", static_cast<long long>(iteration));
+  return name;
+}
+
+std::vector<std::string> ListCheckpoints(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    std::string name = entry.path().filename().string();
+    if (name.rfind("ckpt-", 0) == 0 && entry.path().extension() == ".cortado") {
+      out.push_back(entry.path().string());
+    }
+  }
+  // Zero-padded iteration numbers sort as text; newest first.
+  std::sort(out.rbegin(), out.rend());
+  return out;
+}
+
+void PruneCheckpoints(const std::string& dir, int keep) {
+  if (keep <= 0) return;
+  std::vector<std::string> all = ListCheckpoints(dir);
+  for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) {
+    std::error_code ec;
+    fs::remove(all[i], ec);
+    if (ec) LogWarning("could not remove old checkpoint '", all[i], "': ", ec.message());
+  }
+}
+
+}  // namespace cortado

@@ -1,0 +1,160 @@
+// Layer: one node of the net, with a hand-written forward and backward pass (Caffe's design).
+//
+// Ownership: a layer owns its parameters (Param: value + grad + metadata) and buffers (state
+// that is saved but not learned, e.g. batch-norm running statistics). The net owns the blobs
+// that flow between layers and passes them as `bottom` (inputs) and `top` (outputs).
+//
+// Contract, called by Net:
+//   SetUp(bottom, top)     once: checks input/output counts, LayerSetUp (read settings, make
+//                          params), Reshape.
+//   Reshape(bottom, top)   before every Forward: size the tops from the bottoms' shapes.
+//   Forward(bottom, top)   compute top data from bottom data.
+//   Backward(top, propagate_down, bottom)
+//                          from top grads, OVERWRITE param grads and, for each i with
+//                          propagate_down[i], bottom[i]->grad (already sized like the data).
+// A blob consumed by several layers gets a Split layer inserted by the net, so layers never
+// need to accumulate into a bottom grad.
+//
+// Element type: layers compute in the dtype of bottom[0] (f32 for training, f64 for gradient
+// checks); labels are i32. Params take the dtype of bottom[0] at SetUp.
+// Threads: Forward/Backward are called from one thread and may use ParallelFor inside.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/settings.h"
+#include "engine/tensor.h"
+
+namespace cortado {
+
+enum class Phase { kTrain, kTest };
+
+// What a parameter is, for policies such as "no weight decay on batch-norm and bias".
+enum class ParamKind { kWeight, kBias, kNorm };
+
+struct Param {
+  std::string name;  // "<layer>.weight", "<layer>.bias"
+  Tensor value;
+  Tensor grad;
+  ParamKind kind = ParamKind::kWeight;
+  float lr_mult = 1.0f;
+  float decay_mult = 1.0f;
+  std::string codec;  // gradient codec for data-parallel all-reduce; "" = the run's default
+};
+
+struct Buffer {
+  std::string name;  // "<layer>.running_mean"
+  Tensor value;
+};
+
+// Run-time state shared by all layers of a net.
+struct LayerContext {
+  Phase phase = Phase::kTrain;
+  uint64_t seed = 0;        // the run's seed; layers derive per-layer streams from it
+  int64_t iteration = 0;    // current iteration, for counter-based randomness (dropout)
+  // Sums `count` floats in place across data-parallel ranks (synchronized batch norm).
+  // Empty in a single process.
+  std::function<void(float* values, int64_t count)> all_reduce_sum;
+};
+
+struct LayerSpec {
+  std::string name;
+  std::string type;
+  std::vector<std::string> inputs;
+  std::vector<std::string> outputs;
+  Settings settings;
+  std::string where;  // "file.yaml:line:col" of the layer's entry, or "" when built in code
+};
+
+class Layer {
+ public:
+  explicit Layer(const LayerSpec& spec);
+  virtual ~Layer() = default;
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  void SetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top);
+  virtual void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) = 0;
+  virtual void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) = 0;
+  virtual void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
+                        const std::vector<Blob*>& bottom) = 0;
+
+  // Input/output counts; -1 means unconstrained. Checked by SetUp.
+  virtual int MinInputs() const { return 1; }
+  virtual int MaxInputs() const { return 1; }
+  virtual int NumOutputs() const { return 1; }
+  // Whether a gradient can flow to input i (false for labels).
+  virtual bool CanBackpropTo(int input_index) const { return true; }
+  // Loss layers output a scalar that the net adds, times loss_weight, to the total loss.
+  virtual bool IsLoss() const { return false; }
+
+  const std::string& name() const { return spec_.name; }
+  const std::string& type() const { return spec_.type; }
+  const LayerSpec& spec() const { return spec_; }
+  // "layer 'conv1' (Convolution)", for messages.
+  std::string Describe() const;
+  std::vector<Param>& params() { return params_; }
+  const std::vector<Param>& params() const { return params_; }
+  std::vector<Buffer>& buffers() { return buffers_; }
+  const std::vector<Buffer>& buffers() const { return buffers_; }
+  float loss_weight() const { return loss_weight_; }
+
+  void set_context(const LayerContext* context) { context_ = context; }
+  const LayerContext& context() const;
+  Phase phase() const { return context().phase; }
+
+ protected:
+  // Reads settings and creates params; called once by SetUp before Reshape.
+  virtual void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {}
+  // Creates a parameter "<name>.<suffix>" of the given shape in bottom[0]'s dtype, zeroed.
+  Param& AddParam(const std::string& suffix, const Shape& shape, DType dtype, ParamKind kind);
+  Buffer& AddBuffer(const std::string& suffix, const Shape& shape, DType dtype);
+  // Seed for this layer's initialization: depends on the run's seed and the layer's name.
+  uint64_t InitSeed() const;
+
+  LayerSpec spec_;
+  const Settings& settings() const { return spec_.settings; }
+  std::vector<Param> params_;
+  std::vector<Buffer> buffers_;
+  float loss_weight_ = 0.0f;
+
+ private:
+  const LayerContext* context_ = nullptr;
+};
+
+// Registry of layer types by name ("Convolution" -> ConvolutionLayer).
+class LayerRegistry {
+ public:
+  using Creator = std::function<std::unique_ptr<Layer>(const LayerSpec&)>;
+  static void Register(const std::string& type, Creator creator);
+  // Throws naming the unknown type and listing the known ones.
+  static std::unique_ptr<Layer> Create(const LayerSpec& spec);
+  static std::vector<std::string> Types();
+  static bool Has(const std::string& type);
+};
+
+struct LayerRegistrar {
+  LayerRegistrar(const std::string& type, LayerRegistry::Creator creator) {
+    LayerRegistry::Register(type, std::move(creator));
+  }
+};
+
+// Registers class `cls` under the type name `type`, e.g. CORTADO_REGISTER_LAYER(ReLU, ReluLayer).
+#define CORTADO_REGISTER_LAYER(type, cls)                                              \
+  static ::cortado::LayerRegistrar g_cortado_layer_registrar_##type(                   \
+      #type, [](const ::cortado::LayerSpec& spec) -> std::unique_ptr<::cortado::Layer> { \
+        return std::make_unique<cls>(spec);                                            \
+      })
+
+// Calls fn(T{}) with T = float or double according to dtype; other dtypes throw naming `what`.
+template <typename Fn>
+decltype(auto) DispatchFloat(DType dtype, const std::string& what, Fn&& fn) {
+  if (dtype == DType::kF32) return fn(float{});
+  if (dtype == DType::kF64) return fn(double{});
+  Fail(what, ": dtype ", DTypeName(dtype), " is not supported on CPU (use f32 or f64)");
+}
+
+}  // namespace cortado

@@ -1,0 +1,44 @@
+#include "engine/log.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <mutex>
+#include <string_view>
+
+namespace cortado {
+namespace {
+std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
+std::mutex g_mutex;
+}  // namespace
+
+void SetLogLevel(LogLevel level) { g_level = static_cast<int>(level); }
+LogLevel GetLogLevel() { return static_cast<LogLevel>(g_level.load()); }
+
+void InitLogLevelFromEnv() {
+  const char* env = std::getenv("CORTADO_LOG_LEVEL");
+  if (env == nullptr) return;
+  std::string_view v(env);
+  if (v == "debug") SetLogLevel(LogLevel::kDebug);
+  if (v == "info") SetLogLevel(LogLevel::kInfo);
+  if (v == "warning") SetLogLevel(LogLevel::kWarning);
+  if (v == "error") SetLogLevel(LogLevel::kError);
+  if (v == "off") SetLogLevel(LogLevel::kOff);
+}
+
+void LogLine(LogLevel level, const std::string& message) {
+  static const char* kTags[] = {"D", "I", "W", "E", "-"};
+  auto now = std::chrono::system_clock::now();
+  std::time_t t = std::chrono::system_clock::to_time_t(now);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%H:%M:%S", &tm);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::fprintf(stderr, "%s %s %s\n", kTags[static_cast<int>(level)], stamp, message.c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace cortado

@@ -1,0 +1,73 @@
+#include "engine/math.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+
+#include "engine/thread_pool.h"
+
+namespace cortado {
+
+template <>
+void GemmLd<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+template <>
+void GemmLd<double>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
+                    const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
+                    double* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+template <typename T>
+void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, const T* b,
+          T beta, T* c) {
+  GemmLd<T>(ta, tb, m, n, k, alpha, a, ta ? m : k, b, tb ? k : n, beta, c, n);
+}
+
+template <typename T>
+void ParallelGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                  const T* b, T beta, T* c) {
+  const int64_t lda = ta ? m : k;
+  const int64_t ldb = tb ? k : n;
+  const int threads = NumThreads();
+  // Each task needs enough work to amortize the hand-off (~64K multiply-adds).
+  if (threads == 1 || m * n * k < 65536) return Gemm<T>(ta, tb, m, n, k, alpha, a, b, beta, c);
+  if (m >= n || m >= 4 * threads) {
+    ParallelFor(m, 4, [&](int64_t r0, int64_t r1) {
+      const T* a_rows = ta ? a + r0 : a + r0 * lda;
+      GemmLd<T>(ta, tb, r1 - r0, n, k, alpha, a_rows, lda, b, ldb, beta, c + r0 * n, n);
+    });
+  } else {
+    ParallelFor(n, 16, [&](int64_t c0, int64_t c1) {
+      const T* b_cols = tb ? b + c0 * ldb : b + c0;
+      GemmLd<T>(ta, tb, m, c1 - c0, k, alpha, a, lda, b_cols, ldb, beta, c + c0, n);
+    });
+  }
+}
+
+template <typename T>
+void Axpy(int64_t n, T alpha, const T* x, T* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+template void Gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*,
+                          const float*, float, float*);
+template void Gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*,
+                           const double*, double, double*);
+template void ParallelGemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*,
+                                  const float*, float, float*);
+template void ParallelGemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*,
+                                   const double*, double, double*);
+template void Axpy<float>(int64_t, float, const float*, float*);
+template void Axpy<double>(int64_t, double, const double*, double*);
+
+}  // namespace cortado

@@ -1,0 +1,234 @@
+#include "engine/net.h"
+
+#include <chrono>
+#include <iomanip>
+#include <set>
+#include <sstream>
+
+#include "engine/log.h"
+
+namespace cortado {
+namespace {
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+}  // namespace
+
+Net::Net(const NetSpec& spec, uint64_t seed, DType dtype) {
+  CORTADO_CHECK(dtype == DType::kF32 || dtype == DType::kF64, "net '", spec.name,
+                "': compute dtype must be f32 or f64 on CPU, got ", DTypeName(dtype));
+  context_.seed = seed;
+  CORTADO_CHECK(!spec.layers.empty(), "net '", spec.name, "' has no layers");
+
+  for (const NetInput& in : spec.inputs) {
+    CORTADO_CHECK(!blob_index_.count(in.name), "net '", spec.name, "': input '", in.name,
+                  "' is declared twice");
+    auto blob = std::make_unique<Blob>();
+    blob->name = in.name;
+    DType t = (in.dtype == DType::kF32 || in.dtype == DType::kF64) ? dtype : in.dtype;
+    blob->data = Tensor(in.shape, t);
+    blob->data.Zero();
+    blob_index_[in.name] = blobs_.size();
+    blobs_.push_back(std::move(blob));
+    blob_needs_grad_.push_back(false);
+    input_names_.push_back(in.name);
+  }
+
+  // Count consumers first: a blob read by several layers that carries a gradient gets a Split.
+  std::map<std::string, int> consumers;
+  for (const LayerSpec& layer : spec.layers) {
+    for (const std::string& name : layer.inputs) consumers[name]++;
+  }
+  std::map<std::string, std::vector<std::string>> split_names;  // blob -> unused split outputs
+  std::set<std::string> layer_names;
+
+  for (const LayerSpec& original : spec.layers) {
+    LayerSpec layer = original;
+    std::string at = layer.where.empty() ? "" : " at " + layer.where;
+    CORTADO_CHECK(!layer.name.empty(), "net '", spec.name, "': a layer", at, " has no name");
+    CORTADO_CHECK(layer_names.insert(layer.name).second, "net '", spec.name,
+                  "': two layers are named '", layer.name, "'", at);
+    for (std::string& input : layer.inputs) {
+      auto it = split_names.find(input);
+      if (it != split_names.end()) {
+        CORTADO_ASSERT(!it->second.empty());
+        input = it->second.back();
+        it->second.pop_back();
+      }
+    }
+    AddLayer(layer);
+    // Insert a Split after this layer for each output that fans out and carries a gradient.
+    for (const std::string& output : original.outputs) {
+      int k = consumers[output];
+      if (k < 2 || !blob_needs_grad_[blob_index_.at(output)]) continue;
+      LayerSpec split;
+      split.name = output + "_split";
+      split.type = "Split";
+      split.inputs = {output};
+      for (int i = k - 1; i >= 0; --i) split.outputs.push_back(StrCat(output, "_split_", i));
+      split_names[output] = split.outputs;  // consumed from the back: _0 first
+      AddLayer(split);
+    }
+  }
+  layer_times_.resize(layers_.size());
+}
+
+void Net::AddLayer(LayerSpec spec) {
+  std::string at = spec.where.empty() ? "" : " at " + spec.where;
+  std::unique_ptr<Layer> layer = LayerRegistry::Create(spec);
+  layer->set_context(&context_);
+  std::vector<Blob*> bottom, top;
+  std::vector<bool> propagate;
+  for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    const std::string& name = spec.inputs[i];
+    auto it = blob_index_.find(name);
+    if (it == blob_index_.end()) {
+      Fail(layer->Describe(), at, ": input '", name,
+           "' is not a net input nor an output of an earlier layer");
+    }
+    bottom.push_back(blobs_[it->second].get());
+    propagate.push_back(blob_needs_grad_[it->second] &&
+                        layer->CanBackpropTo(static_cast<int>(i)));
+  }
+  for (const std::string& name : spec.outputs) {
+    CORTADO_CHECK(!blob_index_.count(name), layer->Describe(), at, ": output '", name,
+                  "' already exists (in-place layers are not supported; give it a new name)");
+    auto blob = std::make_unique<Blob>();
+    blob->name = name;
+    blob_index_[name] = blobs_.size();
+    top.push_back(blob.get());
+    blobs_.push_back(std::move(blob));
+    blob_needs_grad_.push_back(false);
+  }
+  layer->SetUp(bottom, top);
+  layer->spec().settings.CheckAllUsed();
+  bool any_propagate = false;
+  for (bool p : propagate) any_propagate = any_propagate || p;
+  bool backward = any_propagate || !layer->params().empty();
+  for (Blob* t : top) {
+    blob_needs_grad_[blob_index_.at(t->name)] = backward;
+  }
+  bottoms_.push_back(bottom);
+  tops_.push_back(top);
+  propagate_down_.push_back(propagate);
+  runs_backward_.push_back(backward);
+  layers_.push_back(std::move(layer));
+}
+
+Blob* Net::blob(const std::string& name) {
+  auto it = blob_index_.find(name);
+  CORTADO_CHECK(it != blob_index_.end(), "net has no blob named '", name, "'");
+  return blobs_[it->second].get();
+}
+
+Tensor& Net::input(const std::string& name) {
+  for (const std::string& n : input_names_) {
+    if (n == name) return blob(name)->data;
+  }
+  Fail("net has no input named '", name, "'");
+}
+
+void Net::SetBatchSize(int64_t batch) {
+  CORTADO_CHECK(batch > 0, "batch size must be positive, got ", batch);
+  for (const std::string& name : input_names_) {
+    Tensor& t = blob(name)->data;
+    Shape s = t.shape();
+    if (!s.empty() && s[0] != batch) {
+      s[0] = batch;
+      t.Resize(s);
+    }
+  }
+}
+
+double Net::Forward() {
+  double loss = 0;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    Layer& layer = *layers_[i];
+    layer.Reshape(bottoms_[i], tops_[i]);
+    layer.Forward(bottoms_[i], tops_[i]);
+    if (layer.IsLoss()) loss += layer.loss_weight() * ElementAsDouble(tops_[i][0]->data, 0);
+    if (profiling_) {
+      layer_times_[i].name = layer.name();
+      layer_times_[i].type = layer.type();
+      layer_times_[i].forward_s = Seconds(t0, std::chrono::steady_clock::now());
+    }
+  }
+  return loss;
+}
+
+void Net::Backward(double loss_scale) {
+  // Size every gradient like its data; seed losses; zero gradients nobody writes.
+  // A gradient is written by a consumer that propagates to it; all others must read as zero.
+  std::vector<bool> written(blobs_.size(), false);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    for (size_t j = 0; j < bottoms_[i].size(); ++j) {
+      if (propagate_down_[i][j]) written[blob_index_.at(bottoms_[i][j]->name)] = true;
+    }
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (!runs_backward_[i]) continue;
+    for (Blob* t : tops_[i]) {
+      t->grad.Resize(t->data.shape(), t->data.dtype());
+      if (layers_[i]->IsLoss()) {
+        t->grad.Fill(layers_[i]->loss_weight() * loss_scale);
+      } else if (!written[blob_index_.at(t->name)]) {
+        t->grad.Zero();
+      }
+    }
+  }
+  for (size_t i = layers_.size(); i-- > 0;) {
+    if (!runs_backward_[i]) continue;
+    auto t0 = std::chrono::steady_clock::now();
+    Layer& layer = *layers_[i];
+    for (size_t j = 0; j < bottoms_[i].size(); ++j) {
+      if (propagate_down_[i][j]) {
+        Blob* b = bottoms_[i][j];
+        b->grad.Resize(b->data.shape(), b->data.dtype());
+      }
+    }
+    layer.Backward(tops_[i], propagate_down_[i], bottoms_[i]);
+    if (profiling_) layer_times_[i].backward_s = Seconds(t0, std::chrono::steady_clock::now());
+    if (grad_ready_hook_ && !layer.params().empty()) grad_ready_hook_(layer, layer.params());
+  }
+}
+
+std::vector<Param*> Net::params() {
+  std::vector<Param*> out;
+  for (auto& layer : layers_) {
+    for (Param& p : layer->params()) out.push_back(&p);
+  }
+  return out;
+}
+
+std::vector<Buffer*> Net::buffers() {
+  std::vector<Buffer*> out;
+  for (auto& layer : layers_) {
+    for (Buffer& b : layer->buffers()) out.push_back(&b);
+  }
+  return out;
+}
+
+int64_t Net::num_parameters() {
+  int64_t n = 0;
+  for (Param* p : params()) n += p->value.numel();
+  return n;
+}
+
+std::string Net::Summary() {
+  std::ostringstream out;
+  out << std::left << std::setw(22) << "layer" << std::setw(18) << "type" << std::setw(24)
+      << "output" << "params\n";
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Layer& layer = *layers_[i];
+    int64_t n = 0;
+    for (const Param& p : layer.params()) n += p.value.numel();
+    std::string shape = tops_[i].empty() ? "-" : ShapeString(tops_[i][0]->data.shape());
+    out << std::setw(22) << layer.name() << std::setw(18) << layer.type() << std::setw(24)
+        << shape << n << "\n";
+  }
+  out << "total parameters: " << num_parameters() << "\n";
+  return out.str();
+}
+
+}  // namespace cortado

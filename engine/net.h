@@ -1,0 +1,98 @@
+// Net: a graph of layers built from a NetSpec (a YAML graph or a C++ builder in models/).
+//
+// Blobs are named; each layer reads named inputs and writes named outputs, in the order the
+// spec lists the layers (which must be topological). The net's inputs (`data`, `label`) are
+// blobs that nothing produces; the trainer fills them. When a blob feeds several layers the
+// net inserts a Split layer so that gradients from all consumers are summed.
+//
+// Backward runs the layers in reverse. When a layer's parameter gradients are final the net
+// calls the gradient-ready hook with that layer's params: data-parallel training starts
+// all-reducing them while backward continues on earlier layers.
+//
+// The loss is the sum of the loss layers' outputs times their loss_weight. Backward(scale)
+// seeds each loss output's gradient with loss_weight * scale (scale is the loss scale of mixed
+// precision, 1 otherwise).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/layer.h"
+
+namespace cortado {
+
+struct NetInput {
+  std::string name;  // "data"
+  Shape shape;       // with the batch dimension first, e.g. {64, 1, 28, 28}
+  DType dtype = DType::kF32;
+};
+
+struct NetSpec {
+  std::string name;
+  std::vector<NetInput> inputs;
+  std::vector<LayerSpec> layers;
+};
+
+class Net {
+ public:
+  // Builds and sets up every layer. dtype: the compute dtype for floating inputs (f32, or f64
+  // for gradient checks). Throws naming the layer and blob for a malformed graph.
+  Net(const NetSpec& spec, uint64_t seed, DType dtype = DType::kF32);
+
+  // Runs every layer forward; returns the total loss (0 when the net has no loss layer).
+  double Forward();
+  // Runs every layer backward, seeding loss gradients with loss_weight * loss_scale.
+  void Backward(double loss_scale = 1.0);
+
+  Blob* blob(const std::string& name);
+  bool has_blob(const std::string& name) const { return blob_index_.count(name) != 0; }
+  Tensor& input(const std::string& name);  // data of a net input
+  const std::vector<std::string>& input_names() const { return input_names_; }
+  // Resizes the batch dimension of every input (e.g. a short last evaluation batch).
+  void SetBatchSize(int64_t batch);
+
+  std::vector<std::unique_ptr<Layer>>& layers() { return layers_; }
+  // All learnable parameters, in forward order of their layers.
+  std::vector<Param*> params();
+  std::vector<Buffer*> buffers();
+
+  void set_phase(Phase phase) { context_.phase = phase; }
+  Phase phase() const { return context_.phase; }
+  void set_iteration(int64_t iteration) { context_.iteration = iteration; }
+  LayerContext& context() { return context_; }
+
+  using GradReadyHook = std::function<void(Layer& layer, std::vector<Param>& params)>;
+  void set_grad_ready_hook(GradReadyHook hook) { grad_ready_hook_ = std::move(hook); }
+
+  // Per-layer time of the last Forward and Backward, in seconds (for profiles).
+  void set_profiling(bool on) { profiling_ = on; }
+  struct LayerTime {
+    std::string name, type;
+    double forward_s = 0, backward_s = 0;
+  };
+  const std::vector<LayerTime>& layer_times() const { return layer_times_; }
+  // Human-readable summary: layers, output shapes, parameter count.
+  std::string Summary();
+  int64_t num_parameters();
+
+ private:
+  void AddLayer(LayerSpec spec);
+
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::vector<Blob*>> bottoms_, tops_;
+  std::vector<std::vector<bool>> propagate_down_;
+  std::vector<bool> runs_backward_;
+  std::vector<std::unique_ptr<Blob>> blobs_;
+  std::map<std::string, size_t> blob_index_;
+  std::vector<bool> blob_needs_grad_;
+  std::vector<std::string> input_names_;
+  LayerContext context_;
+  GradReadyHook grad_ready_hook_;
+  bool profiling_ = false;
+  std::vector<LayerTime> layer_times_;
+};
+
+}  // namespace cortado

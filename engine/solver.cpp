@@ -1,0 +1,87 @@
+#include "engine/solver.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/thread_pool.h"
+
+namespace cortado {
+
+SgdSolver::SgdSolver(std::vector<Param*> params, SgdOptions options)
+    : params_(std::move(params)), options_(options) {
+  for (Param* p : params_) {
+    Buffer b{p->name + ".momentum", Tensor(p->value.shape(), p->value.dtype())};
+    b.value.Zero();
+    momentum_.push_back(std::move(b));
+  }
+}
+
+namespace {
+template <typename T>
+void SgdUpdate(T* w, const T* g, T* v, int64_t n, double lr, double wd, double mu, bool nesterov,
+               double scale) {
+  const T tlr = static_cast<T>(lr), twd = static_cast<T>(wd), tmu = static_cast<T>(mu);
+  const T tscale = static_cast<T>(scale);
+  ParallelFor(n, 32768, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      T d = g[i] * tscale + twd * w[i];
+      T vi = tmu * v[i] + d;
+      v[i] = vi;
+      w[i] -= tlr * (nesterov ? d + tmu * vi : vi);
+    }
+  });
+}
+}  // namespace
+
+void SgdSolver::Step(double lr, double grad_scale) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param& p = *params_[i];
+    double decay = options_.weight_decay * p.decay_mult;
+    if (options_.no_decay_bn_bias && p.kind != ParamKind::kWeight) decay = 0;
+    double plr = lr * p.lr_mult;
+    Tensor& v = momentum_[i].value;
+    DispatchFloat(p.value.dtype(), p.name, [&](auto tag) {
+      using T = decltype(tag);
+      SgdUpdate<T>(p.value.data<T>(), p.grad.data<T>(), v.data<T>(), p.value.numel(), plr,
+                   decay, options_.momentum, options_.nesterov, grad_scale);
+    });
+  }
+}
+
+LrSchedule::LrSchedule(LrScheduleOptions options) : options_(std::move(options)) {
+  const auto& o = options_;
+  static const char* kPolicies[] = {"fixed", "step", "multistep", "cosine", "poly"};
+  bool known = false;
+  for (const char* k : kPolicies) known = known || o.policy == k;
+  CORTADO_CHECK(known, "unknown lr_policy '", o.policy,
+                "' (known: fixed, step, multistep, cosine, poly)");
+  CORTADO_CHECK(o.base_lr >= 0, "base_lr must be >= 0, got ", o.base_lr);
+  CORTADO_CHECK(o.policy != "step" || o.step_size > 0, "step_size must be > 0 for lr_policy step");
+  CORTADO_CHECK(o.total > 0, "the schedule length must be positive");
+  CORTADO_CHECK(o.warmup >= 0, "warmup must be >= 0, got ", o.warmup);
+}
+
+double LrSchedule::At(double t) const {
+  const auto& o = options_;
+  double lr = o.base_lr;
+  if (o.policy == "step") {
+    lr = o.base_lr * std::pow(o.gamma, std::floor(t / o.step_size));
+  } else if (o.policy == "multistep") {
+    int passed = 0;
+    for (double m : o.milestones) passed += t >= m ? 1 : 0;
+    lr = o.base_lr * std::pow(o.gamma, passed);
+  } else if (o.policy == "cosine") {
+    double f = std::clamp(t / o.total, 0.0, 1.0);
+    lr = o.min_lr + (o.base_lr - o.min_lr) * 0.5 * (1.0 + std::cos(M_PI * f));
+  } else if (o.policy == "poly") {
+    double f = std::clamp(t / o.total, 0.0, 1.0);
+    lr = o.min_lr + (o.base_lr - o.min_lr) * std::pow(1.0 - f, o.power);
+  }
+  if (o.warmup > 0 && t < o.warmup) {
+    double f = o.warmup_factor + (1.0 - o.warmup_factor) * (t / o.warmup);
+    lr *= f;
+  }
+  return lr;
+}
+
+}  // namespace cortado

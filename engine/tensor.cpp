@@ -1,0 +1,159 @@
+#include "engine/tensor.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace cortado {
+
+std::string ShapeString(const Shape& shape) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << "]";
+  return out.str();
+}
+
+int64_t ShapeNumel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    CORTADO_CHECK(d >= 0, "negative dimension in shape ", ShapeString(shape));
+    n *= d;
+  }
+  return n;
+}
+
+std::string Device::ToString() const {
+  return type == DeviceType::kCPU ? "cpu" : StrCat("cuda:", index);
+}
+
+namespace {
+class AlignedCpuAllocator final : public Allocator {
+ public:
+  void* Allocate(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    CORTADO_CHECK(p != nullptr, "out of host memory allocating ", bytes, " bytes");
+    return p;
+  }
+  void Free(void* ptr, size_t) override { std::free(ptr); }
+  Device device() const override { return Device::CPU(); }
+};
+}  // namespace
+
+Allocator* CpuAllocator() {
+  static AlignedCpuAllocator allocator;
+  return &allocator;
+}
+
+Storage::Storage(size_t bytes, Allocator* allocator) : bytes_(bytes), allocator_(allocator) {
+  data_ = allocator_->Allocate(bytes);
+}
+Storage::~Storage() {
+  if (data_ != nullptr) allocator_->Free(data_, bytes_);
+}
+
+Tensor::Tensor(Shape shape, DType dtype, Allocator* allocator)
+    : dtype_(dtype), allocator_(allocator ? allocator : CpuAllocator()) {
+  Resize(shape);
+}
+
+int64_t Tensor::dim(int i) const {
+  int n = ndim();
+  int j = i < 0 ? i + n : i;
+  CORTADO_CHECK(j >= 0 && j < n, "dimension ", i, " out of range for tensor ", ToString());
+  return shape_[j];
+}
+
+void Tensor::Resize(const Shape& shape) { Resize(shape, dtype_); }
+
+void Tensor::Resize(const Shape& shape, DType dtype) {
+  if (allocator_ == nullptr) allocator_ = CpuAllocator();
+  int64_t n = ShapeNumel(shape);
+  size_t bytes = static_cast<size_t>(n) * DTypeSize(dtype);
+  if (!storage_ || storage_->bytes() < bytes) {
+    storage_ = std::make_shared<Storage>(std::max<size_t>(bytes, 1), allocator_);
+  }
+  shape_ = shape;
+  numel_ = n;
+  dtype_ = dtype;
+}
+
+Tensor Tensor::View(const Shape& shape) const {
+  CORTADO_CHECK(ShapeNumel(shape) == numel_, "cannot view ", ToString(), " as ",
+                ShapeString(shape));
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+void Tensor::Zero() {
+  if (numel_ > 0) std::memset(raw_data(), 0, nbytes());
+}
+
+void Tensor::Fill(double value) {
+  switch (dtype_) {
+    case DType::kF32: std::fill_n(data<float>(), numel_, static_cast<float>(value)); break;
+    case DType::kF64: std::fill_n(data<double>(), numel_, value); break;
+    case DType::kI32: std::fill_n(data<int32_t>(), numel_, static_cast<int32_t>(value)); break;
+    case DType::kU8: std::fill_n(data<uint8_t>(), numel_, static_cast<uint8_t>(value)); break;
+    case DType::kF16:
+      std::fill_n(data<Half>(), numel_, FloatToHalf(static_cast<float>(value)));
+      break;
+    case DType::kBF16:
+      std::fill_n(data<BFloat16>(), numel_, FloatToBFloat16(static_cast<float>(value)));
+      break;
+  }
+}
+
+Tensor Tensor::Clone() const {
+  Tensor t(shape_, dtype_, allocator_);
+  t.CopyFrom(*this);
+  return t;
+}
+
+void Tensor::CopyFrom(const Tensor& src) {
+  CORTADO_CHECK(src.numel_ == numel_ && src.dtype_ == dtype_, "CopyFrom: ", src.ToString(),
+                " into ", ToString());
+  CORTADO_CHECK(src.device() == device(), "CopyFrom across devices (", src.device().ToString(),
+                " to ", device().ToString(), ") must be explicit");
+  if (numel_ > 0 && raw_data() != src.raw_data()) std::memcpy(raw_data(), src.raw_data(), nbytes());
+}
+
+double ElementAsDouble(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::kF32: return t.data<float>()[i];
+    case DType::kF64: return t.data<double>()[i];
+    case DType::kF16: return HalfToFloat(t.data<Half>()[i]);
+    case DType::kBF16: return BFloat16ToFloat(t.data<BFloat16>()[i]);
+    case DType::kI32: return t.data<int32_t>()[i];
+    case DType::kU8: return t.data<uint8_t>()[i];
+  }
+  return 0;
+}
+
+void Tensor::ConvertFrom(const Tensor& src) {
+  CORTADO_CHECK(src.numel_ == numel_, "ConvertFrom: ", src.ToString(), " into ", ToString());
+  if (src.dtype_ == dtype_) return CopyFrom(src);
+  for (int64_t i = 0; i < numel_; ++i) {
+    double v = ElementAsDouble(src, i);
+    switch (dtype_) {
+      case DType::kF32: data<float>()[i] = static_cast<float>(v); break;
+      case DType::kF64: data<double>()[i] = v; break;
+      case DType::kF16: data<Half>()[i] = FloatToHalf(static_cast<float>(v)); break;
+      case DType::kBF16: data<BFloat16>()[i] = FloatToBFloat16(static_cast<float>(v)); break;
+      case DType::kI32: data<int32_t>()[i] = static_cast<int32_t>(v); break;
+      case DType::kU8: data<uint8_t>()[i] = static_cast<uint8_t>(v); break;
+    }
+  }
+}
+
+std::string Tensor::ToString() const { return StrCat(DTypeName(dtype_), ShapeString(shape_)); }
+
+void Tensor::CheckType(DType want) const {
+  CORTADO_CHECK(want == dtype_, "tensor ", ToString(), " accessed as ", DTypeName(want));
+}
+
+}  // namespace cortado

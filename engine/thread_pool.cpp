@@ -1,0 +1,167 @@
+#include "engine/thread_pool.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/error.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace cortado {
+namespace {
+
+thread_local bool t_in_worker = false;
+
+// Workers wait on a generation counter; each job runs task t on worker t-1 while the caller
+// runs task 0, then the caller spins briefly and sleeps until all tasks are done.
+class Pool {
+ public:
+  explicit Pool(int threads) {
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { Loop(i); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+      ++generation_;
+    }
+    wake_.notify_all();
+    for (auto& w : workers_) w.join();
+  }
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  void Run(int tasks, const std::function<void(int)>& fn) {
+    std::lock_guard<std::mutex> run_lock(run_mutex_);  // one job at a time
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      fn_ = &fn;
+      tasks_ = tasks;
+      pending_ = tasks - 1;
+      error_ = nullptr;
+      ++generation_;
+    }
+    wake_.notify_all();
+    t_in_worker = true;  // nested ParallelFor calls from task 0 run inline
+    RunTask(0);
+    t_in_worker = false;
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [this] { return pending_ == 0; });
+    fn_ = nullptr;
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void RunTask(int t) {
+    try {
+      (*fn_)(t);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
+  }
+  void Loop(int index) {
+    t_in_worker = true;
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return generation_ != seen; });
+        seen = generation_;
+        if (stop_) return;
+        if (index >= tasks_) continue;
+      }
+      RunTask(index);
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex run_mutex_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  const std::function<void(int)>* fn_ = nullptr;
+  int tasks_ = 0;
+  int pending_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
+std::mutex g_pool_mutex;
+std::unique_ptr<Pool> g_pool;
+std::atomic<int> g_threads{0};
+
+Pool& GetPool() {
+  std::lock_guard<std::mutex> lock(g_pool_mutex);
+  if (!g_pool) {
+    int n = g_threads.load() > 0 ? g_threads.load() : DefaultNumThreads();
+    g_threads = n;
+    openblas_set_num_threads(1);
+    g_pool = std::make_unique<Pool>(n);
+  }
+  return *g_pool;
+}
+
+}  // namespace
+
+int DefaultNumThreads() {
+  if (const char* env = std::getenv("CORTADO_NUM_THREADS")) {
+    char* end = nullptr;
+    long v = std::strtol(env, &end, 10);
+    CORTADO_CHECK(end != env && *end == '\0' && v >= 1 && v <= 1024,
+                  "CORTADO_NUM_THREADS='", env, "' must be an integer from 1 to 1024");
+    return static_cast<int>(v);
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+void SetNumThreads(int n) {
+  CORTADO_CHECK(n >= 1, "thread count must be at least 1, got ", n);
+  std::lock_guard<std::mutex> lock(g_pool_mutex);
+  g_threads = n;
+  openblas_set_num_threads(1);
+  if (g_pool && g_pool->size() != n) g_pool.reset();
+}
+
+int NumThreads() {
+  int n = g_threads.load();
+  return n > 0 ? n : GetPool().size();
+}
+
+void ParallelTasks(int tasks, const std::function<void(int)>& fn) {
+  if (tasks <= 0) return;
+  if (tasks == 1 || t_in_worker) {
+    for (int t = 0; t < tasks; ++t) fn(t);
+    return;
+  }
+  Pool& pool = GetPool();
+  CORTADO_ASSERT(tasks <= pool.size());
+  pool.Run(tasks, fn);
+}
+
+void ParallelFor(int64_t n, int64_t min_chunk, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  int threads = NumThreads();
+  int64_t max_tasks = std::max<int64_t>(1, n / std::max<int64_t>(1, min_chunk));
+  int tasks = static_cast<int>(std::min<int64_t>(threads, max_tasks));
+  if (tasks <= 1 || t_in_worker) {
+    fn(0, n);
+    return;
+  }
+  ParallelTasks(tasks, [&](int t) {
+    int64_t begin = n * t / tasks;
+    int64_t end = n * (t + 1) / tasks;
+    if (begin < end) fn(begin, end);
+  });
+}
+
+}  // namespace cortado

@@ -1,0 +1,236 @@
+#include "engine/yaml_config.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "engine/error.h"
+
+namespace cortado {
+namespace {
+
+std::string Join(const std::set<std::string>& items) {
+  std::string out;
+  for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+std::string Shown(const YAML::Node& node) {
+  if (node.IsScalar()) return node.Scalar();
+  YAML::Emitter out;
+  out << YAML::Flow << node;
+  return out.c_str();
+}
+
+bool ParseInt(const std::string& s, int64_t* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno != 0 || end != s.c_str() + s.size()) return false;
+  *out = v;
+  return true;
+}
+
+bool ParseFloat(const std::string& s, double* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || !std::isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+}  // namespace
+
+YamlSection::YamlSection(const YamlConfig* config, YAML::Node node, std::string path)
+    : config_(config), node_(node), path_(std::move(path)) {}
+
+std::string YamlSection::Path(const std::string& key) const {
+  if (key.empty()) return path_;
+  return path_.empty() ? key : path_ + "." + key;
+}
+
+std::string YamlSection::Where(const std::string& key) const {
+  if (key.empty() || !node_.IsMap() || !node_[key]) return config_->WhereOf(node_, path_);
+  return config_->WhereOf(node_[key], Path(key));
+}
+
+void YamlSection::Error(const std::string& key, const std::string& message) const {
+  std::string where = Where(key);
+  Fail(where.empty() ? "" : where + ": ", Path(key), ": ", message);
+}
+
+void YamlSection::TypeError(const std::string& key, const std::string& want) const {
+  Error(key, StrCat("expected ", want, ", got '", Shown(node_[key]), "'"));
+}
+
+bool YamlSection::Has(const std::string& key) const {
+  asked_.insert(key);
+  return node_.IsMap() && node_[key] && !node_[key].IsNull();
+}
+
+YAML::Node YamlSection::Get(const std::string& key) const {
+  asked_.insert(key);
+  return node_[key];
+}
+
+int64_t YamlSection::Int(const std::string& key, int64_t fallback) const {
+  if (!Has(key)) return fallback;
+  YAML::Node n = Get(key);
+  int64_t v = 0;
+  if (!n.IsScalar() || !ParseInt(n.Scalar(), &v)) TypeError(key, "an integer");
+  return v;
+}
+
+double YamlSection::Float(const std::string& key, double fallback) const {
+  if (!Has(key)) return fallback;
+  YAML::Node n = Get(key);
+  double v = 0;
+  if (!n.IsScalar() || !ParseFloat(n.Scalar(), &v)) TypeError(key, "a number");
+  return v;
+}
+
+bool YamlSection::Bool(const std::string& key, bool fallback) const {
+  if (!Has(key)) return fallback;
+  YAML::Node n = Get(key);
+  if (n.IsScalar()) {
+    const std::string& s = n.Scalar();
+    if (s == "true" || s == "True" || s == "yes" || s == "on") return true;
+    if (s == "false" || s == "False" || s == "no" || s == "off") return false;
+  }
+  TypeError(key, "true or false");
+}
+
+std::string YamlSection::String(const std::string& key, const std::string& fallback) const {
+  if (!Has(key)) return fallback;
+  YAML::Node n = Get(key);
+  if (!n.IsScalar()) TypeError(key, "a string");
+  return n.Scalar();
+}
+
+std::vector<double> YamlSection::Floats(const std::string& key,
+                                        const std::vector<double>& fallback) const {
+  if (!Has(key)) return fallback;
+  YAML::Node n = Get(key);
+  std::vector<double> out;
+  double v = 0;
+  if (n.IsScalar() && ParseFloat(n.Scalar(), &v)) return {v};
+  if (!n.IsSequence()) TypeError(key, "a list of numbers");
+  for (const YAML::Node& item : n) {
+    if (!item.IsScalar() || !ParseFloat(item.Scalar(), &v)) TypeError(key, "a list of numbers");
+    out.push_back(v);
+  }
+  return out;
+}
+
+std::vector<int64_t> YamlSection::Ints(const std::string& key,
+                                       const std::vector<int64_t>& fallback) const {
+  if (!Has(key)) return fallback;
+  YAML::Node n = Get(key);
+  std::vector<int64_t> out;
+  int64_t v = 0;
+  if (n.IsScalar() && ParseInt(n.Scalar(), &v)) return {v};
+  if (!n.IsSequence()) TypeError(key, "a list of integers");
+  for (const YAML::Node& item : n) {
+    if (!item.IsScalar() || !ParseInt(item.Scalar(), &v)) TypeError(key, "a list of integers");
+    out.push_back(v);
+  }
+  return out;
+}
+
+YamlSection YamlSection::Section(const std::string& key) const {
+  if (!Has(key)) return YamlSection(config_, YAML::Node(YAML::NodeType::Map), Path(key));
+  YAML::Node n = Get(key);
+  if (!n.IsMap()) TypeError(key, "a mapping of keys");
+  return YamlSection(config_, n, Path(key));
+}
+
+YAML::Node YamlSection::Node(const std::string& key) const { return Get(key); }
+
+void YamlSection::Finish() const {
+  if (!node_.IsMap()) return;
+  for (const auto& item : node_) {
+    std::string key = item.first.as<std::string>();
+    if (asked_.count(key)) continue;
+    std::string where = config_->WhereOf(item.first, Path(key));
+    Fail(where.empty() ? "" : where + ": ", "unknown key '", Path(key), "' (known",
+         path_.empty() ? "" : " in " + path_, ": ", Join(asked_), ")");
+  }
+}
+
+YamlConfig YamlConfig::FromFile(const std::string& path) {
+  std::ifstream in(path);
+  CORTADO_CHECK(in.good(), "cannot open config file '", path, "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  return FromString(text.str(), path);
+}
+
+YamlConfig YamlConfig::FromString(const std::string& text, const std::string& name) {
+  YamlConfig config;
+  config.file_ = name;
+  try {
+    config.root_ = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    Fail(name, ":", e.mark.line + 1, ":", e.mark.column + 1, ": YAML syntax error: ", e.msg);
+  }
+  if (config.root_.IsNull()) config.root_ = YAML::Node(YAML::NodeType::Map);
+  CORTADO_CHECK(config.root_.IsMap(), name, ": the top level must be a mapping of keys");
+  return config;
+}
+
+void YamlConfig::Set(const std::string& assignment) {
+  size_t eq = assignment.find('=');
+  CORTADO_CHECK(eq != std::string::npos && eq > 0, "--set '", assignment,
+                "': expected key.path=value");
+  std::string path = assignment.substr(0, eq);
+  std::string text = assignment.substr(eq + 1);
+  YAML::Node value;
+  try {
+    value = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    Fail("--set ", assignment, ": value is not valid YAML: ", e.msg);
+  }
+  std::vector<std::string> parts;
+  std::stringstream ss(path);
+  for (std::string part; std::getline(ss, part, '.');) {
+    CORTADO_CHECK(!part.empty(), "--set ", assignment, ": empty component in key '", path, "'");
+    parts.push_back(part);
+  }
+  // yaml-cpp nodes are references: `a = b` would overwrite a's content, so the walk re-seats
+  // its handle with reset().
+  YAML::Node node;
+  node.reset(root_);
+  std::string walked;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    walked += (walked.empty() ? "" : ".") + parts[i];
+    YAML::Node child = node[parts[i]];
+    if (!child || child.IsNull()) {
+      node[parts[i]] = YAML::Node(YAML::NodeType::Map);
+      child.reset(node[parts[i]]);
+      overrides_[walked] = assignment;  // a mapping this --set created
+    }
+    CORTADO_CHECK(child.IsMap(), "--set ", assignment, ": '", walked, "' is not a mapping");
+    node.reset(child);
+  }
+  node[parts.back()] = value;
+  overrides_[path] = assignment;
+}
+
+std::string YamlConfig::WhereOf(const YAML::Node& node, const std::string& path) const {
+  auto it = overrides_.find(path);
+  if (it != overrides_.end()) return "--set " + it->second;
+  if (node && !node.Mark().is_null()) {
+    return StrCat(file_, ":", node.Mark().line + 1, ":", node.Mark().column + 1);
+  }
+  return file_;
+}
+
+std::string YamlConfig::Dump() const {
+  YAML::Emitter out;
+  out << root_;
+  return out.c_str();
+}
+
+}  // namespace cortado

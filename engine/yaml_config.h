@@ -1,0 +1,79 @@
+// Strict YAML reading for configuration files.
+//
+// A YamlConfig holds one parsed file plus command-line overrides (`--set a.b=v`). Sections are
+// read with typed getters that record which keys were read; Finish() then rejects any key
+// nobody read. Every error is one line naming the key path and where it came from:
+//   configs/x.yaml:12:5: solver.base_lr: expected a number, got 'fast'
+//   --set solver.base_lrr=0.05: unknown key 'solver.base_lrr' (known: base_lr, momentum, ...)
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace cortado {
+
+class YamlConfig;
+
+// One mapping in the document, e.g. `solver:`.
+class YamlSection {
+ public:
+  YamlSection(const YamlConfig* config, YAML::Node node, std::string path);
+
+  bool Has(const std::string& key) const;
+  int64_t Int(const std::string& key, int64_t fallback) const;
+  double Float(const std::string& key, double fallback) const;
+  bool Bool(const std::string& key, bool fallback) const;
+  std::string String(const std::string& key, const std::string& fallback) const;
+  std::vector<double> Floats(const std::string& key, const std::vector<double>& fallback) const;
+  std::vector<int64_t> Ints(const std::string& key, const std::vector<int64_t>& fallback) const;
+  // A nested mapping; an absent key gives an empty section.
+  YamlSection Section(const std::string& key) const;
+  // The raw node (marks the key as read); for structures such as a layer list.
+  YAML::Node Node(const std::string& key) const;
+
+  // "file.yaml:line:col" or "--set k=v" for the key (or the section when key is empty).
+  std::string Where(const std::string& key = "") const;
+  std::string Path(const std::string& key) const;  // "solver.base_lr"
+  // Throws on the first key that no getter asked for.
+  void Finish() const;
+  [[noreturn]] void Error(const std::string& key, const std::string& message) const;
+
+ private:
+  YAML::Node Get(const std::string& key) const;
+  [[noreturn]] void TypeError(const std::string& key, const std::string& want) const;
+
+  const YamlConfig* config_;
+  YAML::Node node_;
+  std::string path_;
+  mutable std::set<std::string> asked_;
+};
+
+class YamlConfig {
+ public:
+  // Parses a file; throws naming the file and, for syntax errors, line:column.
+  static YamlConfig FromFile(const std::string& path);
+  static YamlConfig FromString(const std::string& text, const std::string& name);
+
+  // Applies "a.b.c=value" (value parsed as YAML, so lists work: data.mean=[0.5]).
+  void Set(const std::string& assignment);
+
+  YamlSection Root() const { return YamlSection(this, root_, ""); }
+  const std::string& file() const { return file_; }
+  // The document with overrides applied, as YAML text (saved in checkpoints).
+  std::string Dump() const;
+  // Where a node came from: its mark in the file, or the --set argument that made it.
+  std::string WhereOf(const YAML::Node& node, const std::string& path) const;
+
+ private:
+  std::string file_;
+  YAML::Node root_;
+  std::map<std::string, std::string> overrides_;  // key path -> the --set argument
+};
+
+}  // namespace cortado

@@ -1,0 +1,39 @@
+// Model builders: C++ functions that emit a NetSpec, so common nets need no YAML graph.
+//
+// Every builder takes the input image shape {C, H, W} and emits a graph from the net inputs
+// `data` (f32 [N, C, H, W]) and `label` (i32 [N]) to `logits` [N, num_classes], followed by
+// the training loss (`loss`, SoftmaxWithLoss) and accuracy layers `top1` and `top5`
+// (Accuracy, top_k 1 and 5). The trainer reads these names; a YAML graph follows the same
+// convention.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/net.h"
+
+namespace cortado {
+
+struct ModelOptions {
+  int64_t num_classes = 10;
+  int64_t in_channels = 1;
+  int64_t height = 28;
+  int64_t width = 28;
+  int64_t batch_size = 1;      // batch dimension of the declared inputs (reshaped per batch)
+  double label_smoothing = 0.0;
+  bool zero_init_residual = false;  // gamma = 0 in the last BN of each residual block
+};
+
+// Builds the named model: lenet, resnet20, resnet32, resnet44, resnet56 (CIFAR-style),
+// resnet18, resnet34, resnet50, resnet101, resnet152 (ImageNet-style). Throws listing the
+// known names for an unknown one.
+NetSpec BuildModel(const std::string& name, const ModelOptions& options);
+std::vector<std::string> ModelNames();
+
+// Appends the standard head: loss (SoftmaxWithLoss), top1 and top5 (Accuracy) on `logits`.
+void AddClassifierHead(NetSpec& spec, const ModelOptions& options);
+// The net inputs `data` and `label` for the options' shape.
+std::vector<NetInput> ImageInputs(const ModelOptions& options);
+
+}  // namespace cortado

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs everything Cortado needs to build and test, with apt-get, non-interactively.
+# Idempotent: packages already present are skipped quickly.
+#   scripts/setup.sh          build + test dependencies, Fashion-MNIST, sample photos
+#   scripts/setup.sh --bench  also the peers the benchmarks compare against (PyTorch, PIL, iperf3)
+set -euo pipefail
+
+want_bench=0
+for arg in "$@"; do
+  case "$arg" in
+    --bench) want_bench=1 ;;
+    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option '$arg' (known: --bench)" >&2; exit 2 ;;
+  esac
+done
+
+packages=(
+  build-essential g++ cmake pkg-config
+  libyaml-cpp-dev libcli11-dev libopenblas-dev
+  googletest libgtest-dev libgmock-dev
+  liblmdb-dev libturbojpeg0-dev libjpeg62-turbo-dev
+  libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev
+  libprotobuf-dev protobuf-compiler python3-protobuf
+  libibverbs-dev rdma-core
+  openmpi-bin libopenmpi-dev
+  zlib1g-dev
+  dataset-fashion-mnist opencv-doc
+)
+if [[ $want_bench == 1 ]]; then
+  packages+=(python3-torch python3-torchvision python3-pil python3-numpy iperf3)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  echo "setup.sh: installing ${#missing[@]} package(s): ${missing[*]}"
+  SUDO=""
+  [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  echo "setup.sh: all ${#packages[@]} packages present"
+fi

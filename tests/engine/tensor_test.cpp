@@ -1,0 +1,87 @@
+#include "engine/tensor.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "engine/dtype.h"
+
+namespace cortado {
+namespace {
+
+TEST(Tensor, ShapeDtypeAndAlignment) {
+  Tensor t({2, 3, 4}, DType::kF32);
+  EXPECT_EQ(t.numel(), 24);
+  EXPECT_EQ(t.nbytes(), 96u);
+  EXPECT_EQ(t.dim(-1), 4);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw_data()) % 64, 0u);
+  EXPECT_EQ(t.ToString(), "f32[2, 3, 4]");
+  EXPECT_THROW(t.data<double>(), Error);
+  EXPECT_THROW(t.dim(3), Error);
+}
+
+TEST(Tensor, CopiesShareStorageCloneDoesNot) {
+  Tensor a({4}, DType::kF32);
+  a.Fill(1.0);
+  Tensor b = a;
+  Tensor c = a.Clone();
+  b.data<float>()[0] = 5;
+  EXPECT_EQ(a.data<float>()[0], 5);
+  EXPECT_EQ(c.data<float>()[0], 1);
+}
+
+TEST(Tensor, ResizeKeepsStorageWhenItFits) {
+  Tensor a({8}, DType::kF32);
+  void* p = a.raw_data();
+  a.Resize({2, 2});
+  EXPECT_EQ(a.raw_data(), p);
+  EXPECT_EQ(a.numel(), 4);
+  a.Resize({100});
+  EXPECT_EQ(a.numel(), 100);
+  EXPECT_THROW(a.Resize({-1}), Error);
+}
+
+TEST(Tensor, ViewNeedsSameCount) {
+  Tensor a({2, 6});
+  EXPECT_EQ(a.View({3, 4}).raw_data(), a.raw_data());
+  EXPECT_THROW(a.View({5}), Error);
+}
+
+TEST(Tensor, ConvertBetweenFloatTypes) {
+  Tensor a({3}, DType::kF64);
+  a.data<double>()[0] = 1.5;
+  a.data<double>()[1] = -2.25;
+  a.data<double>()[2] = 1e-3;
+  Tensor h({3}, DType::kF16);
+  h.ConvertFrom(a);
+  Tensor back({3}, DType::kF32);
+  back.ConvertFrom(h);
+  EXPECT_EQ(back.data<float>()[0], 1.5f);
+  EXPECT_EQ(back.data<float>()[1], -2.25f);
+  EXPECT_NEAR(back.data<float>()[2], 1e-3, 1e-6);
+}
+
+TEST(Half, RoundTripAndSpecialValues) {
+  // Every finite half converts to float and back to itself.
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    Half h{static_cast<uint16_t>(bits)};
+    float f = HalfToFloat(h);
+    if (std::isnan(f)) continue;
+    EXPECT_EQ(FloatToHalf(f).bits, h.bits) << "bits " << bits;
+  }
+  EXPECT_EQ(FloatToHalf(65504.0f).bits, 0x7bffu);
+  EXPECT_EQ(FloatToHalf(65520.0f).bits, 0x7c00u);  // rounds to inf
+  EXPECT_EQ(FloatToHalf(1.0f + 1.0f / 2048).bits, 0x3c00u);  // tie rounds to even
+  EXPECT_EQ(FloatToHalf(5.96046448e-8f).bits, 0x0001u);  // smallest subnormal
+  EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(NAN))));
+}
+
+TEST(BFloat16, RoundsToNearestEven) {
+  EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(1.0f)), 1.0f);
+  EXPECT_EQ(FloatToBFloat16(BitsFloat(0x3f808000u)).bits, 0x3f80u);  // tie, even stays
+  EXPECT_EQ(FloatToBFloat16(BitsFloat(0x3f818000u)).bits, 0x3f82u);  // tie, odd rounds up
+  EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(NAN))));
+}
+
+}  // namespace
+}  // namespace cortado

@@ -1,0 +1,73 @@
+#include "engine/yaml_config.h"
+
+#include <gtest/gtest.h>
+
+#include "engine/error.h"
+
+namespace cortado {
+namespace {
+
+std::string ErrorOf(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(YamlConfig, ReadsTypedValuesAndOverrides) {
+  YamlConfig c = YamlConfig::FromString("a: 1\nb:\n  c: 0.5\n  d: [1, 2]\n", "t.yaml");
+  c.Set("b.c=0.25");
+  c.Set("e.f=true");
+  YamlSection root = c.Root();
+  EXPECT_EQ(root.Int("a", 0), 1);
+  YamlSection b = root.Section("b");
+  EXPECT_DOUBLE_EQ(b.Float("c", 0), 0.25);
+  EXPECT_EQ(b.Ints("d", {}), (std::vector<int64_t>{1, 2}));
+  EXPECT_TRUE(root.Section("e").Bool("f", false));
+  EXPECT_EQ(b.Where("c"), "--set b.c=0.25");
+  EXPECT_EQ(b.Where("d"), "t.yaml:4:6");
+}
+
+TEST(YamlConfig, WrongTypeNamesKeyAndLine) {
+  YamlConfig c = YamlConfig::FromString("solver:\n  base_lr: fast\n", "x.yaml");
+  std::string m = ErrorOf([&] { c.Root().Section("solver").Float("base_lr", 0); });
+  EXPECT_EQ(m, "x.yaml:2:12: solver.base_lr: expected a number, got 'fast'");
+}
+
+TEST(YamlConfig, UnknownKeyNamesKeyAndLine) {
+  YamlConfig c = YamlConfig::FromString("solver:\n  base_lr: 1\n  momentun: 0.9\n", "x.yaml");
+  YamlSection s = c.Root().Section("solver");
+  s.Float("base_lr", 0);
+  s.Float("momentum", 0);
+  std::string m = ErrorOf([&] { s.Finish(); });
+  EXPECT_NE(m.find("x.yaml:3:3: unknown key 'solver.momentun'"), std::string::npos) << m;
+  EXPECT_NE(m.find("momentum"), std::string::npos) << m;
+}
+
+TEST(YamlConfig, UnknownKeyFromSetNamesTheArgument) {
+  YamlConfig c = YamlConfig::FromString("solver:\n  base_lr: 1\n", "x.yaml");
+  c.Set("solver.base_lrr=0.05");
+  YamlSection s = c.Root().Section("solver");
+  s.Float("base_lr", 0);
+  std::string m = ErrorOf([&] { s.Finish(); });
+  EXPECT_NE(m.find("--set solver.base_lrr=0.05"), std::string::npos) << m;
+}
+
+TEST(YamlConfig, BadSetArguments) {
+  YamlConfig c = YamlConfig::FromString("a: 1\n", "x.yaml");
+  EXPECT_NE(ErrorOf([&] { c.Set("noequals"); }).find("expected key.path=value"), std::string::npos);
+  EXPECT_NE(ErrorOf([&] { c.Set("a..b=1"); }).find("empty component"), std::string::npos);
+  EXPECT_NE(ErrorOf([&] { c.Set("a.b=1"); }).find("'a' is not a mapping"), std::string::npos);
+  EXPECT_NE(ErrorOf([&] { c.Set("b=[1, 2"); }).find("not valid YAML"), std::string::npos);
+}
+
+TEST(YamlConfig, SyntaxErrorHasLineAndColumn) {
+  std::string m = ErrorOf([] { YamlConfig::FromString("a: [1, 2\nb: 3\n", "bad.yaml"); });
+  EXPECT_EQ(m.rfind("bad.yaml:", 0), 0u) << m;
+  EXPECT_NE(m.find("YAML syntax error"), std::string::npos) << m;
+}
+
+}  // namespace
+}  // namespace cortado

@@ -1,0 +1,222 @@
+#include "tools/run_config.h"
+
+#include <filesystem>
+
+#include "engine/error.h"
+
+namespace cortado {
+namespace {
+
+std::string ScalarText(const YAML::Node& n) { return n.IsScalar() ? n.Scalar() : std::string(); }
+
+// One entry of model.layers: name, type, inputs, outputs; every other key is a layer setting.
+LayerSpec ParseLayer(const YamlConfig& yaml, const YAML::Node& node, size_t index) {
+  std::string where = yaml.WhereOf(node, "");
+  std::string path = StrCat("model.layers[", index, "]");
+  CORTADO_CHECK(node.IsMap(), where, ": ", path, ": each layer must be a mapping");
+  LayerSpec spec;
+  spec.where = where;
+  for (const auto& item : node) {
+    std::string key = item.first.as<std::string>();
+    const YAML::Node& value = item.second;
+    std::string at = yaml.WhereOf(value, "");
+    auto names = [&]() {
+      std::vector<std::string> out;
+      if (value.IsScalar()) {
+        out.push_back(value.Scalar());
+      } else if (value.IsSequence()) {
+        for (const auto& v : value) {
+          CORTADO_CHECK(v.IsScalar(), at, ": ", path, ".", key, ": expected blob names");
+          out.push_back(v.Scalar());
+        }
+      } else {
+        Fail(at, ": ", path, ".", key, ": expected a blob name or a list of them");
+      }
+      return out;
+    };
+    if (key == "name") {
+      spec.name = ScalarText(value);
+    } else if (key == "type") {
+      spec.type = ScalarText(value);
+    } else if (key == "inputs" || key == "bottom") {
+      spec.inputs = names();
+    } else if (key == "outputs" || key == "top") {
+      spec.outputs = names();
+    } else if (value.IsScalar()) {
+      spec.settings.Set(key, value.Scalar(), at);
+    } else if (value.IsSequence()) {
+      std::vector<std::string> items;
+      for (const auto& v : value) {
+        CORTADO_CHECK(v.IsScalar(), at, ": ", path, ".", key, ": lists must hold plain values");
+        items.push_back(v.Scalar());
+      }
+      spec.settings.SetList(key, items, at);
+    } else {
+      Fail(at, ": ", path, ".", key, ": expected a value or a list of values");
+    }
+  }
+  CORTADO_CHECK(!spec.name.empty(), where, ": ", path, ": missing 'name'");
+  CORTADO_CHECK(!spec.type.empty(), where, ": ", path, " ('", spec.name, "'): missing 'type'");
+  CORTADO_CHECK(!spec.outputs.empty() || spec.type == "Silence", where, ": ", path, " ('",
+                spec.name, "'): missing 'outputs'");
+  return spec;
+}
+
+void Require(bool ok, const YamlSection& s, const std::string& key, const std::string& what) {
+  if (!ok) s.Error(key, what);
+}
+
+}  // namespace
+
+RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides) {
+  YamlConfig yaml = YamlConfig::FromFile(path);
+  for (const std::string& o : overrides) yaml.Set(o);
+  return ParseRunConfig(yaml);
+}
+
+RunConfig ParseRunConfig(YamlConfig& yaml) {
+  RunConfig c;
+  c.file = yaml.file();
+  YamlSection root = yaml.Root();
+  int64_t seed = root.Int("seed", 1);
+  Require(seed >= 0, root, "seed", "must be >= 0");
+  c.seed = static_cast<uint64_t>(seed);
+
+  // model
+  YamlSection m = root.Section("model");
+  c.model.builder = m.String("builder", "");
+  if (m.Has("layers")) {
+    YAML::Node layers = m.Node("layers");
+    Require(layers.IsSequence(), m, "layers", "expected a list of layers");
+    for (size_t i = 0; i < layers.size(); ++i) c.model.layers.push_back(ParseLayer(yaml, layers[i], i));
+  }
+  Require(c.model.builder.empty() != c.model.layers.empty(), m, "",
+          "give exactly one of 'builder' (lenet, resnet20, ...) or 'layers' (a graph)");
+  c.model.num_classes = m.Int("num_classes", 0);
+  Require(c.model.num_classes >= 0, m, "num_classes", "must be >= 1 (or 0: from the data)");
+  c.model.in_channels = m.Int("in_channels", 0);
+  Require(c.model.in_channels >= 0, m, "in_channels", "must be >= 1 (or 0: from the data)");
+  c.model.label_smoothing = m.Float("label_smoothing", 0.0);
+  Require(c.model.label_smoothing >= 0 && c.model.label_smoothing < 1, m, "label_smoothing",
+          "must be in [0, 1)");
+  c.model.zero_init_residual = m.Bool("zero_init_residual", false);
+  m.Finish();
+
+  // data
+  YamlSection d = root.Section("data");
+  DataOptions& o = c.data;
+  o.type = d.String("type", o.type);
+  Require(o.type == "idx" || o.type == "lmdb" || o.type == "synthetic", d, "type",
+          "must be idx, lmdb or synthetic, got '" + o.type + "'");
+  o.train = d.String("train", "");
+  o.val = d.String("val", "");
+  if (o.type != "synthetic") {
+    Require(!o.train.empty(), d, "train", "is required (path to the training data)");
+    Require(std::filesystem::exists(o.train), d, "train", "'" + o.train + "' does not exist");
+    Require(o.val.empty() || std::filesystem::exists(o.val), d, "val",
+            "'" + o.val + "' does not exist");
+  }
+  o.batch_size = d.Int("batch_size", o.batch_size);
+  Require(o.batch_size >= 1, d, "batch_size", "must be a positive integer");
+  o.val_batch_size = d.Int("val_batch_size", 0);
+  Require(o.val_batch_size >= 0, d, "val_batch_size", "must be >= 1 (or 0: batch_size)");
+  o.threads = static_cast<int>(d.Int("threads", 0));
+  Require(o.threads >= 0, d, "threads", "must be >= 0 (0: the thread budget)");
+  o.prefetch = static_cast<int>(d.Int("prefetch", o.prefetch));
+  Require(o.prefetch >= 1, d, "prefetch", "must be >= 1");
+  o.shuffle = d.Bool("shuffle", o.shuffle);
+  o.flip = d.Bool("flip", o.flip);
+  o.drop_last = d.Bool("drop_last", o.drop_last);
+  o.mean = d.Floats("mean", {});
+  o.std = d.Floats("std", {});
+  for (double s : o.std) Require(s > 0, d, "std", "values must be positive");
+  o.crop = d.Int("crop", o.crop);
+  Require(o.crop >= 1, d, "crop", "must be a positive integer");
+  o.val_resize = d.Int("val_resize", o.val_resize);
+  Require(o.val_resize >= o.crop, d, "val_resize", "must be >= crop");
+  std::vector<double> scale = d.Floats("scale", {o.scale_min, o.scale_max});
+  Require(scale.size() == 2 && scale[0] > 0 && scale[0] <= scale[1] && scale[1] <= 1, d, "scale",
+          "must be [min, max] with 0 < min <= max <= 1");
+  o.scale_min = scale[0];
+  o.scale_max = scale[1];
+  std::vector<double> ratio = d.Floats("ratio", {o.ratio_min, o.ratio_max});
+  Require(ratio.size() == 2 && ratio[0] > 0 && ratio[0] <= ratio[1], d, "ratio",
+          "must be [min, max] with 0 < min <= max");
+  o.ratio_min = ratio[0];
+  o.ratio_max = ratio[1];
+  YamlSection syn = d.Section("synthetic");
+  o.synthetic_shape = syn.Ints("shape", o.synthetic_shape);
+  Require(o.synthetic_shape.size() == 3, syn, "shape", "must be [C, H, W]");
+  o.synthetic_classes = syn.Int("classes", o.synthetic_classes);
+  Require(o.synthetic_classes >= 1, syn, "classes", "must be >= 1");
+  o.synthetic_samples = syn.Int("samples", o.synthetic_samples);
+  Require(o.synthetic_samples >= 1, syn, "samples", "must be >= 1");
+  syn.Finish();
+  d.Finish();
+
+  // solver
+  YamlSection s = root.Section("solver");
+  SolverConfig& sv = c.solver;
+  sv.schedule.base_lr = s.Float("base_lr", 0.1);
+  Require(sv.schedule.base_lr > 0, s, "base_lr", "must be positive");
+  sv.sgd.momentum = s.Float("momentum", 0.9);
+  Require(sv.sgd.momentum >= 0 && sv.sgd.momentum < 1, s, "momentum", "must be in [0, 1)");
+  sv.sgd.nesterov = s.Bool("nesterov", false);
+  sv.sgd.weight_decay = s.Float("weight_decay", 5e-4);
+  Require(sv.sgd.weight_decay >= 0, s, "weight_decay", "must be >= 0");
+  sv.sgd.no_decay_bn_bias = s.Bool("no_decay_bn_bias", false);
+  sv.max_epochs = s.Int("max_epochs", 0);
+  sv.max_iter = s.Int("max_iter", 0);
+  Require(sv.max_epochs >= 0, s, "max_epochs", "must be positive");
+  Require(sv.max_iter >= 0, s, "max_iter", "must be positive");
+  Require((sv.max_epochs > 0) != (sv.max_iter > 0), s, "",
+          "give exactly one of max_epochs or max_iter");
+  sv.epoch_based = sv.max_epochs > 0;
+  LrScheduleOptions& lr = sv.schedule;
+  lr.policy = s.String("lr_policy", "cosine");
+  Require(lr.policy == "fixed" || lr.policy == "step" || lr.policy == "multistep" ||
+              lr.policy == "cosine" || lr.policy == "poly",
+          s, "lr_policy", "must be fixed, step, multistep, cosine or poly");
+  lr.gamma = s.Float("gamma", 0.1);
+  Require(lr.gamma > 0, s, "gamma", "must be positive");
+  lr.step_size = s.Float("step_size", 30);
+  Require(lr.step_size > 0, s, "step_size", "must be positive");
+  lr.milestones = s.Floats("milestones", {});
+  lr.power = s.Float("power", 1.0);
+  lr.min_lr = s.Float("min_lr", 0.0);
+  Require(lr.min_lr >= 0 && lr.min_lr <= lr.base_lr, s, "min_lr", "must be in [0, base_lr]");
+  const char* warmup_key = sv.epoch_based ? "warmup_epochs" : "warmup_iters";
+  lr.warmup = s.Float(warmup_key, 0.0);
+  Require(lr.warmup >= 0, s, warmup_key, "must be >= 0");
+  if (s.Has(sv.epoch_based ? "warmup_iters" : "warmup_epochs")) {
+    s.Error(sv.epoch_based ? "warmup_iters" : "warmup_epochs",
+            StrCat("use ", warmup_key, " with ", sv.epoch_based ? "max_epochs" : "max_iter"));
+  }
+  lr.warmup_factor = s.Float("warmup_factor", 0.0);
+  Require(lr.warmup_factor >= 0 && lr.warmup_factor <= 1, s, "warmup_factor", "must be in [0, 1]");
+  lr.total = static_cast<double>(sv.epoch_based ? sv.max_epochs : sv.max_iter);
+  sv.eval_interval = s.Float("eval_interval", sv.epoch_based ? 1.0 : 0.0);
+  Require(sv.eval_interval >= 0, s, "eval_interval", "must be >= 0");
+  s.Finish();
+
+  // checkpoint
+  YamlSection k = root.Section("checkpoint");
+  std::string stem = std::filesystem::path(c.file).stem().string();
+  c.checkpoint.dir = k.String("dir", "runs/" + (stem.empty() ? std::string("run") : stem));
+  c.checkpoint.every = k.Float("every", sv.epoch_based ? 1.0 : 0.0);
+  Require(c.checkpoint.every >= 0, k, "every", "must be >= 0");
+  c.checkpoint.keep = static_cast<int>(k.Int("keep", 3));
+  Require(c.checkpoint.keep >= 1, k, "keep", "must be >= 1");
+  k.Finish();
+
+  YamlSection l = root.Section("log");
+  c.log_interval = l.Int("interval", 50);
+  Require(c.log_interval >= 1, l, "interval", "must be >= 1");
+  l.Finish();
+
+  root.Finish();
+  c.resolved_yaml = yaml.Dump();
+  return c;
+}
+
+}  // namespace cortado

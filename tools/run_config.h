@@ -1,0 +1,56 @@
+// RunConfig: the whole training configuration (one YAML file plus --set overrides), parsed
+// strictly: an unknown key, a wrong type or an out-of-range value stops before training with
+// the key path and its line:column (or the --set argument). README.md documents every key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/data_options.h"
+#include "engine/net.h"
+#include "engine/solver.h"
+#include "engine/yaml_config.h"
+
+namespace cortado {
+
+struct ModelConfig {
+  std::string builder;             // a models/ builder name, or empty with `layers`
+  std::vector<LayerSpec> layers;   // a YAML graph (instead of builder)
+  int64_t num_classes = 0;         // 0: from the data
+  int64_t in_channels = 0;         // 0: from the data
+  double label_smoothing = 0.0;
+  bool zero_init_residual = false;
+};
+
+struct SolverConfig {
+  SgdOptions sgd;
+  LrScheduleOptions schedule;      // units: epochs when max_epochs is set, else iterations
+  int64_t max_epochs = 0;
+  int64_t max_iter = 0;
+  bool epoch_based = true;
+  double eval_interval = 1;        // in schedule units; 0: evaluate only at the end
+};
+
+struct CheckpointConfig {
+  std::string dir;                 // default: runs/<config file stem>
+  double every = 1;                // in schedule units; 0: only at the end
+  int keep = 3;
+};
+
+struct RunConfig {
+  std::string file;
+  uint64_t seed = 1;
+  ModelConfig model;
+  DataOptions data;
+  SolverConfig solver;
+  CheckpointConfig checkpoint;
+  int64_t log_interval = 50;
+  std::string resolved_yaml;       // the document with overrides applied
+};
+
+// Parses `path` with the `--set` overrides applied in order.
+RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides);
+RunConfig ParseRunConfig(YamlConfig& yaml);
+
+}  // namespace cortado
