@@ -21,6 +21,7 @@ struct TrainArgs {
   std::string resume;
   std::string metrics;
   int threads = 0;
+  int64_t stop_at = 0;
   bool no_progress = false;
 };
 
@@ -38,6 +39,10 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("--threads", args->threads,
                   "Thread budget (default: CORTADO_NUM_THREADS, else all cores)");
   cmd->add_flag("--no-progress", args->no_progress, "No live progress bar");
+  cmd->add_option("--stop-at-iter", args->stop_at,
+                  "Stop at this iteration as if interrupted: checkpoint, exit 130 (for job time "
+                  "limits; resume with --resume auto)")
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([args] {
     RunConfig config = LoadRunConfig(args->config, args->sets);
     ApplyThreadBudget(args->threads);
@@ -46,6 +51,7 @@ void AddTrainCommand(CLI::App& app) {
     options.resume = args->resume;
     options.metrics_path = args->metrics;
     options.progress_bar = !args->no_progress && isatty(STDOUT_FILENO);
+    options.stop_at = args->stop_at;
     // SIGINT/SIGTERM finish the current step, save a checkpoint and exit non-zero.
     struct sigaction sa {};
     sa.sa_handler = OnStopSignal;

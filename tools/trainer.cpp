@@ -286,10 +286,11 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
   auto interval_start = Clock::now();
   auto bar_time = Clock::now();
   while (iteration_ < max_iter_) {
-    if (stop != nullptr && stop->load()) {
+    bool stop_here = options.stop_at > 0 && iteration_ >= options.stop_at;
+    if (stop_here || (stop != nullptr && stop->load())) {
       std::string path = SaveCheckpointNow();
       if (progress_bar_) std::printf("\r\033[K");
-      LogWarning("interrupted at iteration ", iteration_, "; checkpoint saved to '", path,
+      LogWarning(stop_here ? "stopped" : "interrupted", " at iteration ", iteration_, "; checkpoint saved to '", path,
                  "'. Resume with: cortado train --config ", config_.file, " --resume auto");
       return 130;
     }

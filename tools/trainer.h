@@ -37,6 +37,7 @@ struct TrainOptions {
   std::string resume;        // "", "auto" or a checkpoint path
   std::string metrics_path;  // JSON lines; "" for none
   bool progress_bar = false; // live bar (when stdout is a terminal)
+  int64_t stop_at = 0;       // > 0: stop there as if interrupted (for job time limits, tests)
 };
 
 class Trainer {

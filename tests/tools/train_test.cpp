@@ -1,0 +1,332 @@
+// End-to-end tests of `cortado train` / `cortado eval` on a small slice of Fashion-MNIST:
+// config errors, resume that reproduces an uninterrupted run bit for bit, interruption by
+// signal, refusal of corrupt checkpoints.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "data/idx_source.h"
+#include "engine/checkpoint.h"
+#include "engine/error.h"
+#include "tools/run_config.h"
+#include "tools/trainer.h"
+
+namespace cortado {
+namespace {
+
+namespace fs = std::filesystem;
+const char* kFashion = "/usr/share/datasets/fashion-mnist/";
+
+void WriteGz(const fs::path& path, const std::vector<uint8_t>& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())),
+            static_cast<int>(bytes.size()));
+  gzclose(f);
+}
+
+void PutBE(std::vector<uint8_t>& out, uint32_t v) {
+  for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<uint8_t>(v >> s));
+}
+
+// Writes the first n images of a Fashion-MNIST split as <dir>/<prefix>-images-idx3-ubyte.gz.
+void WriteSlice(const fs::path& dir, const std::string& prefix, int64_t n) {
+  IdxDataset d = ReadIdxDataset(std::string(kFashion) + prefix + "-images-idx3-ubyte.gz");
+  std::vector<uint8_t> img, lab;
+  PutBE(img, 0x803);
+  PutBE(img, static_cast<uint32_t>(n));
+  PutBE(img, 28);
+  PutBE(img, 28);
+  img.insert(img.end(), d.pixels.begin(), d.pixels.begin() + n * 784);
+  PutBE(lab, 0x801);
+  PutBE(lab, static_cast<uint32_t>(n));
+  lab.insert(lab.end(), d.labels.begin(), d.labels.begin() + n);
+  WriteGz(dir / (prefix + "-images-idx3-ubyte.gz"), img);
+  WriteGz(dir / (prefix + "-labels-idx1-ubyte.gz"), lab);
+}
+
+class TrainTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("cortado_train_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    WriteSlice(dir_, "train", 320);
+    WriteSlice(dir_, "t10k", 100);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A small conv net as a YAML graph; dropout and flips exercise the counter-based randomness.
+  std::string Config(const std::string& extra = "") {
+    std::ostringstream y;
+    y << "seed: 3\n"
+      << "model:\n"
+      << "  layers:\n"
+      << "    - {name: conv, type: Convolution, inputs: data, outputs: conv, num_output: 4, kernel: 3}\n"
+      << "    - {name: bn, type: BatchNorm, inputs: conv, outputs: bn}\n"
+      << "    - {name: relu, type: ReLU, inputs: bn, outputs: relu}\n"
+      << "    - {name: pool, type: Pooling, inputs: relu, outputs: pool, pool: max, kernel: 2}\n"
+      << "    - {name: drop, type: Dropout, inputs: pool, outputs: drop, ratio: 0.2}\n"
+      << "    - {name: logits, type: InnerProduct, inputs: drop, outputs: logits, num_output: 10}\n"
+      << "    - {name: loss, type: SoftmaxWithLoss, inputs: [logits, label], outputs: loss}\n"
+      << "    - {name: top1, type: Accuracy, inputs: [logits, label], outputs: top1, top_k: 1}\n"
+      << "    - {name: top5, type: Accuracy, inputs: [logits, label], outputs: top5, top_k: 5}\n"
+      << "data:\n"
+      << "  type: idx\n"
+      << "  train: " << (dir_ / "train-images-idx3-ubyte.gz").string() << "\n"
+      << "  val: " << (dir_ / "t10k-images-idx3-ubyte.gz").string() << "\n"
+      << "  batch_size: 32\n"
+      << "  flip: true\n"
+      << "solver: {base_lr: 0.05, max_epochs: 3, warmup_epochs: 0.5, eval_interval: 1}\n"
+      << "checkpoint: {dir: " << (dir_ / "ckpt").string() << ", every: 1, keep: 2}\n"
+      << "log: {interval: 2}\n"
+      << extra;
+    fs::path path = dir_ / "run.yaml";
+    std::ofstream(path) << y.str();
+    return path.string();
+  }
+
+  fs::path dir_;
+};
+
+std::string ErrorOf(const std::string& path, const std::vector<std::string>& sets = {}) {
+  try {
+    LoadRunConfig(path, sets);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_F(TrainTest, BadConfigsStopWithTheKeyAndPlace) {
+  std::string path = Config("bogus: 1\n");
+  std::string m = ErrorOf(path);
+  EXPECT_NE(m.find("unknown key 'bogus'"), std::string::npos) << m;
+  EXPECT_NE(m.find("run.yaml:"), std::string::npos) << m;
+
+  m = ErrorOf(Config(), {"data.batch_size=-4"});
+  EXPECT_NE(m.find("data.batch_size: must be a positive integer"), std::string::npos) << m;
+  EXPECT_NE(m.find("--set data.batch_size=-4"), std::string::npos) << m;
+
+  m = ErrorOf(Config(), {"solver.base_lr=fast"});
+  EXPECT_NE(m.find("solver.base_lr: expected a number, got 'fast'"), std::string::npos) << m;
+
+  m = ErrorOf(Config(), {"data.train=/nonexistent/train-images-idx3-ubyte.gz"});
+  EXPECT_NE(m.find("data.train: '/nonexistent/train-images-idx3-ubyte.gz' does not exist"),
+            std::string::npos) << m;
+
+  m = ErrorOf(Config(), {"solver.momentun=0.9"});
+  EXPECT_NE(m.find("unknown key 'solver.momentun'"), std::string::npos) << m;
+  EXPECT_NE(m.find("--set solver.momentun=0.9"), std::string::npos) << m;
+
+  m = ErrorOf(Config(), {"solver"});
+  EXPECT_NE(m.find("--set 'solver': expected key.path=value"), std::string::npos) << m;
+
+  m = ErrorOf(Config(), {"solver.max_iter=100"});
+  EXPECT_NE(m.find("exactly one of max_epochs or max_iter"), std::string::npos) << m;
+}
+
+TEST_F(TrainTest, BadLayerSettingNamesLayerAndLine) {
+  RunConfig c = LoadRunConfig(Config(), {});
+  c.model.layers[0].settings.Set("kernel", "three", "run.yaml:4:7");
+  try {
+    Trainer t(c);
+    FAIL();
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("'conv'"), std::string::npos) << m;
+    EXPECT_NE(m.find("kernel"), std::string::npos) << m;
+  }
+}
+
+std::vector<std::string> Lines(const fs::path& p) {
+  std::ifstream in(p);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+// Timing fields differ from run to run; everything else must be identical.
+std::string WithoutTiming(const std::string& line) {
+  static const std::regex timing(",\"(img_per_s|data_wait_s)\":[^,}]*");
+  return std::regex_replace(line, timing, "");
+}
+
+TEST_F(TrainTest, ResumeReproducesAnUninterruptedRunBitForBit) {
+  std::string config = Config();
+  // Uninterrupted.
+  {
+    Trainer t(LoadRunConfig(config, {"checkpoint.dir=" + (dir_ / "a").string()}));
+    TrainOptions o;
+    o.metrics_path = (dir_ / "a.jsonl").string();
+    ASSERT_EQ(t.Run(o), 0);
+  }
+  // Interrupted at iteration 14 (inside epoch 2), then resumed from the newest checkpoint.
+  {
+    Trainer t(LoadRunConfig(config, {"checkpoint.dir=" + (dir_ / "b").string()}));
+    TrainOptions o;
+    o.metrics_path = (dir_ / "b.jsonl").string();
+    o.stop_at = 14;
+    ASSERT_EQ(t.Run(o), 130);
+    EXPECT_EQ(t.iteration(), 14);
+  }
+  {
+    Trainer t(LoadRunConfig(config, {"checkpoint.dir=" + (dir_ / "b").string()}));
+    TrainOptions o;
+    o.metrics_path = (dir_ / "b.jsonl").string();
+    o.resume = "auto";
+    ASSERT_EQ(t.Run(o), 0);
+  }
+  std::vector<std::string> a = Lines(dir_ / "a.jsonl"), b = Lines(dir_ / "b.jsonl");
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_GT(a.size(), 10u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(WithoutTiming(a[i]), WithoutTiming(b[i])) << i;
+  // Same final weights, bit for bit.
+  Checkpoint ca = LoadCheckpoint(ListCheckpoints((dir_ / "a").string())[0]);
+  Checkpoint cb = LoadCheckpoint(ListCheckpoints((dir_ / "b").string())[0]);
+  ASSERT_EQ(ca.tensors.size(), cb.tensors.size());
+  for (size_t i = 0; i < ca.tensors.size(); ++i) {
+    const Tensor& x = ca.tensors[i].second;
+    const Tensor& y = cb.tensors[i].second;
+    ASSERT_EQ(x.nbytes(), y.nbytes());
+    EXPECT_EQ(std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()), 0) << ca.tensors[i].first;
+  }
+  // keep: 2 prunes older checkpoints.
+  EXPECT_EQ(ListCheckpoints((dir_ / "a").string()).size(), 2u);
+  // Metrics are JSON lines with the documented fields.
+  EXPECT_NE(a[0].find("{\"event\":\"train\",\"iter\":2,\"epoch\":"), std::string::npos) << a[0];
+  bool saw_eval = false;
+  for (const std::string& line : a) saw_eval |= line.find("\"event\":\"eval\"") != std::string::npos &&
+                                                line.find("\"top5\":") != std::string::npos;
+  EXPECT_TRUE(saw_eval);
+}
+
+TEST_F(TrainTest, ResumeAutoWithoutCheckpointsStartsFresh) {
+  Trainer t(LoadRunConfig(Config(), {"solver.max_epochs=1"}));
+  TrainOptions o;
+  o.resume = "auto";
+  EXPECT_EQ(t.Run(o), 0);
+  EXPECT_EQ(t.iteration(), 10);
+}
+
+TEST_F(TrainTest, ResumeSkipsACorruptNewestCheckpoint) {
+  std::string config = Config();
+  {
+    Trainer t(LoadRunConfig(config, {}));
+    TrainOptions o;
+    o.stop_at = 20;
+    ASSERT_EQ(t.Run(o), 130);
+  }
+  // Corrupt the newest (iteration 20); auto-resume falls back to iteration 10's checkpoint.
+  std::vector<std::string> all = ListCheckpoints((dir_ / "ckpt").string());
+  ASSERT_GE(all.size(), 2u);
+  fs::resize_file(all[0], fs::file_size(all[0]) / 2);
+  Trainer t(LoadRunConfig(config, {}));
+  TrainOptions o;
+  o.resume = "auto";
+  o.stop_at = 11;
+  EXPECT_EQ(t.Run(o), 130);
+  EXPECT_EQ(t.iteration(), 11);
+  // An explicit path to the corrupt file is refused.
+  Trainer t2(LoadRunConfig(config, {}));
+  TrainOptions o2;
+  o2.resume = all[0];
+  try {
+    t2.Run(o2);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+  }
+}
+
+// Runs the cortado binary; returns the exit code and captures stderr.
+int RunCortado(const std::string& args, std::string* err) {
+  std::string bin = std::string(CORTADO_BINARY_DIR) + "/tools/cortado";
+  std::string errfile = fs::temp_directory_path() / ("cortado_err_" + std::to_string(getpid()));
+  int status = std::system((bin + " " + args + " >/dev/null 2>" + errfile).c_str());
+  std::ifstream in(errfile);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  *err = ss.str();
+  fs::remove(errfile);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST_F(TrainTest, CommandLineErrorsAreOneLine) {
+  std::string config = Config();
+  std::string err;
+  for (const std::string& bad : std::vector<std::string>{
+           "train --config " + config + " --set data.batch_size=-1",
+        "train --config " + config + " --set nonsense",
+        "train --config " + config + " --set data.train=/missing/train-images-idx3-ubyte.gz",
+        std::string("train --config /missing.yaml"), "eval --config " + config + " --checkpoint /missing"}) {
+    EXPECT_EQ(RunCortado(bad, &err), 1) << bad;
+    EXPECT_EQ(err.rfind("cortado ", 0), 0u) << err;
+    EXPECT_NE(err.find("error:"), std::string::npos) << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  }
+}
+
+TEST_F(TrainTest, SigintCheckpointsAndSaysHowToResume) {
+  std::string config = Config();
+  std::string bin = std::string(CORTADO_BINARY_DIR) + "/tools/cortado";
+  std::string errfile = (dir_ / "err.txt").string();
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    freopen(errfile.c_str(), "w", stderr);
+    freopen("/dev/null", "w", stdout);
+    execl(bin.c_str(), bin.c_str(), "train", "--config", config.c_str(), "--set",
+          "solver.max_epochs=100000", "--threads", "1", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Wait for training to start, then interrupt.
+  for (int i = 0; i < 200; ++i) {
+    std::ifstream in(errfile);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (ss.str().find("train iter") != std::string::npos) break;
+    usleep(50000);
+  }
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  std::ifstream in(errfile);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_NE(ss.str().find("--resume auto"), std::string::npos) << ss.str();
+  EXPECT_FALSE(ListCheckpoints((dir_ / "ckpt").string()).empty());
+}
+
+TEST_F(TrainTest, EvalCommandPrintsJson) {
+  std::string config = Config();
+  {
+    Trainer t(LoadRunConfig(config, {"solver.max_epochs=1"}));
+    ASSERT_EQ(t.Run(TrainOptions{}), 0);
+  }
+  std::string ckpt = ListCheckpoints((dir_ / "ckpt").string())[0];
+  std::string bin = std::string(CORTADO_BINARY_DIR) + "/tools/cortado";
+  FILE* p = popen((bin + " eval --config " + config + " --checkpoint " + ckpt + " --json").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[512] = {0};
+  ASSERT_NE(fgets(buf, sizeof(buf), p), nullptr);
+  EXPECT_EQ(pclose(p), 0);
+  std::string out = buf;
+  if (!out.empty() && out.back() == '\n') out.pop_back();
+  EXPECT_TRUE(std::regex_search(out, std::regex(
+      R"(^\{"top1":[0-9.]+,"top5":[0-9.]+,"loss":[0-9.]+,"images":100\}$)"))) << out;
+}
+
+}  // namespace
+}  // namespace cortado
