@@ -1,0 +1,502 @@
+#include "data/converter.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "data/datum.h"
+#include "data/jpeg.h"
+#include "data/lmdb.h"
+#include "data/transforms.h"
+#include "engine/error.h"
+#include "engine/random.h"
+#include "engine/thread_pool.h"
+
+namespace cortado {
+namespace fs = std::filesystem;
+
+namespace {
+
+// LMDB's compile-time key limit (mdb_env_get_maxkeysize).
+constexpr size_t kMaxKeyBytes = 511;
+
+struct Item {
+  std::string path;  // relative to root, '/'-separated
+  int label = 0;
+};
+
+// torchvision's IMG_EXTENSIONS.
+bool HasImageExtension(const fs::path& p) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  static const std::set<std::string> kExtensions = {".jpg", ".jpeg", ".png",  ".ppm", ".bmp",
+                                                    ".pgm", ".tif",  ".tiff", ".webp"};
+  return kExtensions.count(ext) != 0;
+}
+
+std::string TrimLine(std::string line) {
+  while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+  return line;
+}
+
+std::vector<std::string> ReadClassList(const std::string& path) {
+  std::ifstream in(path);
+  CORTADO_CHECK(in, "--classes: cannot read '", path, "'");
+  std::vector<std::string> names;
+  std::set<std::string> seen;
+  std::string line;
+  int line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    line = TrimLine(line);
+    CORTADO_CHECK(!line.empty(), path, ":", line_no, ": empty class name");
+    CORTADO_CHECK(seen.insert(line).second, path, ":", line_no, ": class '", line,
+                  "' is listed twice");
+    names.push_back(line);
+  }
+  CORTADO_CHECK(!names.empty(), "--classes: '", path, "' lists no classes");
+  return names;
+}
+
+// ImageFolder's walk: class folders in sorted order, files below each (recursively) sorted by
+// (folder, name). Hidden entries (".name") are left out.
+std::vector<Item> ListFolder(const ConvertOptions& o, std::vector<std::string>* classes,
+                             int64_t* ignored) {
+  CORTADO_CHECK(fs::is_directory(o.root), "--root: '", o.root, "' is not a folder");
+  std::vector<std::string> folders;
+  for (const fs::directory_entry& e : fs::directory_iterator(o.root)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name[0] == '.') continue;
+    if (e.is_directory()) folders.push_back(name);
+  }
+  std::sort(folders.begin(), folders.end());
+  CORTADO_CHECK(!folders.empty(), "--root: '", o.root,
+                "' has no class folders (expected ROOT/<class>/<image>, or give --list)");
+  if (o.classes.empty()) {
+    *classes = folders;
+  } else {
+    *classes = ReadClassList(o.classes);
+    for (const std::string& f : folders) {
+      CORTADO_CHECK(std::find(classes->begin(), classes->end(), f) != classes->end(),
+                    "class folder '", f, "' of ", o.root, " is not in --classes ", o.classes);
+    }
+  }
+  std::vector<Item> items;
+  for (const std::string& folder : folders) {
+    const int label =
+        static_cast<int>(std::find(classes->begin(), classes->end(), folder) - classes->begin());
+    std::vector<std::pair<std::string, std::string>> files;  // (relative folder, name)
+    const fs::path base = fs::path(o.root) / folder;
+    auto it =
+        fs::recursive_directory_iterator(base, fs::directory_options::follow_directory_symlink);
+    for (; it != fs::recursive_directory_iterator(); ++it) {
+      const std::string name = it->path().filename().string();
+      if (!name.empty() && name[0] == '.') {
+        if (it->is_directory()) it.disable_recursion_pending();
+        continue;
+      }
+      if (!it->is_regular_file()) continue;
+      if (!HasImageExtension(it->path())) {
+        ++*ignored;
+        continue;
+      }
+      files.emplace_back(fs::relative(it->path().parent_path(), o.root).generic_string(), name);
+    }
+    std::sort(files.begin(), files.end());
+    for (auto& [dir, name] : files) items.push_back(Item{dir + "/" + name, label});
+  }
+  return items;
+}
+
+// Caffe's list format: "relative/path label", the label after the last space.
+std::vector<Item> ListFile(const ConvertOptions& o, std::vector<std::string>* classes) {
+  std::ifstream in(o.list);
+  CORTADO_CHECK(in, "--list: cannot read '", o.list, "'");
+  std::vector<Item> items;
+  std::string line;
+  int line_no = 0;
+  int max_label = -1;
+  while (std::getline(in, line)) {
+    ++line_no;
+    line = TrimLine(line);
+    if (line.empty()) continue;
+    const size_t space = line.find_last_of(" \t");
+    CORTADO_CHECK(space != std::string::npos && space > 0, o.list, ":", line_no,
+                  ": expected 'relative/path label', got '", line, "'");
+    std::string path = TrimLine(line.substr(0, space));
+    const std::string label_text = line.substr(space + 1);
+    int label = -1;
+    auto [end, ec] =
+        std::from_chars(label_text.data(), label_text.data() + label_text.size(), label);
+    CORTADO_CHECK(ec == std::errc() && end == label_text.data() + label_text.size() && label >= 0,
+                  o.list, ":", line_no, ": label '", label_text, "' is not a non-negative integer");
+    max_label = std::max(max_label, label);
+    items.push_back(Item{std::move(path), label});
+  }
+  CORTADO_CHECK(!items.empty(), "--list: '", o.list, "' lists no images");
+  if (!o.classes.empty()) {
+    *classes = ReadClassList(o.classes);
+    CORTADO_CHECK(max_label < static_cast<int>(classes->size()), o.list, ": label ", max_label,
+                  " is outside the ", classes->size(), " classes of ", o.classes);
+  } else {
+    classes->clear();
+    for (int i = 0; i <= max_label; ++i) classes->push_back(std::to_string(i));
+  }
+  return items;
+}
+
+// Prepares the output folder: refuses an existing database unless overwrite.
+void PrepareOutput(const ConvertOptions& o) {
+  CORTADO_CHECK(!o.out.empty(), "--out: no database path given");
+  if (IsLmdb(o.out)) {
+    CORTADO_CHECK(o.overwrite, "'", o.out,
+                  "' already holds a database; pass --overwrite to replace it");
+    for (const char* name : {"data.mdb", "lock.mdb", "classes.txt", "skipped.txt"}) {
+      fs::remove(fs::path(o.out) / name);
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(o.out, ec);
+  CORTADO_CHECK(!ec && fs::is_directory(o.out), "--out: cannot create folder '", o.out,
+                "': ", ec.message());
+}
+
+bool ReadFile(const std::string& path, std::string* out, std::string* why) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    *why = StrCat("cannot open: ", std::strerror(errno));
+    return false;
+  }
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  in.seekg(0, std::ios::beg);
+  out->resize(size > 0 ? static_cast<size_t>(size) : 0);
+  if (size > 0 && !in.read(out->data(), size)) {
+    *why = "read error";
+    return false;
+  }
+  return true;
+}
+
+struct Result {
+  bool ok = false;
+  bool reencoded = false;
+  std::string key;
+  std::string record;  // serialized Datum
+  std::string reason;  // why skipped
+  int64_t bytes_read = 0;
+};
+
+// One worker's codec state: decoders and buffers reused from item to item.
+class ItemEncoder {
+ public:
+  explicit ItemEncoder(const ConvertOptions& o) : o_(o) {}
+
+  Result Process(const Item& item, int64_t index) {
+    Result r;
+    char prefix[32];
+    std::snprintf(prefix, sizeof(prefix), "%08lld_", static_cast<long long>(index));
+    r.key = prefix + item.path;
+    if (r.key.size() > kMaxKeyBytes) {
+      r.reason = StrCat("path too long for an LMDB key (", kMaxKeyBytes, " bytes)");
+      return r;
+    }
+    std::string why;
+    if (!ReadFile((fs::path(o_.root) / item.path).string(), &file_, &why)) {
+      r.reason = why;
+      return r;
+    }
+    r.bytes_read = static_cast<int64_t>(file_.size());
+    if (file_.empty()) {
+      r.reason = "empty file";
+      return r;
+    }
+    DatumFields fields;
+    fields.label = item.label;
+    fields.encoded = true;
+    const std::string* payload = nullptr;
+    if (!Encode(&fields, &payload, &r.reencoded, &r.reason)) return r;
+    r.record = SerializeDatum(fields, *payload);
+    r.ok = true;
+    return r;
+  }
+
+ private:
+  bool resizing() const { return o_.resize_shorter > 0 || o_.resize_width > 0; }
+
+  // Target size for an image of w x h.
+  void TargetSize(int w, int h, int* tw, int* th) const {
+    if (o_.resize_width > 0) {
+      *tw = o_.resize_width;
+      *th = o_.resize_height;
+      return;
+    }
+    const int s = o_.resize_shorter;
+    if (w <= h) {
+      *tw = s;
+      *th = std::max(1, static_cast<int>(std::lround(static_cast<double>(h) * s / w)));
+    } else {
+      *th = s;
+      *tw = std::max(1, static_cast<int>(std::lround(static_cast<double>(w) * s / h)));
+    }
+  }
+
+  // Fills fields and points *payload at the bytes to store (the file or a new JPEG).
+  bool Encode(DatumFields* fields, const std::string** payload, bool* reencoded,
+              std::string* reason) {
+    const auto* data = reinterpret_cast<const uint8_t*>(file_.data());
+    JpegHeader header;
+    const bool is_jpeg = jpeg_.Open(data, file_.size(), &header);
+    const bool direct =
+        is_jpeg && (header.color == JpegColor::kGray || header.color == JpegColor::kYCbCr ||
+                    header.color == JpegColor::kRGB);
+    std::string jpeg_error = is_jpeg ? "" : jpeg_.message();
+    ImageU8* pixels = &decoded_;
+    bool have_pixels = false;
+    if (direct) {
+      int k = 8;
+      if (resizing()) {
+        int tw, th;
+        TargetSize(header.width, header.height, &tw, &th);
+        k = ChooseDctScale(header.width, header.height, tw, th);
+      }
+      PixelRect roi;
+      if (jpeg_.Decode(k, PixelRect{0, 0, header.width, header.height}, &decoded_, &roi)) {
+        have_pixels = true;
+        if (!resizing() && jpeg_.warnings() == 0) {
+          // A clean 1- or 3-channel JPEG: stored byte for byte.
+          fields->channels = header.components == 1 ? 1 : 3;
+          fields->width = header.width;
+          fields->height = header.height;
+          *payload = &file_;
+          *reencoded = false;
+          return true;
+        }
+      } else {
+        jpeg_error = jpeg_.message();
+      }
+    }
+    if (!have_pixels) {
+      // CMYK/YCCK JPEG, PNG named .JPEG, other formats: whatever OpenCV decodes.
+      std::string why;
+      if (!DecodeWithOpenCV(data, file_.size(), /*keep_gray=*/resizing(), &decoded_, &why)) {
+        *reason = LooksLikeJpeg(data, file_.size()) && !jpeg_error.empty()
+                      ? StrCat("corrupt JPEG: ", jpeg_error)
+                      : StrCat("not a decodable image: ", why);
+        return false;
+      }
+    }
+    if (resizing()) {
+      // The target from the full-size dimensions (DCT scaling may have shrunk decoded_).
+      const int full_w = direct && have_pixels ? header.width : decoded_.width;
+      const int full_h = direct && have_pixels ? header.height : decoded_.height;
+      int tw, th;
+      TargetSize(full_w, full_h, &tw, &th);
+      ResizeImage(decoded_, tw, th, &resized_);
+      pixels = &resized_;
+    }
+    encoder_.Encode(*pixels, o_.quality, /*progressive=*/false, &encoded_);
+    fields->channels = pixels->channels;
+    fields->width = pixels->width;
+    fields->height = pixels->height;
+    *payload = &encoded_;
+    *reencoded = true;
+    return true;
+  }
+
+  const ConvertOptions& o_;
+  JpegDecoder jpeg_;
+  JpegEncoder encoder_;
+  std::string file_;
+  std::string encoded_;
+  ImageU8 decoded_;
+  ImageU8 resized_;
+};
+
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+ConvertSummary ConvertImages(const ConvertOptions& o) {
+  CORTADO_CHECK(!o.root.empty(), "--root: no image folder given");
+  CORTADO_CHECK(o.quality >= 1 && o.quality <= 100, "--quality must be in 1..100, got ", o.quality);
+  CORTADO_CHECK(o.resize_shorter >= 0 && o.resize_width >= 0 && o.resize_height >= 0,
+                "resize sizes must be positive");
+  CORTADO_CHECK((o.resize_width > 0) == (o.resize_height > 0),
+                "--resize takes WxH with both sides positive");
+  CORTADO_CHECK(!(o.resize_shorter > 0 && o.resize_width > 0),
+                "give --resize-shorter or --resize, not both");
+  CORTADO_CHECK(o.threads >= 0, "--threads must be >= 0, got ", o.threads);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+
+  ConvertSummary summary;
+  summary.db = o.out;
+  std::vector<std::string> classes;
+  std::vector<Item> items =
+      o.list.empty() ? ListFolder(o, &classes, &summary.ignored) : ListFile(o, &classes);
+  CORTADO_CHECK(!items.empty(), "no images found under '", o.root, "'");
+  if (o.shuffle) {
+    Rng rng(HashCombine(o.seed, 0x434f4e56ull));
+    for (size_t i = items.size() - 1; i > 0; --i) std::swap(items[i], items[rng.Below(i + 1)]);
+  }
+  summary.items = static_cast<int64_t>(items.size());
+  summary.classes = static_cast<int64_t>(classes.size());
+
+  PrepareOutput(o);
+  {
+    std::ofstream out(fs::path(o.out) / "classes.txt");
+    for (const std::string& name : classes) out << name << '\n';
+    CORTADO_CHECK(out, "cannot write ", o.out, "/classes.txt");
+  }
+  LmdbWriter writer(o.out, o.initial_map_size);
+
+  // Workers decode items in any order into a window of results; this thread writes them in
+  // list order. The window bounds memory to a few hundred encoded images.
+  const int threads = o.threads > 0 ? o.threads : NumThreads();
+  const int64_t n = summary.items;
+  const int64_t window = std::max<int64_t>(64, 16 * threads);
+  std::vector<Result> ring(static_cast<size_t>(window));
+  std::vector<char> ready(static_cast<size_t>(window), 0);
+  std::mutex mu;
+  std::condition_variable result_cv, room_cv;
+  int64_t next = 0, written = 0;
+  bool abort = false;
+  std::exception_ptr error;
+
+  auto work = [&] {
+    ItemEncoder encoder(o);
+    for (;;) {
+      int64_t i;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        if (next >= n || abort) return;
+        i = next++;
+        room_cv.wait(lock, [&] { return i < written + window || abort; });
+        if (abort) return;
+      }
+      Result r;
+      try {
+        r = encoder.Process(items[i], i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!error) error = std::current_exception();
+        abort = true;
+        result_cv.notify_all();
+        room_cv.notify_all();
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      ring[i % window] = std::move(r);
+      ready[i % window] = 1;
+      result_cv.notify_all();
+    }
+  };
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) workers.emplace_back(work);
+
+  std::ofstream skipped_out(fs::path(o.out) / "skipped.txt");
+  double last_progress = 0;
+  try {
+    for (int64_t i = 0; i < n; ++i) {
+      Result r;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        result_cv.wait(lock, [&] { return ready[i % window] || abort; });
+        if (error) std::rethrow_exception(error);
+        r = std::move(ring[i % window]);
+        ready[i % window] = 0;
+        written = i + 1;
+      }
+      room_cv.notify_all();
+      summary.bytes_read += r.bytes_read;
+      if (r.ok) {
+        summary.bytes_written += static_cast<int64_t>(r.key.size() + r.record.size());
+        ++summary.converted;
+        if (r.reencoded) ++summary.reencoded;
+        writer.Put(std::move(r.key), std::move(r.record));
+      } else {
+        ++summary.skipped;
+        skipped_out << items[i].path << '\t' << r.reason << '\n';
+      }
+      if (o.progress && (elapsed() - last_progress > 0.2)) {
+        last_progress = elapsed();
+        o.progress(i + 1, n, last_progress);
+      }
+    }
+    writer.Close();
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      abort = true;
+    }
+    room_cv.notify_all();
+    for (std::thread& t : workers) t.join();
+    throw;
+  }
+  for (std::thread& t : workers) t.join();
+  skipped_out.close();
+  CORTADO_CHECK(skipped_out, "cannot write ", o.out, "/skipped.txt");
+  summary.map_growths = writer.map_growths();
+  summary.seconds = elapsed();
+  if (o.progress) o.progress(n, n, summary.seconds);
+  return summary;
+}
+
+std::string SummaryJson(const ConvertSummary& s) {
+  return StrCat("{\"db\": \"", JsonEscape(s.db), "\", \"items\": ", s.items,
+                ", \"converted\": ", s.converted, ", \"reencoded\": ", s.reencoded,
+                ", \"skipped\": ", s.skipped, ", \"ignored\": ", s.ignored,
+                ", \"classes\": ", s.classes, ", \"bytes_read\": ", s.bytes_read,
+                ", \"bytes_written\": ", s.bytes_written, ", \"map_growths\": ", s.map_growths,
+                ", \"seconds\": ", s.seconds,
+                ", \"images_per_s\": ", s.seconds > 0 ? s.items / s.seconds : 0.0, "}");
+}
+
+std::string SummaryText(const ConvertSummary& s) {
+  char line[512];
+  std::snprintf(line, sizeof(line),
+                "converted %lld of %lld images (%lld re-encoded), skipped %lld%s, %lld classes\n"
+                "read %.1f MB, wrote %.1f MB in %.1f s (%.0f images/s) to %s",
+                static_cast<long long>(s.converted), static_cast<long long>(s.items),
+                static_cast<long long>(s.reencoded), static_cast<long long>(s.skipped),
+                s.skipped > 0 ? " (listed in skipped.txt)" : "", static_cast<long long>(s.classes),
+                s.bytes_read / 1e6, s.bytes_written / 1e6, s.seconds,
+                s.seconds > 0 ? s.items / s.seconds : 0.0, s.db.c_str());
+  std::string text = line;
+  if (s.ignored > 0) {
+    text += StrCat("\nignored ", s.ignored, " files without an image extension");
+  }
+  return text;
+}
+
+}  // namespace cortado

@@ -1,0 +1,313 @@
+#include "data/lmdb_source.h"
+
+#include <algorithm>
+#include <atomic>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+
+#include "data/datum.h"
+#include "data/lmdb.h"
+#include "data/loader.h"
+#include "data/sharding.h"
+#include "engine/error.h"
+#include "engine/log.h"
+#include "engine/random.h"
+#include "engine/thread_pool.h"
+
+namespace cortado {
+
+TransformOptions TransformOptionsFrom(const DataOptions& options) {
+  TransformOptions t;
+  CORTADO_CHECK(options.crop > 0 && options.crop <= 16384, "data.crop must be in 1..16384, got ",
+                options.crop);
+  CORTADO_CHECK(options.val_resize >= options.crop, "data.val_resize (", options.val_resize,
+                ") must be at least data.crop (", options.crop, ")");
+  t.crop = static_cast<int>(options.crop);
+  t.val_resize = static_cast<int>(options.val_resize);
+  t.scale_min = options.scale_min;
+  t.scale_max = options.scale_max;
+  t.ratio_min = options.ratio_min;
+  t.ratio_max = options.ratio_max;
+  t.flip = options.flip;
+  auto channels = [](const std::vector<double>& v, const char* key, std::array<float, 3>* out) {
+    if (v.empty()) return;
+    CORTADO_CHECK(v.size() == 1 || v.size() == 3, "data.", key,
+                  " takes 1 or 3 values (RGB) for LMDB images, got ", v.size());
+    for (int c = 0; c < 3; ++c) (*out)[c] = static_cast<float>(v[v.size() == 1 ? 0 : c]);
+  };
+  channels(options.mean, "mean", &t.mean);
+  channels(options.std, "std", &t.std);
+  for (float s : t.std) CORTADO_CHECK(s > 0, "data.std must be positive, got ", s);
+  return t;
+}
+
+int64_t ReadNumClasses(const std::string& db) {
+  std::ifstream in(db + "/classes.txt");
+  if (!in) return -1;
+  int64_t n = 0;
+  std::string line;
+  while (std::getline(in, line)) ++n;
+  return n;
+}
+
+namespace {
+
+int LoaderThreads(const DataOptions& options) {
+  CORTADO_CHECK(options.threads >= 0, "data.threads must be >= 0, got ", options.threads);
+  const int budget = NumThreads();
+  if (options.threads == 0) return budget;
+  if (options.threads > budget) {
+    LogInfo("data.threads ", options.threads, " exceeds the thread budget (", budget, "); using ",
+            budget);
+    return budget;
+  }
+  return options.threads;
+}
+
+// Shared by the train and eval sources: the database, the per-thread decode state, the loader
+// and corrupt-record handling.
+class LmdbSourceBase : public BatchSource {
+ public:
+  LmdbSourceBase(const std::string& path, const DataOptions& options, int64_t batch_size,
+                 bool train)
+      : reader_(OpenReader(path, train)),
+        batch_size_(batch_size),
+        train_(train),
+        transform_(TransformOptionsFrom(options)),
+        num_classes_(ReadNumClasses(path)) {
+    CORTADO_CHECK(batch_size > 0, "data batch size must be positive, got ", batch_size);
+    CORTADO_CHECK(reader_->size() > 0, "LMDB ", path, " holds no records");
+    const int threads = LoaderThreads(options);
+    for (int i = 0; i < threads; ++i) {
+      workers_.push_back(std::make_unique<Worker>(reader_->BeginRead(), transform_));
+    }
+    loader_ = std::make_unique<BatchLoader>(
+        threads, options.prefetch, batch_size, sample_shape(),
+        [this](int64_t batch, std::vector<int64_t>* samples) { Plan(batch, samples); },
+        [this](int worker, int64_t batch, int64_t, int64_t sample, float* image, int32_t* label) {
+          return Produce(worker, batch, sample, image, label);
+        });
+  }
+
+  // Derived sources stop the loader in their destructors: its threads call their Plan.
+  ~LmdbSourceBase() override { loader_.reset(); }
+
+  int64_t batch_size() const override { return batch_size_; }
+  Shape sample_shape() const override { return {3, transform_.crop, transform_.crop}; }
+  int64_t num_classes() const override { return num_classes_; }
+  SourceStats stats() const override {
+    SourceStats s;
+    s.skipped_records = skipped_;
+    s.wait_seconds = wait_seconds_;
+    return s;
+  }
+
+ protected:
+  static std::shared_ptr<const LmdbReader> OpenReader(const std::string& path, bool train) {
+    CORTADO_CHECK(!path.empty(), "data.", train ? "train" : "val", ": no LMDB path given");
+    return LmdbReader::Open(path, /*random_access=*/train);
+  }
+
+  // Under the loader's lock: the record indices of batch `batch` since the last Start.
+  virtual void Plan(int64_t batch, std::vector<int64_t>* samples) = 0;
+  // The augmentation key of a sample of batch `batch` (training only).
+  virtual uint64_t AugmentKey(int64_t batch, int64_t record) const = 0;
+
+  std::shared_ptr<const LmdbReader> reader_;
+  int64_t batch_size_;
+  bool train_;
+  TransformOptions transform_;
+  int64_t num_classes_;
+  std::unique_ptr<BatchLoader> loader_;
+  double wait_seconds_ = 0;
+  int64_t skipped_ = 0;  // in the batches delivered so far
+  bool started_ = false;
+
+ private:
+  struct Worker {
+    Worker(LmdbReader::ReadTxn t, const TransformOptions& o) : txn(std::move(t)), transformer(o) {}
+    LmdbReader::ReadTxn txn;
+    DatumParser parser;
+    ImageTransformer transformer;
+    ImageU8 raw;
+    std::string why;
+  };
+
+  // Decodes record `record` into image/label; false (with w.why) if it is corrupt.
+  bool DecodeRecord(Worker& w, int64_t record, uint64_t key, float* image, int32_t* label) {
+    const std::string_view value = w.txn.Get(record);
+    if (!w.parser.Parse(value.data(), value.size())) {
+      w.why = "not a Datum record";
+      return false;
+    }
+    const DatumFields& f = w.parser.fields();
+    bool ok;
+    if (f.encoded) {
+      const std::string_view bytes = w.parser.data();
+      ok = w.transformer.Encoded(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(),
+                                 train_, key, image);
+      if (!ok) w.why = w.transformer.message();
+    } else {
+      ok = w.parser.RawPixels(&w.raw, &w.why) &&
+           w.transformer.Pixels(w.raw, PixelLayout::kRGB, train_, key, image);
+      if (!ok && w.why.empty()) w.why = w.transformer.message();
+    }
+    if (!ok) return false;
+    // A label outside the class list is not a corrupt image but a wrong database or class
+    // list: stop rather than train on it.
+    CORTADO_CHECK(f.label >= 0 && (num_classes_ < 0 || f.label < num_classes_), "LMDB ",
+                  reader_->path(), ": record '", reader_->key(record), "' has label ", f.label,
+                  num_classes_ < 0
+                      ? std::string(" (negative)")
+                      : StrCat(", outside the ", num_classes_, " classes of its classes.txt"));
+    *label = f.label;
+    return true;
+  }
+
+  // Returns the number of corrupt records skipped.
+  int64_t Produce(int worker, int64_t batch, int64_t sample, float* image, int32_t* label) {
+    Worker& w = *workers_[worker];
+    const uint64_t key = train_ ? AugmentKey(batch, sample) : 0;
+    const int64_t n = reader_->size();
+    int64_t record = sample;
+    for (int64_t attempt = 0;; ++attempt) {
+      w.why.clear();
+      if (DecodeRecord(w, record, key, image, label)) return attempt;
+      ReportCorrupt(record, w.why);
+      CORTADO_CHECK(attempt + 1 < std::min<int64_t>(n, 1000), "LMDB ", reader_->path(), ": ",
+                    attempt + 1, " records in a row from '", reader_->key(sample),
+                    "' do not decode; is this an image database?");
+      record = (record + 1) % n;  // replaced by the next record
+    }
+  }
+
+  void ReportCorrupt(int64_t record, const std::string& why) {
+    std::lock_guard<std::mutex> lock(warned_mu_);
+    if (warned_.insert(record).second) {
+      LogWarning("data: skipping corrupt record '", reader_->key(record), "' of ", reader_->path(),
+                 " (", why, "); using the next record instead");
+    }
+  }
+
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::mutex warned_mu_;
+  std::set<int64_t> warned_;
+};
+
+class LmdbTrainSource final : public LmdbSourceBase {
+ public:
+  LmdbTrainSource(const DataOptions& options, ShardSpec shard, uint64_t seed)
+      : LmdbSourceBase(options.train, options, options.batch_size, /*train=*/true),
+        sharder_(reader_->size(), options.batch_size, shard, options.shuffle, options.drop_last,
+                 seed),
+        seed_(seed) {}
+  ~LmdbTrainSource() override { loader_.reset(); }
+
+  int64_t samples_per_epoch() const override { return sharder_.samples_per_epoch(); }
+  int64_t batches_per_epoch() const override { return sharder_.batches_per_epoch(); }
+
+  void Start(int64_t epoch, int64_t batch) override {
+    CORTADO_CHECK(epoch >= 0 && batch >= 0 && batch < batches_per_epoch(), "data position ", batch,
+                  " of epoch ", epoch, " is outside the epoch (", batches_per_epoch(), " batches)");
+    start_epoch_ = epoch;
+    start_batch_ = batch;
+    orders_.clear();
+    loader_->Start();
+    started_ = true;
+  }
+
+  bool Next(Batch& out) override {
+    if (!started_) Start(0, 0);
+    const bool got = loader_->Next(out, &wait_seconds_, &skipped_);
+    CORTADO_ASSERT(got);  // a training stream never ends
+    return true;
+  }
+
+ protected:
+  // Batch `batch` after Start is batch (start + batch) of the stream of epochs.
+  std::pair<int64_t, int64_t> EpochAndBatch(int64_t batch) const {
+    const int64_t global = start_batch_ + batch;
+    return {start_epoch_ + global / batches_per_epoch(), global % batches_per_epoch()};
+  }
+
+  void Plan(int64_t batch, std::vector<int64_t>* samples) override {
+    const auto [epoch, in_epoch] = EpochAndBatch(batch);
+    auto it = orders_.find(epoch);
+    if (it == orders_.end()) {
+      while (orders_.size() >= 2) orders_.erase(orders_.begin());  // keep this epoch and the last
+      it = orders_.emplace(epoch, sharder_.RankOrder(epoch)).first;
+    }
+    const std::vector<int64_t>& order = it->second;
+    samples->assign(order.begin() + in_epoch * batch_size_,
+                    order.begin() + (in_epoch + 1) * batch_size_);
+  }
+
+  uint64_t AugmentKey(int64_t batch, int64_t record) const override {
+    const int64_t epoch = EpochAndBatch(batch).first;
+    return HashCombine(HashCombine(seed_ ^ 0x4155474dull, static_cast<uint64_t>(epoch)),
+                       static_cast<uint64_t>(record));
+  }
+
+ private:
+  EpochSharder sharder_;
+  uint64_t seed_;
+  int64_t start_epoch_ = 0, start_batch_ = 0;
+  std::map<int64_t, std::vector<int64_t>> orders_;  // epoch -> this rank's order
+};
+
+class LmdbEvalSource final : public LmdbSourceBase {
+ public:
+  LmdbEvalSource(const DataOptions& options, ShardSpec shard)
+      : LmdbSourceBase(options.val, options,
+                       options.val_batch_size > 0 ? options.val_batch_size : options.batch_size,
+                       /*train=*/false) {
+    CORTADO_CHECK(shard.world_size >= 1 && shard.rank >= 0 && shard.rank < shard.world_size,
+                  "bad shard: rank ", shard.rank, " of ", shard.world_size);
+    // Rank r evaluates records r, r+W, ...: disjoint, and together they cover the set once.
+    for (int64_t i = shard.rank; i < reader_->size(); i += shard.world_size) indices_.push_back(i);
+  }
+  ~LmdbEvalSource() override { loader_.reset(); }
+
+  int64_t samples_per_epoch() const override { return static_cast<int64_t>(indices_.size()); }
+  int64_t batches_per_epoch() const override {
+    return (samples_per_epoch() + batch_size_ - 1) / batch_size_;
+  }
+
+  void Start(int64_t epoch, int64_t batch) override {
+    CORTADO_CHECK(epoch == 0 && batch == 0, "an evaluation source only restarts from the top");
+    loader_->Start();
+    started_ = true;
+  }
+
+  bool Next(Batch& out) override {
+    if (!started_) Start(0, 0);
+    return loader_->Next(out, &wait_seconds_, &skipped_);
+  }
+
+ protected:
+  void Plan(int64_t batch, std::vector<int64_t>* samples) override {
+    const int64_t begin = batch * batch_size_;
+    const int64_t end = std::min<int64_t>(begin + batch_size_, samples_per_epoch());
+    if (begin < end) samples->assign(indices_.begin() + begin, indices_.begin() + end);
+  }
+  uint64_t AugmentKey(int64_t, int64_t) const override { return 0; }
+
+ private:
+  std::vector<int64_t> indices_;
+};
+
+}  // namespace
+
+std::unique_ptr<BatchSource> MakeLmdbTrainSource(const DataOptions& options, ShardSpec shard,
+                                                 uint64_t seed) {
+  return std::make_unique<LmdbTrainSource>(options, shard, seed);
+}
+
+std::unique_ptr<BatchSource> MakeLmdbEvalSource(const DataOptions& options, ShardSpec shard) {
+  return std::make_unique<LmdbEvalSource>(options, shard);
+}
+
+}  // namespace cortado

@@ -1,0 +1,42 @@
+// LMDB batch sources: ImageNet-style training and validation from a database of Caffe Datum
+// records (written by `cortado convert`, or by Caffe's convert_imageset: encoded JPEG/PNG
+// records, and raw BGR records with encoded=false).
+//
+// Training: each epoch a permutation from (seed, epoch) shared by all ranks, rank r taking
+// positions r, r+W, ... (data/sharding.h); every sample is decoded and augmented
+// (RandomResizedCrop, flip, normalize; data/transforms.h) on the loader's threads
+// (data/loader.h), `prefetch` batches ahead. The crop and flip of a sample are a function of
+// (seed, epoch, record index), so a resumed run sees exactly the batches an uninterrupted run
+// would, whatever the thread count.
+//
+// Validation: rank r takes records r, r+W, ... in key order (the last batch may be short),
+// resize + centre crop, normalize.
+//
+// A record that does not parse or decode is skipped with one warning (once per record), counted
+// in stats().skipped_records, and replaced by the next record in the database, so batch sizes
+// and step counts stay the same on every rank.
+//
+// Batches from Next() share the loader's buffers: they stay valid until the next Next() or
+// Start() on the same source.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "data/data_options.h"
+#include "data/transforms.h"
+
+namespace cortado {
+
+std::unique_ptr<BatchSource> MakeLmdbTrainSource(const DataOptions& options, ShardSpec shard,
+                                                 uint64_t seed);
+std::unique_ptr<BatchSource> MakeLmdbEvalSource(const DataOptions& options, ShardSpec shard);
+
+// The transform settings in DataOptions (mean/std: empty means ImageNet's, one value is
+// repeated to three channels).
+TransformOptions TransformOptionsFrom(const DataOptions& options);
+
+// Labels in the database at `db` per its classes.txt (line i names label i); -1 without one.
+int64_t ReadNumClasses(const std::string& db);
+
+}  // namespace cortado

@@ -1,0 +1,175 @@
+#include "data/loader.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+
+#include "engine/error.h"
+
+namespace cortado {
+
+BatchLoader::BatchLoader(int threads, int prefetch, int64_t batch_size, Shape sample_shape,
+                         PlanFn plan, ProduceFn produce)
+    : threads_(threads),
+      batch_size_(batch_size),
+      sample_shape_(std::move(sample_shape)),
+      sample_numel_(ShapeNumel(sample_shape_)),
+      plan_(std::move(plan)),
+      produce_(std::move(produce)) {
+  CORTADO_CHECK(threads >= 1, "data loader needs at least one thread, got ", threads);
+  CORTADO_CHECK(prefetch >= 1, "data.prefetch must be at least 1, got ", prefetch);
+  CORTADO_CHECK(batch_size >= 1, "batch size must be positive, got ", batch_size);
+  slots_.resize(static_cast<size_t>(prefetch) + 1);
+}
+
+BatchLoader::~BatchLoader() { StopWorkers(); }
+
+void BatchLoader::StopWorkers() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  for (std::thread& t : workers_) t.join();
+  workers_.clear();
+}
+
+void BatchLoader::Start() {
+  StopWorkers();
+  planned_ = released_ = consumed_ = 0;
+  holding_ = ended_ = stop_ = false;
+  error_ = nullptr;
+  error_batch_ = std::numeric_limits<int64_t>::max();
+  for (Slot& slot : slots_) {
+    slot.batch = -1;
+    slot.samples.clear();
+    slot.next_task = slot.done = 0;
+  }
+  for (int w = 0; w < threads_; ++w) workers_.emplace_back([this, w] { WorkerLoop(w); });
+}
+
+bool BatchLoader::PlanNextLocked() {
+  const int64_t ring = static_cast<int64_t>(slots_.size());
+  if (ended_ || planned_ >= released_ + ring || planned_ >= error_batch_) return false;
+  Slot& slot = slots_[planned_ % ring];
+  slot.samples.clear();
+  plan_(planned_, &slot.samples);
+  const int64_t count = static_cast<int64_t>(slot.samples.size());
+  CORTADO_ASSERT(count <= batch_size_);
+  if (count == 0) {
+    ended_ = true;
+    ready_cv_.notify_all();
+    return false;
+  }
+  slot.batch = planned_;
+  slot.next_task = slot.done = slot.skipped = 0;
+  // Buffers are allocated for a full batch on first use (an evaluation source that never
+  // runs holds no memory) and keep their storage from then on; a short last batch is the
+  // same storage with fewer rows.
+  Shape shape = {batch_size_};
+  shape.insert(shape.end(), sample_shape_.begin(), sample_shape_.end());
+  if (!slot.images.defined()) {
+    slot.images = Tensor(shape, DType::kF32);
+    slot.labels = Tensor({batch_size_}, DType::kI32);
+  }
+  shape[0] = count;
+  slot.images.Resize(shape);
+  slot.labels.Resize({count});
+  ++planned_;
+  work_cv_.notify_all();  // other idle workers can help with this batch
+  return true;
+}
+
+void BatchLoader::RecordErrorLocked(int64_t batch) {
+  // The earliest failing batch wins; batches before it are still completed and delivered.
+  if (batch < error_batch_) {
+    error_batch_ = batch;
+    error_ = std::current_exception();
+  }
+  ready_cv_.notify_all();
+}
+
+void BatchLoader::WorkerLoop(int worker) {
+  const int64_t ring = static_cast<int64_t>(slots_.size());
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    // The oldest planned batch that still has samples nobody has taken.
+    Slot* slot = nullptr;
+    for (int64_t b = released_; b < std::min(planned_, error_batch_); ++b) {
+      Slot& s = slots_[b % ring];
+      if (s.next_task < static_cast<int64_t>(s.samples.size())) {
+        slot = &s;
+        break;
+      }
+    }
+    if (slot == nullptr) {
+      bool planned = false;
+      try {
+        planned = PlanNextLocked();
+      } catch (...) {
+        RecordErrorLocked(planned_);
+      }
+      if (!planned) work_cv_.wait(lock);
+      continue;
+    }
+    const int64_t pos = slot->next_task++;
+    const int64_t batch = slot->batch;
+    const int64_t sample = slot->samples[pos];
+    float* image = slot->images.data<float>() + pos * sample_numel_;
+    int32_t* label = slot->labels.data<int32_t>() + pos;
+    lock.unlock();
+    int64_t skipped = 0;
+    try {
+      skipped = produce_(worker, batch, pos, sample, image, label);
+    } catch (...) {
+      lock.lock();
+      RecordErrorLocked(batch);  // this batch never completes
+      continue;
+    }
+    lock.lock();
+    slot->skipped += skipped;
+    if (++slot->done == static_cast<int64_t>(slot->samples.size())) ready_cv_.notify_all();
+  }
+}
+
+bool BatchLoader::Next(Batch& out, double* wait_seconds, int64_t* skipped) {
+  const int64_t ring = static_cast<int64_t>(slots_.size());
+  std::unique_lock<std::mutex> lock(mu_);
+  CORTADO_CHECK(!workers_.empty(), "BatchLoader::Next before Start");
+  if (holding_) {
+    // The caller is done with the batch it holds: its slot goes back to the ring.
+    slots_[(consumed_ - 1) % ring].batch = -1;
+    released_ = consumed_;
+    holding_ = false;
+    work_cv_.notify_all();
+  }
+  auto complete = [&] {
+    if (consumed_ >= planned_) return false;
+    const Slot& s = slots_[consumed_ % ring];
+    return s.done == static_cast<int64_t>(s.samples.size());
+  };
+  // Batches before a failed one are delivered; the error surfaces at the failed batch.
+  auto failed = [&] { return error_ && consumed_ >= error_batch_; };
+  auto ready = [&] { return complete() || failed() || (ended_ && consumed_ == planned_); };
+  if (!ready()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ready_cv_.wait(lock, ready);
+    if (wait_seconds != nullptr) {
+      *wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+  }
+  if (!complete()) {
+    if (failed()) std::rethrow_exception(error_);
+    return false;  // ended
+  }
+  Slot& slot = slots_[consumed_ % ring];
+  out.images = slot.images;
+  out.labels = slot.labels;
+  out.size = static_cast<int64_t>(slot.samples.size());
+  if (skipped != nullptr) *skipped += slot.skipped;
+  ++consumed_;
+  holding_ = true;
+  return true;
+}
+
+}  // namespace cortado

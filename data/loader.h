@@ -1,0 +1,98 @@
+// BatchLoader: decode threads filling a ring of batch buffers ahead of the training thread.
+//
+// Batches are numbered 0, 1, 2, ... from the last Start(). A plan function (called under the
+// loader's lock, in batch order) says which samples batch n holds; a produce function (called
+// on the worker threads, any order) decodes one sample into its place in the batch buffer.
+// All workers help with the oldest unfinished batch first, so a batch is ready as soon as
+// possible and batches complete in order.
+//
+// Buffers: prefetch + 1 slots, each with its own image and label tensors allocated once. Next()
+// hands the caller the slot's tensors (shared storage, no copy); they stay valid until the
+// next call to Next() or Start(), which returns the slot to the ring. So up to `prefetch`
+// batches are decoded while the caller works on one.
+//
+// Threads: Next() and Start() are called from one consumer thread. When a plan or produce
+// function throws, the batches before the failed one are still completed and delivered, and
+// Next() rethrows the exception when it reaches the failed batch; Start() clears it.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "data/batch_source.h"
+
+namespace cortado {
+
+class BatchLoader {
+ public:
+  // Fills *samples with the sample ids of batch `batch` (at most batch_size of them); an empty
+  // list ends the stream. Called under the loader's lock: keep it quick.
+  using PlanFn = std::function<void(int64_t batch, std::vector<int64_t>* samples)>;
+  // Decodes sample `sample` (position `pos` of batch `batch`) into image (C*H*W floats) and
+  // *label, on worker thread `worker` in [0, threads). Returns how many corrupt records it
+  // skipped to do so (reported with the batch, so prefetching does not count them early).
+  using ProduceFn = std::function<int64_t(int worker, int64_t batch, int64_t pos, int64_t sample,
+                                          float* image, int32_t* label)>;
+
+  BatchLoader(int threads, int prefetch, int64_t batch_size, Shape sample_shape, PlanFn plan,
+              ProduceFn produce);
+  ~BatchLoader();
+  BatchLoader(const BatchLoader&) = delete;
+  BatchLoader& operator=(const BatchLoader&) = delete;
+
+  int threads() const { return threads_; }
+
+  // Restarts at batch 0 of a new plan (cancels and discards batches decoded ahead).
+  void Start();
+  // The next batch; false at the end of the stream. Adds the time spent blocked to
+  // *wait_seconds and the corrupt records skipped for this batch to *skipped (either may be
+  // null).
+  bool Next(Batch& out, double* wait_seconds, int64_t* skipped = nullptr);
+
+ private:
+  struct Slot {
+    Tensor images;
+    Tensor labels;
+    std::vector<int64_t> samples;
+    int64_t batch = -1;     // batch number planned into this slot, -1: free
+    int64_t next_task = 0;  // next position to hand to a worker
+    int64_t done = 0;       // positions finished
+    int64_t skipped = 0;    // corrupt records skipped while filling it
+  };
+
+  void StopWorkers();
+  void WorkerLoop(int worker);
+  // Under mu_: plans the next batch into its slot if the ring has room. False if not.
+  bool PlanNextLocked();
+  // Under mu_, in a catch block: remembers the exception as the failure of `batch`.
+  void RecordErrorLocked(int64_t batch);
+
+  const int threads_;
+  const int64_t batch_size_;
+  const Shape sample_shape_;
+  const int64_t sample_numel_;
+  PlanFn plan_;
+  ProduceFn produce_;
+
+  std::mutex mu_;
+  std::condition_variable work_cv_;   // workers: a slot was planned or freed, or stop
+  std::condition_variable ready_cv_;  // consumer: a slot completed, or an error
+  std::vector<Slot> slots_;
+  int64_t planned_ = 0;   // batches [0, planned_) have been planned
+  int64_t released_ = 0;  // batches [0, released_) have been handed out and given back
+  int64_t consumed_ = 0;  // batches [0, consumed_) have been handed out
+  bool holding_ = false;  // the consumer holds batch consumed_ - 1
+  bool ended_ = false;    // a plan came back empty at batch planned_
+  bool stop_ = false;
+  std::exception_ptr error_;  // the failure of batch error_batch_
+  int64_t error_batch_ = std::numeric_limits<int64_t>::max();
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace cortado

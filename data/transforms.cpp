@@ -1,0 +1,241 @@
+#include "data/transforms.h"
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+
+#include "engine/error.h"
+#include "engine/random.h"
+
+namespace cortado {
+namespace {
+
+double Uniform(uint64_t key, uint64_t draw) { return KeyToUniform(HashCombine(key, draw)); }
+
+cv::Mat MatOf(const ImageU8& image) {
+  return cv::Mat(image.height, image.width, CV_8UC(image.channels),
+                 const_cast<uint8_t*>(image.pixels.data()), image.stride());
+}
+
+}  // namespace
+
+PixelRect RandomResizedCropRect(int width, int height, const TransformOptions& o, uint64_t key) {
+  const double area = static_cast<double>(width) * height;
+  const double log_lo = std::log(o.ratio_min), log_hi = std::log(o.ratio_max);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const uint64_t base = 4 * static_cast<uint64_t>(attempt);
+    const double target = area * (o.scale_min + (o.scale_max - o.scale_min) * Uniform(key, base));
+    const double ratio = std::exp(log_lo + (log_hi - log_lo) * Uniform(key, base + 1));
+    const int w = static_cast<int>(std::lround(std::sqrt(target * ratio)));
+    const int h = static_cast<int>(std::lround(std::sqrt(target / ratio)));
+    if (w > 0 && w <= width && h > 0 && h <= height) {
+      const int y = static_cast<int>(Uniform(key, base + 2) * (height - h + 1));
+      const int x = static_cast<int>(Uniform(key, base + 3) * (width - w + 1));
+      return PixelRect{std::min(x, width - w), std::min(y, height - h), w, h};
+    }
+  }
+  // Fallback: centre crop at the nearest allowed aspect ratio.
+  const double in_ratio = static_cast<double>(width) / height;
+  int w = width, h = height;
+  if (in_ratio < o.ratio_min) {
+    h = std::clamp(static_cast<int>(std::lround(w / o.ratio_min)), 1, height);
+  } else if (in_ratio > o.ratio_max) {
+    w = std::clamp(static_cast<int>(std::lround(h * o.ratio_max)), 1, width);
+  }
+  return PixelRect{(width - w) / 2, (height - h) / 2, w, h};
+}
+
+PixelRect CenterCropRect(int width, int height, const TransformOptions& o) {
+  // torchvision Resize(val_resize): the shorter side becomes val_resize, the longer one
+  // int(val_resize * long / short); CenterCrop(crop) then starts at round((side - crop) / 2).
+  const bool wide = width > height;
+  const int shorter = wide ? height : width, longer = wide ? width : height;
+  const int new_short = o.val_resize;
+  const int new_long = static_cast<int>(static_cast<int64_t>(o.val_resize) * longer / shorter);
+  const int new_w = wide ? new_long : new_short, new_h = wide ? new_short : new_long;
+  const double fx = static_cast<double>(width) / new_w, fy = static_cast<double>(height) / new_h;
+  const int crop_w = std::min(o.crop, new_w), crop_h = std::min(o.crop, new_h);
+  // Python's round() rounds halves to even, as nearbyint does in the default rounding mode.
+  const double left = std::nearbyint((new_w - crop_w) / 2.0);
+  const double top = std::nearbyint((new_h - crop_h) / 2.0);
+  PixelRect r;
+  r.x = static_cast<int>(std::lround(left * fx));
+  r.y = static_cast<int>(std::lround(top * fy));
+  r.width = std::clamp(static_cast<int>(std::lround(crop_w * fx)), 1, width - r.x);
+  r.height = std::clamp(static_cast<int>(std::lround(crop_h * fy)), 1, height - r.y);
+  return r;
+}
+
+bool FlipOf(uint64_t key) { return Uniform(key, 0x464c4950) < 0.5; }
+
+ImageTransformer::ImageTransformer(const TransformOptions& options) : options_(options) {
+  // Parallelism comes from the loader's threads, each transforming its own images; OpenCV's
+  // own thread pool (TBB on Debian) inside them would only oversubscribe the thread budget.
+  // This is process-wide, and data/ is Cortado's only user of OpenCV.
+  static std::once_flag once;
+  std::call_once(once, [] { cv::setNumThreads(0); });
+  CORTADO_CHECK(options.crop > 0, "crop size must be positive, got ", options.crop);
+  CORTADO_CHECK(options.val_resize >= options.crop, "val_resize (", options.val_resize,
+                ") must be at least the crop size (", options.crop, ")");
+  CORTADO_CHECK(
+      options.scale_min > 0 && options.scale_min <= options.scale_max && options.scale_max <= 1.0,
+      "RandomResizedCrop scale range must satisfy 0 < scale_min <= scale_max <= 1, got [",
+      options.scale_min, ", ", options.scale_max, "]");
+  CORTADO_CHECK(options.ratio_min > 0 && options.ratio_min <= options.ratio_max,
+                "RandomResizedCrop ratio range must satisfy 0 < ratio_min <= ratio_max, got [",
+                options.ratio_min, ", ", options.ratio_max, "]");
+  for (int c = 0; c < 3; ++c) {
+    CORTADO_CHECK(options.std[c] > 0, "normalization std must be positive, channel ", c, " has ",
+                  options.std[c]);
+  }
+}
+
+ImageTransformer::~ImageTransformer() = default;
+
+bool ImageTransformer::Encoded(const uint8_t* data, size_t size, bool train, uint64_t key,
+                               float* out) {
+  message_.clear();
+  JpegHeader header;
+  if (jpeg_.Open(data, size, &header) && header.color != JpegColor::kCMYK &&
+      header.color != JpegColor::kYCCK && header.color != JpegColor::kUnknown) {
+    const PixelRect rect = train ? RandomResizedCropRect(header.width, header.height, options_, key)
+                                 : CenterCropRect(header.width, header.height, options_);
+    const int k = options_.dct_scaling
+                      ? ChooseDctScale(rect.width, rect.height, options_.crop, options_.crop)
+                      : 8;
+    PixelRect roi;
+    if (!jpeg_.Decode(k, rect, &decoded_, &roi)) {
+      message_ = jpeg_.message();
+      return false;
+    }
+    ++scaled_decodes_;
+    Finish(decoded_, roi, PixelLayout::kRGB, train && options_.flip && FlipOf(key), out);
+    return true;
+  }
+  // Not a JPEG libjpeg-turbo decodes to RGB directly: let OpenCV try every format it knows.
+  std::string why;
+  if (!DecodeWithOpenCV(data, size, /*keep_gray=*/true, &decoded_, &why)) {
+    message_ = jpeg_.message().empty() ? why : jpeg_.message();
+    return false;
+  }
+  ++fallback_decodes_;
+  const bool flip = train && options_.flip && FlipOf(key);
+  const PixelRect rect = train
+                             ? RandomResizedCropRect(decoded_.width, decoded_.height, options_, key)
+                             : CenterCropRect(decoded_.width, decoded_.height, options_);
+  Finish(decoded_, rect, PixelLayout::kRGB, flip, out);
+  return true;
+}
+
+bool ImageTransformer::Pixels(const ImageU8& image, PixelLayout layout, bool train, uint64_t key,
+                              float* out) {
+  message_.clear();
+  if (image.width <= 0 || image.height <= 0 || (image.channels != 1 && image.channels != 3)) {
+    message_ = StrCat("bad raw image ", image.width, "x", image.height, "x", image.channels);
+    return false;
+  }
+  const PixelRect rect = train ? RandomResizedCropRect(image.width, image.height, options_, key)
+                               : CenterCropRect(image.width, image.height, options_);
+  Finish(image, rect, layout, train && options_.flip && FlipOf(key), out);
+  return true;
+}
+
+void ImageTransformer::Finish(const ImageU8& image, const PixelRect& roi, PixelLayout layout,
+                              bool flip, float* out) {
+  const int crop = options_.crop;
+  const int c = image.channels;
+  cv::Mat src = MatOf(image)(cv::Rect(roi.x, roi.y, roi.width, roi.height));
+  resized_.Reshape(crop, crop, c);
+  cv::Mat dst = MatOf(resized_);
+  // Bilinear reads every source pixel while shrinking by up to 2x (at exactly 2x it is a 2x2
+  // box filter), so it does not alias there; DCT scaling leaves less than 2x to do except for
+  // very large images, which get area averaging (antialiased, but 4x slower for odd ratios).
+  const bool shrink_much = roi.width > 2 * crop || roi.height > 2 * crop;
+  cv::resize(src, dst, cv::Size(crop, crop), 0, 0, shrink_much ? cv::INTER_AREA : cv::INTER_LINEAR);
+  if (flip) {
+    flipped_.Reshape(crop, crop, c);
+    cv::Mat flipped = MatOf(flipped_);
+    cv::flip(dst, flipped, 1);
+    dst = flipped;
+  }
+  cv::Mat planes[3];
+  if (c == 3) {
+    for (int i = 0; i < 3; ++i) {
+      planes_[i].Reshape(crop, crop, 1);
+      planes[i] = MatOf(planes_[i]);
+    }
+    cv::split(dst, planes);  // into our buffers: sizes match, so nothing is allocated
+  } else {
+    planes[0] = planes[1] = planes[2] = dst;
+  }
+  const size_t plane_size = static_cast<size_t>(crop) * crop;
+  for (int oc = 0; oc < 3; ++oc) {
+    const int ic = (c == 3 && layout == PixelLayout::kBGR) ? 2 - oc : oc;
+    cv::Mat target(crop, crop, CV_32F, out + oc * plane_size);
+    // (v / 255 - mean) / std == v * alpha + beta
+    const double alpha = 1.0 / (255.0 * options_.std[oc]);
+    const double beta = -options_.mean[oc] / options_.std[oc];
+    planes[ic].convertTo(target, CV_32F, alpha, beta);
+  }
+}
+
+bool DecodeWithOpenCV(const uint8_t* data, size_t size, bool keep_gray, ImageU8* out,
+                      std::string* why) {
+  if (size == 0) {
+    *why = "empty input";
+    return false;
+  }
+  cv::Mat img;
+  try {
+    // EXIF orientation is ignored, as PIL/torchvision and the libjpeg path do.
+    const int flags =
+        (keep_gray ? cv::IMREAD_ANYCOLOR : cv::IMREAD_COLOR) | cv::IMREAD_IGNORE_ORIENTATION;
+    img =
+        cv::imdecode(cv::Mat(1, static_cast<int>(size), CV_8U, const_cast<uint8_t*>(data)), flags);
+  } catch (const cv::Exception& e) {
+    *why = StrCat("OpenCV: ", e.what());
+    return false;
+  }
+  if (img.empty()) {
+    *why = "not an image format OpenCV or libjpeg can decode";
+    return false;
+  }
+  if (img.depth() != CV_8U) {
+    cv::Mat eight;
+    img.convertTo(eight, CV_8U, img.depth() == CV_16U ? 1.0 / 257.0 : 1.0);
+    img = eight;
+  }
+  cv::Mat rgb;
+  switch (img.channels()) {
+    case 1:
+      rgb = img;
+      break;
+    case 3:
+      cv::cvtColor(img, rgb, cv::COLOR_BGR2RGB);
+      break;
+    case 4:
+      cv::cvtColor(img, rgb, cv::COLOR_BGRA2RGB);
+      break;
+    default:
+      *why = StrCat("unsupported channel count ", img.channels());
+      return false;
+  }
+  out->Reshape(rgb.cols, rgb.rows, rgb.channels());
+  cv::Mat dst = MatOf(*out);
+  rgb.copyTo(dst);
+  return true;
+}
+
+void ResizeImage(const ImageU8& in, int width, int height, ImageU8* out) {
+  CORTADO_CHECK(width > 0 && height > 0, "resize to ", width, "x", height);
+  out->Reshape(width, height, in.channels);
+  cv::Mat dst = MatOf(*out);
+  const bool shrink = width < in.width || height < in.height;
+  cv::resize(MatOf(in), dst, cv::Size(width, height), 0, 0,
+             shrink ? cv::INTER_AREA : cv::INTER_CUBIC);
+}
+
+}  // namespace cortado

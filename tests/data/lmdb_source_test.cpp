@@ -1,0 +1,363 @@
+// LMDB sources end to end: convert a folder, then train and evaluate from it. Checks shapes,
+// labels, determinism across thread counts, resume, rank sharding, the short last evaluation
+// batch, corrupt records (skipped, counted, replaced), Caffe's raw BGR records, and labels
+// outside the class list.
+#include "data/lmdb_source.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "data/converter.h"
+#include "data/datum.h"
+#include "data/lmdb.h"
+#include "engine/thread_pool.h"
+#include "tests/data/test_images.h"
+#include "tests/data/wire_format.h"
+
+namespace cortado {
+namespace {
+
+using testing::CaffeRawDatum;
+using testing::EncodeJpeg;
+using testing::EncodeWithOpenCV;
+using testing::MakeImage;
+using testing::TempDir;
+using testing::WriteFile;
+
+std::vector<float> Floats(const Tensor& t) {
+  const float* p = t.data<float>();
+  return std::vector<float>(p, p + t.numel());
+}
+std::vector<int32_t> Labels(const Batch& b) {
+  const int32_t* p = b.labels.data<int32_t>();
+  return std::vector<int32_t>(p, p + b.size);
+}
+
+class LmdbSourceTest : public ::testing::Test {
+ protected:
+  // 3 classes x 20 images of assorted sizes, grey and colour.
+  static void SetUpTestSuite() {
+    SetNumThreads(2);
+    dir_ = new TempDir();
+    for (int c = 0; c < 3; ++c) {
+      for (int i = 0; i < 20; ++i) {
+        const int w = 40 + (i * 13) % 70, h = 40 + (i * 29) % 60;
+        const int channels = i % 7 == 3 ? 1 : 3;
+        char name[64];
+        std::snprintf(name, sizeof(name), "/images/class%d/%03d.JPEG", c, i);
+        WriteFile(dir_->path() + name, EncodeJpeg(MakeImage(w, h, channels, c * 20 + i), 90));
+      }
+    }
+    ConvertOptions o;
+    o.root = *dir_ / "images";
+    o.out = *dir_ / "db";
+    ConvertImages(o);
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static DataOptions Options() {
+    DataOptions o;
+    o.type = "lmdb";
+    o.train = o.val = *dir_ / "db";
+    o.batch_size = 8;
+    o.crop = 32;
+    o.val_resize = 36;
+    o.threads = 2;
+    o.prefetch = 2;
+    o.flip = true;
+    return o;
+  }
+
+  static TempDir* dir_;
+};
+TempDir* LmdbSourceTest::dir_ = nullptr;
+
+TEST_F(LmdbSourceTest, TrainBatchesHaveTheRightShapeAndLabels) {
+  auto source = MakeTrainSource(Options(), ShardSpec{}, 1);
+  EXPECT_EQ(source->batch_size(), 8);
+  EXPECT_EQ(source->sample_shape(), (Shape{3, 32, 32}));
+  EXPECT_EQ(source->num_classes(), 3);
+  EXPECT_EQ(source->batches_per_epoch(), 7);  // 60 / 8, tail dropped
+  EXPECT_EQ(source->samples_per_epoch(), 56);
+  Batch batch;
+  std::map<int, int> per_class;
+  for (int b = 0; b < 7; ++b) {  // one epoch
+    ASSERT_TRUE(source->Next(batch));
+    EXPECT_EQ(batch.images.shape(), (Shape{8, 3, 32, 32}));
+    EXPECT_EQ(batch.size, 8);
+    for (int32_t l : Labels(batch)) {
+      ASSERT_GE(l, 0);
+      ASSERT_LT(l, 3);
+      per_class[l]++;
+    }
+    // Normalized with ImageNet's statistics: values of a natural range, not all equal.
+    const std::vector<float> v = Floats(batch.images);
+    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    EXPECT_GT(*lo, -2.2f);
+    EXPECT_LT(*hi, 2.7f);
+    EXPECT_LT(*lo + 0.5f, *hi);
+  }
+  // 56 of the 60 records, roughly balanced.
+  for (auto [label, count] : per_class) EXPECT_GE(count, 14) << "class " << label;
+  EXPECT_EQ(source->stats().skipped_records, 0);
+  EXPECT_GE(source->stats().wait_seconds, 0.0);
+}
+
+TEST_F(LmdbSourceTest, SameBatchesWhateverTheThreadCountAndAfterResume) {
+  DataOptions one = Options(), many = Options();
+  one.threads = 1;
+  many.threads = 2;
+  many.prefetch = 5;
+  auto a = MakeTrainSource(one, ShardSpec{}, 42);
+  auto b = MakeTrainSource(many, ShardSpec{}, 42);
+  Batch x, y;
+  std::vector<std::vector<float>> stream;
+  a->Start(0, 0);
+  b->Start(0, 0);
+  for (int i = 0; i < 10; ++i) {  // crosses into epoch 1 at batch 7
+    ASSERT_TRUE(a->Next(x));
+    ASSERT_TRUE(b->Next(y));
+    EXPECT_EQ(Floats(x.images), Floats(y.images)) << "batch " << i;
+    EXPECT_EQ(Labels(x), Labels(y));
+    stream.push_back(Floats(x.images));
+  }
+  // Resuming at epoch 1, batch 1 continues exactly where batch 8 of the stream was.
+  auto c = MakeTrainSource(many, ShardSpec{}, 42);
+  c->Start(1, 1);
+  ASSERT_TRUE(c->Next(x));
+  EXPECT_EQ(Floats(x.images), stream[8]);
+  ASSERT_TRUE(c->Next(x));
+  EXPECT_EQ(Floats(x.images), stream[9]);
+  // Another seed, other batches.
+  auto d = MakeTrainSource(one, ShardSpec{}, 43);
+  ASSERT_TRUE(d->Next(x));
+  EXPECT_NE(Floats(x.images), stream[0]);
+}
+
+TEST_F(LmdbSourceTest, RanksSplitTheEpoch) {
+  DataOptions o = Options();
+  o.batch_size = 5;
+  o.flip = false;
+  o.scale_min = o.scale_max = 1.0;  // whole-image crops, so identical records look identical
+  o.ratio_min = 0.1;
+  o.ratio_max = 10;
+  // Each record's training image, keyed by its bytes, from an unsharded, unshuffled pass.
+  o.shuffle = false;
+  auto all = MakeTrainSource(o, ShardSpec{0, 1}, 3);
+  std::set<std::vector<float>> everything;
+  Batch batch;
+  for (int b = 0; b < 12; ++b) {
+    ASSERT_TRUE(all->Next(batch));
+    for (int64_t i = 0; i < batch.size; ++i) {
+      const float* p = batch.images.data<float>() + i * 3 * 32 * 32;
+      everything.insert(std::vector<float>(p, p + 3 * 32 * 32));
+    }
+  }
+  ASSERT_EQ(everything.size(), 60u);
+  o.shuffle = true;
+  std::set<std::vector<float>> seen;
+  for (int rank = 0; rank < 3; ++rank) {
+    auto source = MakeTrainSource(o, ShardSpec{rank, 3}, 3);
+    EXPECT_EQ(source->batches_per_epoch(), 4);  // 60 / (5 * 3)
+    for (int b = 0; b < 4; ++b) {
+      ASSERT_TRUE(source->Next(batch));
+      for (int64_t i = 0; i < batch.size; ++i) {
+        const float* p = batch.images.data<float>() + i * 3 * 32 * 32;
+        std::vector<float> img(p, p + 3 * 32 * 32);
+        EXPECT_TRUE(everything.count(img));
+        EXPECT_TRUE(seen.insert(img).second) << "a record on two ranks";
+      }
+    }
+  }
+  EXPECT_EQ(seen.size(), 60u);
+}
+
+TEST_F(LmdbSourceTest, EvaluationIsOnePassWithAShortLastBatch) {
+  DataOptions o = Options();
+  o.val_batch_size = 16;
+  std::map<int, int> per_class;
+  int64_t total = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    auto source = MakeEvalSource(o, ShardSpec{rank, 2});
+    EXPECT_EQ(source->samples_per_epoch(), 30);
+    EXPECT_EQ(source->batches_per_epoch(), 2);
+    Batch batch;
+    std::vector<int64_t> sizes;
+    std::vector<float> first;
+    while (source->Next(batch)) {
+      sizes.push_back(batch.size);
+      EXPECT_EQ(batch.images.dim(0), batch.size);
+      if (first.empty()) first = Floats(batch.images);
+      for (int32_t l : Labels(batch)) per_class[l]++;
+      total += batch.size;
+    }
+    EXPECT_EQ(sizes, (std::vector<int64_t>{16, 14}));
+    // Rewinds, and the validation transform has no randomness.
+    source->Start(0, 0);
+    ASSERT_TRUE(source->Next(batch));
+    EXPECT_EQ(Floats(batch.images), first);
+  }
+  EXPECT_EQ(total, 60);
+  for (int c = 0; c < 3; ++c) EXPECT_EQ(per_class[c], 20);
+}
+
+// A database written record by record: good JPEGs with corrupt ones at 3 and 6, then checks
+// that they are skipped, counted and replaced by the next record.
+TEST_F(LmdbSourceTest, CorruptRecordsAreSkippedAndReplaced) {
+  const std::string db = *dir_ / "db_corrupt";
+  std::filesystem::create_directories(db);
+  {
+    LmdbWriter writer(db);
+    for (int i = 0; i < 10; ++i) {
+      DatumFields f;
+      f.label = i % 2;
+      f.encoded = true;
+      f.channels = 3;
+      std::string value;
+      if (i == 3) {
+        const std::string jpeg = EncodeJpeg(MakeImage(40, 40, 3, i), 90);
+        value = SerializeDatum(f, jpeg.substr(0, 50));  // truncated inside the header
+      } else if (i == 6) {
+        value = "\xff\xff\xff garbage, not a protobuf";
+      } else {
+        value = SerializeDatum(f, EncodeJpeg(MakeImage(40 + i, 40, 3, i), 90));
+      }
+      char key[16];
+      std::snprintf(key, sizeof(key), "%08d_x", i);
+      writer.Put(key, value);
+    }
+    writer.Close();
+  }
+  DataOptions o = Options();
+  o.train = o.val = db;
+  o.batch_size = 5;
+  o.shuffle = false;
+  auto train = MakeTrainSource(o, ShardSpec{}, 1);
+  EXPECT_EQ(train->num_classes(), -1);  // no classes.txt
+  Batch batch;
+  for (int b = 0; b < 4; ++b) {
+    ASSERT_TRUE(train->Next(batch));
+    EXPECT_EQ(batch.size, 5);
+  }
+  EXPECT_EQ(train->stats().skipped_records, 4);  // two per epoch, two epochs
+  auto eval = MakeEvalSource(o, ShardSpec{});
+  ASSERT_TRUE(eval->Next(batch));
+  const int plane = 3 * 32 * 32;
+  const std::vector<float> v = Floats(batch.images);
+  // Record 3 was replaced by record 4: same image, same label, in both slots.
+  EXPECT_TRUE(std::equal(v.begin() + 3 * plane, v.begin() + 4 * plane, v.begin() + 4 * plane));
+  EXPECT_EQ(Labels(batch)[3], Labels(batch)[4]);
+  ASSERT_TRUE(eval->Next(batch));
+  const std::vector<float> w = Floats(batch.images);
+  // Record 6 (position 1 of the second batch) was replaced by record 7.
+  EXPECT_TRUE(std::equal(w.begin() + plane, w.begin() + 2 * plane, w.begin() + 2 * plane));
+  EXPECT_FALSE(eval->Next(batch));
+  EXPECT_EQ(eval->stats().skipped_records, 2);
+}
+
+// Caffe's own records: raw uint8 BGR planes (encoded=false). They must give exactly what the
+// same pixels stored losslessly as an encoded PNG give.
+TEST_F(LmdbSourceTest, ReadsCaffeRawRecords) {
+  const std::string raw_db = *dir_ / "db_raw", png_db = *dir_ / "db_png";
+  std::filesystem::create_directories(raw_db);
+  std::filesystem::create_directories(png_db);
+  {
+    LmdbWriter raw(raw_db), png(png_db);
+    for (int i = 0; i < 6; ++i) {
+      const int channels = i == 2 ? 1 : 3;
+      const ImageU8 img = MakeImage(50 + 3 * i, 45, channels, i);
+      std::string planes(static_cast<size_t>(channels) * img.width * img.height, '\0');
+      const size_t hw = static_cast<size_t>(img.width) * img.height;
+      for (size_t p = 0; p < hw; ++p) {
+        for (int c = 0; c < channels; ++c) {
+          // BGR planes: plane 0 is blue (RGB channel 2).
+          const int src = channels == 3 ? 2 - c : 0;
+          planes[c * hw + p] = static_cast<char>(img.pixels[p * channels + src]);
+        }
+      }
+      char key[16];
+      std::snprintf(key, sizeof(key), "%08d", i);
+      raw.Put(key, CaffeRawDatum(channels, img.height, img.width, planes, i % 3));
+      DatumFields f;
+      f.encoded = true;
+      f.label = i % 3;
+      png.Put(key, SerializeDatum(f, EncodeWithOpenCV(img, ".png")));
+    }
+    raw.Close();
+    png.Close();
+  }
+  for (bool train : {false, true}) {
+    DataOptions o = Options();
+    o.batch_size = 6;
+    o.train = o.val = raw_db;
+    auto a = train ? MakeTrainSource(o, ShardSpec{}, 5) : MakeEvalSource(o, ShardSpec{});
+    o.train = o.val = png_db;
+    auto b = train ? MakeTrainSource(o, ShardSpec{}, 5) : MakeEvalSource(o, ShardSpec{});
+    Batch x, y;
+    ASSERT_TRUE(a->Next(x));
+    ASSERT_TRUE(b->Next(y));
+    EXPECT_EQ(Floats(x.images), Floats(y.images)) << (train ? "train" : "val");
+    EXPECT_EQ(Labels(x), Labels(y));
+    EXPECT_EQ(a->stats().skipped_records, 0);
+  }
+}
+
+TEST_F(LmdbSourceTest, LabelOutsideTheClassListStopsTraining) {
+  const std::string db = *dir_ / "db_badlabel";
+  std::filesystem::create_directories(db);
+  {
+    LmdbWriter writer(db);
+    DatumFields f;
+    f.encoded = true;
+    f.label = 5;
+    writer.Put("00000000_a", SerializeDatum(f, EncodeJpeg(MakeImage(40, 40, 3), 90)));
+    writer.Close();
+  }
+  WriteFile(db + "/classes.txt", "a\nb\n");
+  DataOptions o = Options();
+  o.val = db;
+  auto eval = MakeEvalSource(o, ShardSpec{});
+  EXPECT_EQ(eval->num_classes(), 2);
+  Batch batch;
+  try {
+    eval->Next(batch);
+    FAIL() << "label 5 of 2 classes must stop the run";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("label 5"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(LmdbSourceTest, OneEnvironmentPerDatabaseInAProcess) {
+  // LMDB forbids opening one environment twice in a process; sources share the reader.
+  auto a = LmdbReader::Open(*dir_ / "db");
+  auto b = LmdbReader::Open(*dir_ / "images/../db");
+  EXPECT_EQ(a.get(), b.get());
+  EXPECT_EQ(a->size(), 60);
+  EXPECT_EQ(a->key(0), "00000000_class0/000.JPEG");
+  a.reset();
+  b.reset();
+  auto c = LmdbReader::Open(*dir_ / "db");  // reopened once nobody held it
+  EXPECT_EQ(c->size(), 60);
+}
+
+TEST_F(LmdbSourceTest, ConfigErrorsNameTheKey) {
+  DataOptions o = Options();
+  o.train = *dir_ / "no_such_db";
+  EXPECT_THROW(MakeTrainSource(o, ShardSpec{}, 1), Error);
+  o = Options();
+  o.mean = {0.5, 0.5};
+  try {
+    MakeTrainSource(o, ShardSpec{}, 1);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("data.mean"), std::string::npos) << e.what();
+  }
+  o = Options();
+  o.val_resize = 16;  // below the crop
+  EXPECT_THROW(MakeEvalSource(o, ShardSpec{}), Error);
+}
+
+}  // namespace
+}  // namespace cortado

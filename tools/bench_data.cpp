@@ -1,0 +1,110 @@
+// `cortado bench data --db DB [--threads N] [--batch-size B] [--crop C] [--seconds S]
+//                     [--val] [--json]`
+// Decode + augment throughput of the LMDB loader: the training transform (RandomResizedCrop,
+// flip, normalize to float32 CHW) or with --val the validation one, on N loader threads, as
+// images/s seen by a consumer that does nothing else. scripts/bench/data.sh compares it with
+// PIL + torchvision on the same JPEGs.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "data/data_options.h"
+#include "data/lmdb_source.h"
+#include "engine/error.h"
+#include "engine/thread_pool.h"
+#include "tools/commands.h"
+
+namespace cortado::tools {
+
+void AddBenchDataCommand(CLI::App& bench) {
+  struct Args {
+    std::string db;
+    int threads = 0;
+    int64_t batch_size = 64;
+    int64_t crop = 224;
+    int prefetch = 4;
+    double seconds = 10;
+    int64_t warmup = 3;
+    bool val = false;
+    bool json = false;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd =
+      bench.add_subcommand("data", "Data loader throughput (decode + augment images/s)");
+  cmd->add_option("--db", args->db, "LMDB database (from cortado convert)")->required();
+  cmd->add_option("--threads", args->threads, "Loader threads (0: the thread budget)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--batch-size", args->batch_size, "Batch size")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--crop", args->crop, "Output side")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--prefetch", args->prefetch, "Batches decoded ahead")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--seconds", args->seconds, "Measured time")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--warmup", args->warmup, "Batches before timing")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_flag("--val", args->val, "Validation transform (resize + centre crop) instead");
+  cmd->add_flag("--json", args->json, "Print one JSON object");
+  cmd->callback([args] {
+    if (args->threads > 0) SetNumThreads(args->threads);
+    DataOptions options;
+    options.type = "lmdb";
+    options.train = options.val = args->db;
+    options.batch_size = options.val_batch_size = args->batch_size;
+    options.threads = NumThreads();
+    options.prefetch = args->prefetch;
+    options.crop = args->crop;
+    options.val_resize = std::max<int64_t>(args->crop * 256 / 224, args->crop);
+    options.flip = true;
+    options.drop_last = false;  // a database smaller than one batch still benchmarks
+    std::unique_ptr<BatchSource> source = args->val ? MakeLmdbEvalSource(options, ShardSpec{})
+                                                    : MakeLmdbTrainSource(options, ShardSpec{}, 1);
+    Batch batch;
+    // The validation source makes one pass: start it again at the end.
+    auto next = [&] {
+      if (source->Next(batch)) return batch.size;
+      source->Start(0, 0);
+      CORTADO_CHECK(source->Next(batch), "LMDB ", args->db, " yields no batch");
+      return batch.size;
+    };
+    source->Start(0, 0);
+    for (int64_t i = 0; i < args->warmup; ++i) next();
+    int64_t images = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    double seconds = 0;
+    while (seconds < args->seconds) {
+      images += next();
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    const double rate = images / seconds;
+    const int threads = NumThreads();
+    const SourceStats stats = source->stats();
+    if (args->json) {
+      std::printf(
+          "{\"db\": \"%s\", \"transform\": \"%s\", \"threads\": %d, \"batch_size\": %lld, "
+          "\"crop\": %lld, \"images\": %lld, \"seconds\": %.3f, \"images_per_s\": %.1f, "
+          "\"images_per_s_per_thread\": %.1f, \"skipped_records\": %lld}\n",
+          args->db.c_str(), args->val ? "val" : "train", threads,
+          static_cast<long long>(args->batch_size), static_cast<long long>(args->crop),
+          static_cast<long long>(images), seconds, rate, rate / threads,
+          static_cast<long long>(stats.skipped_records));
+    } else {
+      std::printf(
+          "%s transform, %d thread(s), batch %lld, crop %lld: %.1f images/s "
+          "(%.1f per thread, %lld images in %.1f s)\n",
+          args->val ? "val" : "train", threads, static_cast<long long>(args->batch_size),
+          static_cast<long long>(args->crop), rate, rate / threads, static_cast<long long>(images),
+          seconds);
+    }
+    SetExitCode(0);
+  });
+}
+
+}  // namespace cortado::tools

@@ -1,0 +1,99 @@
+// `cortado convert --root DIR --out DB [--list FILE] [--classes FILE]
+//                  [--resize-shorter N | --resize WxH] [--quality Q] [--shuffle] [--seed S]
+//                  [--threads T] [--overwrite] [--json]`
+// A folder of images (ImageNet layout) or a Caffe list file to an LMDB of Caffe Datum records;
+// see data/converter.h for what is stored and data/README.md for the flags. Exits 0 when at
+// least one image was converted (broken images are skipped and listed in DB/skipped.txt).
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "data/converter.h"
+#include "engine/error.h"
+#include "tools/commands.h"
+
+namespace cortado::tools {
+namespace {
+
+// "W x H" as two positive integers.
+void ParseSize(const std::string& text, int* w, int* h) {
+  int a = 0, b = 0;
+  char x = 0, extra = 0;
+  const int got = std::sscanf(text.c_str(), "%d%c%d%c", &a, &x, &b, &extra);
+  CORTADO_CHECK(got == 3 && (x == 'x' || x == 'X') && a > 0 && b > 0,
+                "--resize takes WxH (for example 256x256), got '", text, "'");
+  *w = a;
+  *h = b;
+}
+
+// A one-line progress bar on stderr: done/total, rate, ETA.
+void DrawProgress(int64_t done, int64_t total, double seconds) {
+  const int kWidth = 30;
+  const double frac = total > 0 ? static_cast<double>(done) / total : 1.0;
+  const int fill = static_cast<int>(frac * kWidth);
+  const double rate = seconds > 0 ? done / seconds : 0.0;
+  const double eta = rate > 0 ? (total - done) / rate : 0.0;
+  std::string bar(static_cast<size_t>(fill), '=');
+  if (fill < kWidth) bar += '>';
+  bar.resize(kWidth, ' ');
+  std::fprintf(stderr, "\r[%s] %lld/%lld %3.0f%% %7.0f img/s ETA %d:%02d  ", bar.c_str(),
+               static_cast<long long>(done), static_cast<long long>(total), 100 * frac, rate,
+               static_cast<int>(eta) / 60, static_cast<int>(eta) % 60);
+  if (done == total) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+void AddConvertCommand(CLI::App& app) {
+  struct Args {
+    ConvertOptions options;
+    std::string resize;
+    bool json = false;
+  };
+  auto args = std::make_shared<Args>();
+  ConvertOptions& o = args->options;
+  CLI::App* cmd = app.add_subcommand(
+      "convert", "Convert a folder of images (or a list file) to an LMDB of Caffe Datum records");
+  cmd->add_option("--root", o.root, "Image folder: ROOT/<class>/<image>, or the base of --list")
+      ->required();
+  cmd->add_option("--out", o.out, "Database folder to create")->required();
+  cmd->add_option("--list", o.list, "Caffe list file of 'relative/path label' lines");
+  cmd->add_option("--classes", o.classes,
+                  "Class list to reuse (e.g. TRAIN_DB/classes.txt), one name per line");
+  auto* shorter = cmd->add_option("--resize-shorter", o.resize_shorter,
+                                  "Resize so the shorter side is N pixels (re-encodes all)")
+                      ->check(CLI::PositiveNumber);
+  cmd->add_option("--resize", args->resize, "Resize to exactly WxH (re-encodes all)")
+      ->excludes(shorter);
+  cmd->add_option("--quality", o.quality, "JPEG quality of re-encoded images")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  cmd->add_flag("--shuffle", o.shuffle, "Shuffle the list before numbering the records");
+  cmd->add_option("--seed", o.seed, "Seed for --shuffle")->capture_default_str();
+  cmd->add_option("--threads", o.threads, "Decode threads (0: the core count)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--overwrite", o.overwrite, "Replace an existing database");
+  cmd->add_flag("--json", args->json, "Print the summary as one JSON object");
+  cmd->callback([args] {
+    ConvertOptions options = args->options;
+    if (!args->resize.empty())
+      ParseSize(args->resize, &options.resize_width, &options.resize_height);
+    if (isatty(STDERR_FILENO)) options.progress = DrawProgress;
+    ConvertSummary summary = ConvertImages(options);
+    std::printf("%s\n", args->json ? SummaryJson(summary).c_str() : SummaryText(summary).c_str());
+    std::fflush(stdout);
+    if (summary.converted == 0) {
+      std::fprintf(stderr,
+                   "cortado convert: error: no image could be converted (see %s/skipped.txt)\n",
+                   summary.db.c_str());
+      SetExitCode(1);
+      return;
+    }
+    SetExitCode(0);
+  });
+}
+
+}  // namespace cortado::tools
