@@ -1,0 +1,60 @@
+#include "layers/accuracy.h"
+
+#include <cmath>
+
+#include "layers/layer_util.h"
+
+namespace cortado {
+
+void AccuracyLayer::LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  top_k_ = settings().GetInt("top_k", 1);
+  if (top_k_ < 1) Fail(Describe(), ": key 'top_k' must be at least 1, got ", top_k_);
+}
+
+void AccuracyLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  const Tensor& x = bottom[0]->data;
+  const Tensor& label = bottom[1]->data;
+  CheckFloatInput(*this, x, "scores (input 0)");
+  bool ok = x.ndim() >= 2;
+  for (int d = 2; ok && d < x.ndim(); ++d) ok = x.dim(d) == 1;
+  if (!ok) Fail(Describe(), ": scores '", bottom[0]->name, "' must be (N, C), got ", x.ToString());
+  if (label.dtype() != DType::kI32) {
+    Fail(Describe(), ": label '", bottom[1]->name, "' must be i32, got ", label.ToString());
+  }
+  const bool label_ok = (label.ndim() == 1 && label.dim(0) == x.dim(0)) ||
+                        (label.ndim() == 2 && label.dim(0) == x.dim(0) && label.dim(1) == 1);
+  if (!label_ok) {
+    Fail(Describe(), ": label '", bottom[1]->name, "' must be (", x.dim(0), ") to match scores ",
+         x.ToString(), ", got ", label.ToString());
+  }
+  top[0]->data.Resize({}, x.dtype());
+}
+
+void AccuracyLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
+    using T = decltype(zero);
+    const Tensor& xt = bottom[0]->data;
+    const int64_t n = xt.dim(0), c_n = xt.dim(1);
+    const T* x = xt.data<T>();                               // bottom[0]: (N, C)
+    const int32_t* label = bottom[1]->data.data<int32_t>();  // bottom[1]: (N)
+    int64_t correct = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t y = label[i];
+      if (y < 0 || y >= c_n) {
+        Fail(Describe(), ": label ", y, " of sample ", i, " is out of range [0, ", c_n, ")");
+      }
+      const T* xi = x + i * c_n;
+      const T target = xi[y];
+      if (std::isnan(target)) continue;
+      int64_t better = 0;  // other classes scoring >= the label's score
+      for (int64_t c = 0; c < c_n; ++c) better += (c != y && xi[c] >= target) ? 1 : 0;
+      if (better < top_k_) ++correct;
+    }
+    top[0]->data.data<T>()[0] =
+        static_cast<T>(n > 0 ? static_cast<double>(correct) / static_cast<double>(n) : 0.0);
+  });
+}
+
+CORTADO_REGISTER_LAYER(Accuracy, AccuracyLayer);
+
+}  // namespace cortado

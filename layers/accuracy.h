@@ -1,0 +1,35 @@
+// Accuracy: the fraction of samples whose label is among the top_k scores.
+//
+// Settings: top_k (1).
+// Inputs: scores (N, C) (trailing dimensions of size 1 allowed), label i32 (N) or (N, 1).
+// Output: a scalar (shape {}) in the scores' dtype: correct / N (0 for an empty batch).
+// Rule (Caffe's, pessimistic on ties): a sample is correct when fewer than top_k other classes
+// score greater than or equal to the label's score. So a tie with the label counts against
+// it, and a NaN label score is never correct. top_k >= C makes every sample correct.
+// Labels outside [0, C) throw naming the layer and the sample.
+// No backward: CanBackpropTo is false for every input.
+#pragma once
+
+#include "engine/layer.h"
+
+namespace cortado {
+
+class AccuracyLayer : public Layer {
+ public:
+  using Layer::Layer;
+  int MinInputs() const override { return 2; }
+  int MaxInputs() const override { return 2; }
+  bool CanBackpropTo(int input_index) const override { return false; }
+  void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
+                const std::vector<Blob*>& bottom) override {}
+
+ protected:
+  void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+
+ private:
+  int64_t top_k_ = 1;
+};
+
+}  // namespace cortado

@@ -1,0 +1,69 @@
+// BatchNorm: per-channel normalization (nn.BatchNorm2d / nn.BatchNorm1d), optionally
+// synchronized across data-parallel ranks.
+//
+// Settings: eps (1e-5), momentum (0.1: the weight of the new batch, PyTorch's convention),
+// affine (true), zero_init (false; true starts gamma at 0, for the last BN of a residual
+// block), use_global_stats (default: true in the test phase, false in training).
+// Shapes: bottom (N, C, *) (e.g. (N, C, H, W) or (N, C)); top has the same shape.
+// Params (affine only): <name>.weight (gamma, init 1) and <name>.bias (beta, init 0), both
+// ParamKind::kNorm. Buffers: <name>.running_mean (init 0), <name>.running_var (init 1).
+//
+// Training (batch statistics): mean and biased variance over N and the spatial positions;
+//   y = gamma (x - mean) / sqrt(var + eps) + beta;
+//   running_mean <- (1 - momentum) running_mean + momentum mean,
+//   running_var  <- (1 - momentum) running_var  + momentum var * n / (n - 1) (unbiased).
+// With use_global_stats the running statistics are used instead and are not updated.
+//
+// Synchronized BN: when context().all_reduce_sum is set, forward all-reduces the per-channel
+// [sum, sum of squares, count] in one call and backward the per-channel [sum dy,
+// sum dy * xhat] in one call (fp32), so the statistics and the input gradient are those of
+// the global batch. Parameter gradients stay local (the data-parallel all-reduce sums them
+// like every other gradient), as in torch.nn.SyncBatchNorm. The all-reduce is called from
+// Forward/Backward's own thread, never from inside a pool task.
+//
+// Numerics: the per-channel sums are accumulated in double (as PyTorch's CPU kernels do), so
+// var = E[x^2] - E[x]^2 does not cancel when |mean| >> std; synchronized, they travel as fp32,
+// which limits the variance's relative precision to about 1e-7 (mean^2 + var) / var.
+// Threads: ParallelFor over channels (statistics) and over planes (elementwise passes).
+#pragma once
+
+#include <vector>
+
+#include "engine/layer.h"
+
+namespace cortado {
+
+class BatchNormLayer : public Layer {
+ public:
+  using Layer::Layer;
+  void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
+                const std::vector<Blob*>& bottom) override;
+
+ protected:
+  void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+
+ private:
+  bool UseGlobalStats() const;
+  template <typename T>
+  void ForwardT(const Tensor& x, Tensor& y);
+  template <typename T>
+  void BackwardT(const Tensor& x, const Tensor& dy, bool propagate, Tensor* dx);
+
+  double eps_ = 1e-5;
+  double momentum_ = 0.1;
+  bool affine_ = true;
+  bool has_global_setting_ = false;
+  bool use_global_stats_ = false;
+  int64_t channels_ = 0;
+  int64_t num_ = 0, spatial_ = 1;  // N, and the product of the dimensions after C
+  // From the last Forward: whether it used batch statistics, and the per-channel mean and
+  // 1 / sqrt(var + eps) it normalized with; the count of elements per channel (global).
+  bool last_used_batch_stats_ = false;
+  std::vector<double> mean_, invstd_;
+  double count_ = 0;
+  std::vector<float> reduce_buf_;  // all-reduce staging
+};
+
+}  // namespace cortado

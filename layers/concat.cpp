@@ -1,0 +1,74 @@
+#include "layers/concat.h"
+
+#include <cstring>
+
+#include "engine/thread_pool.h"
+#include "layers/layer_util.h"
+
+namespace cortado {
+
+void ConcatLayer::LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  axis_setting_ = settings().GetInt("axis", 1);
+}
+
+void ConcatLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  CheckSameDType(*this, bottom);
+  const Shape& s0 = bottom[0]->data.shape();
+  const int ndim = static_cast<int>(s0.size());
+  axis_ = CanonicalAxis(*this, axis_setting_, ndim);
+  Shape out = s0;
+  out[axis_] = 0;
+  for (size_t i = 0; i < bottom.size(); ++i) {
+    const Shape& s = bottom[i]->data.shape();
+    bool ok = static_cast<int>(s.size()) == ndim;
+    for (int d = 0; ok && d < ndim; ++d) ok = d == axis_ || s[d] == s0[d];
+    if (!ok) {
+      Fail(Describe(), ": input ", i, " ('", bottom[i]->name, "') has shape ", ShapeString(s),
+           ", which does not match input 0's ", ShapeString(s0), " outside axis ", axis_);
+    }
+    out[axis_] += s[axis_];
+  }
+  outer_ = ShapeCount(s0, 0, axis_);
+  inner_ = ShapeCount(s0, axis_ + 1, ndim);
+  top[0]->data.Resize(out, bottom[0]->data.dtype());
+}
+
+// Copies between the top (outer, top_axis, inner) and each bottom (outer, axis_i, inner) as
+// rows of bytes; to_top picks the direction.
+static void CopySlices(const std::vector<Blob*>& bottom, Blob* top, int axis, int64_t outer,
+                       int64_t inner, bool to_top, const std::vector<bool>* which) {
+  const size_t elem = DTypeSize(top->data.dtype());
+  const int64_t top_axis = top->data.dim(axis);
+  char* top_base = static_cast<char*>(to_top ? top->data.raw_data() : top->grad.raw_data());
+  ParallelFor(outer, 1, [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o) {
+      int64_t offset = 0;  // along the axis
+      for (size_t i = 0; i < bottom.size(); ++i) {
+        const int64_t len = bottom[i]->data.dim(axis);
+        const size_t bytes = static_cast<size_t>(len * inner) * elem;
+        char* t = top_base + static_cast<size_t>((o * top_axis + offset) * inner) * elem;
+        if (to_top) {
+          const char* b = static_cast<const char*>(bottom[i]->data.raw_data());
+          std::memcpy(t, b + o * bytes, bytes);
+        } else if ((*which)[i]) {
+          char* b = static_cast<char*>(bottom[i]->grad.raw_data());
+          std::memcpy(b + o * bytes, t, bytes);
+        }
+        offset += len;
+      }
+    }
+  });
+}
+
+void ConcatLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  CopySlices(bottom, top[0], axis_, outer_, inner_, /*to_top=*/true, nullptr);
+}
+
+void ConcatLayer::Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
+                           const std::vector<Blob*>& bottom) {
+  CopySlices(bottom, top[0], axis_, outer_, inner_, /*to_top=*/false, &propagate_down);
+}
+
+CORTADO_REGISTER_LAYER(Concat, ConcatLayer);
+
+}  // namespace cortado

@@ -1,0 +1,418 @@
+#include "layers/conv.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/math.h"
+#include "engine/random.h"
+#include "engine/thread_pool.h"
+#include "layers/layer_util.h"
+
+namespace cortado {
+namespace {
+
+// A GEMM this wide (output columns) runs close to the BLAS kernel's peak; narrower outputs
+// (e.g. 7x7 = 49 positions) are batched over several images up to this width.
+constexpr int64_t kTargetColumns = 512;
+constexpr int64_t kMaxBlockImages = 32;
+
+// Output positions o in [0, out) whose input coordinate o * stride + offset lies in [0, size):
+// the half-open range [*lo, *hi).
+inline void ValidRange(int64_t offset, int64_t stride, int64_t size, int64_t out, int64_t* lo,
+                       int64_t* hi) {
+  int64_t l = offset >= 0 ? 0 : (-offset + stride - 1) / stride;
+  int64_t h = size - 1 - offset >= 0 ? (size - 1 - offset) / stride + 1 : 0;
+  l = std::min(l, out);
+  h = std::max(std::min(h, out), l);
+  *lo = l;
+  *hi = h;
+}
+
+// Stride 1 with as many output columns as input columns ("same" width, e.g. 3x3 pad 1): then
+// each column row is the input plane shifted by one offset, so im2col is one bulk copy per
+// (channel, ki, kj) plus zeroing the few padded columns of each output row.
+inline bool IsShift(const ConvGeometry& g) { return g.sh == 1 && g.sw == 1 && g.ow == g.w; }
+
+// Zeroes columns [0, ow_lo) and [ow_hi, ow_n) of rows [oh_lo, oh_hi) of a (rows, ow_n) block.
+// Column-major on purpose: the runs are only `pad` long, and a row-wise loop would be turned
+// into one memset call per row.
+template <typename T>
+void ZeroColumns(T* block, int64_t ow_n, int64_t oh_lo, int64_t oh_hi, int64_t ow_lo,
+                 int64_t ow_hi) {
+  for (int64_t ow = 0; ow < ow_lo; ++ow) {
+    for (int64_t oh = oh_lo; oh < oh_hi; ++oh) block[oh * ow_n + ow] = T(0);
+  }
+  for (int64_t ow = ow_hi; ow < ow_n; ++ow) {
+    for (int64_t oh = oh_lo; oh < oh_hi; ++oh) block[oh * ow_n + ow] = T(0);
+  }
+}
+
+// x: (C, H, W) -> col rows (C, kh, kw), each row `ld` apart holding the (oh, ow) positions.
+template <typename T>
+void Im2Col(const T* x, const ConvGeometry& g, T* col, int64_t ld) {
+  const bool shift = IsShift(g);
+  const int64_t plane = g.h * g.w;
+  for (int64_t c = 0; c < g.c; ++c) {
+    const T* xc = x + c * plane;
+    for (int64_t ki = 0; ki < g.kh; ++ki) {
+      const int64_t ih0 = ki * g.dh - g.ph;
+      int64_t oh_lo, oh_hi;
+      ValidRange(ih0, g.sh, g.h, g.oh, &oh_lo, &oh_hi);
+      for (int64_t kj = 0; kj < g.kw; ++kj) {
+        T* dst = col + ((c * g.kh + ki) * g.kw + kj) * ld;
+        const int64_t iw0 = kj * g.dw - g.pw;
+        int64_t ow_lo, ow_hi;
+        ValidRange(iw0, g.sw, g.w, g.ow, &ow_lo, &ow_hi);
+        std::fill(dst, dst + oh_lo * g.ow, T(0));
+        std::fill(dst + oh_hi * g.ow, dst + g.oh * g.ow, T(0));
+        if (oh_lo >= oh_hi) continue;
+        if (shift) {
+          // dst[p] = xc[p + delta] for every valid p; the copy is clipped to the plane, and
+          // what it leaves or over-copies lies in padded columns, zeroed next.
+          const int64_t delta = ih0 * g.w + iw0;
+          const int64_t s0 = std::max<int64_t>(oh_lo * g.w + delta, 0);
+          const int64_t s1 = std::min<int64_t>(oh_hi * g.w + delta, plane);
+          if (s1 > s0) std::memcpy(dst + s0 - delta, xc + s0, sizeof(T) * (s1 - s0));
+          ZeroColumns(dst, g.ow, oh_lo, oh_hi, ow_lo, ow_hi);
+          continue;
+        }
+        for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
+          T* d = dst + oh * g.ow;
+          const T* s = xc + (oh * g.sh + ih0) * g.w + iw0;
+          for (int64_t ow = 0; ow < ow_lo; ++ow) d[ow] = T(0);
+          if (g.sw == 1) {
+            std::memcpy(d + ow_lo, s + ow_lo, sizeof(T) * (ow_hi - ow_lo));
+          } else {
+            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) d[ow] = s[ow * g.sw];
+          }
+          for (int64_t ow = ow_hi; ow < g.ow; ++ow) d[ow] = T(0);
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void AddKernel(const T* __restrict src, T* __restrict dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+// The adjoint of Im2Col: adds every column entry back to the input position it came from.
+// dx: (C, H, W), zeroed here first. In the shift case the entries of padded positions in
+// `col` are overwritten with zeros (the caller's scratch buffer), so that each column row is
+// added back in one pass.
+template <typename T>
+void Col2Im(T* col, int64_t ld, const ConvGeometry& g, T* dx) {
+  const bool shift = IsShift(g);
+  const int64_t plane = g.h * g.w;
+  std::fill(dx, dx + g.c * plane, T(0));
+  for (int64_t c = 0; c < g.c; ++c) {
+    T* xc = dx + c * plane;
+    for (int64_t ki = 0; ki < g.kh; ++ki) {
+      const int64_t ih0 = ki * g.dh - g.ph;
+      int64_t oh_lo, oh_hi;
+      ValidRange(ih0, g.sh, g.h, g.oh, &oh_lo, &oh_hi);
+      if (oh_lo >= oh_hi) continue;
+      for (int64_t kj = 0; kj < g.kw; ++kj) {
+        T* src = col + ((c * g.kh + ki) * g.kw + kj) * ld;
+        const int64_t iw0 = kj * g.dw - g.pw;
+        int64_t ow_lo, ow_hi;
+        ValidRange(iw0, g.sw, g.w, g.ow, &ow_lo, &ow_hi);
+        if (shift) {
+          ZeroColumns(src, g.ow, oh_lo, oh_hi, ow_lo, ow_hi);
+          const int64_t delta = ih0 * g.w + iw0;
+          const int64_t s0 = std::max<int64_t>(oh_lo * g.w + delta, 0);
+          const int64_t s1 = std::min<int64_t>(oh_hi * g.w + delta, plane);
+          if (s1 > s0) AddKernel(src + s0 - delta, xc + s0, s1 - s0);
+          continue;
+        }
+        for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
+          const T* s = src + oh * g.ow;
+          T* d = xc + (oh * g.sh + ih0) * g.w + iw0;
+          if (g.sw == 1) {
+            AddKernel(s + ow_lo, d + ow_lo, ow_hi - ow_lo);
+          } else {
+            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) d[ow * g.sw] += s[ow];
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void ConvolutionLayer::LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  num_output_ = settings().GetInt("num_output");
+  if (!settings().Has("kernel")) Fail(Describe(), ": missing required key 'kernel'");
+  const std::vector<int64_t> kernel = settings().GetPair("kernel", 0);
+  const std::vector<int64_t> stride = settings().GetPair("stride", 1);
+  const std::vector<int64_t> pad = settings().GetPair("pad", 0);
+  const std::vector<int64_t> dilation = settings().GetPair("dilation", 1);
+  groups_ = settings().GetInt("groups", 1);
+  has_bias_ = settings().GetBool("bias", true);
+  const WeightInit init =
+      ParseWeightInit(*this, settings().GetString("weight_init", "kaiming_uniform"));
+  kernel_h_ = kernel[0], kernel_w_ = kernel[1];
+  stride_h_ = stride[0], stride_w_ = stride[1];
+  pad_h_ = pad[0], pad_w_ = pad[1];
+  dilation_h_ = dilation[0], dilation_w_ = dilation[1];
+  if (num_output_ <= 0) Fail(Describe(), ": key 'num_output' must be positive, got ", num_output_);
+  if (kernel_h_ <= 0 || kernel_w_ <= 0) Fail(Describe(), ": key 'kernel' must be positive");
+  if (stride_h_ <= 0 || stride_w_ <= 0) Fail(Describe(), ": key 'stride' must be positive");
+  if (pad_h_ < 0 || pad_w_ < 0) Fail(Describe(), ": key 'pad' must not be negative");
+  if (dilation_h_ <= 0 || dilation_w_ <= 0) Fail(Describe(), ": key 'dilation' must be positive");
+  if (groups_ <= 0) Fail(Describe(), ": key 'groups' must be positive, got ", groups_);
+
+  const Tensor& x = bottom[0]->data;
+  CheckFloatInput(*this, x, "input");
+  if (x.ndim() != 4) {
+    Fail(Describe(), ": input '", bottom[0]->name, "' must be 4-d (N, C, H, W), got ",
+         x.ToString());
+  }
+  channels_ = x.dim(1);
+  if (channels_ % groups_ != 0 || num_output_ % groups_ != 0) {
+    Fail(Describe(), ": groups (", groups_, ") must divide both the input channels (", channels_,
+         ") and num_output (", num_output_, ")");
+  }
+  is_1x1_ = kernel_h_ == 1 && kernel_w_ == 1 && stride_h_ == 1 && stride_w_ == 1 && pad_h_ == 0 &&
+            pad_w_ == 0;
+  AddParam("weight", {num_output_, channels_ / groups_, kernel_h_, kernel_w_}, x.dtype(),
+           ParamKind::kWeight);
+  if (has_bias_) AddParam("bias", {num_output_}, x.dtype(), ParamKind::kBias);
+  const int64_t receptive = kernel_h_ * kernel_w_;
+  Rng rng(InitSeed());
+  InitWeights(init, /*fan_in=*/channels_ / groups_ * receptive,
+              /*fan_out=*/num_output_ * receptive, rng, params_[0].value,
+              has_bias_ ? &params_[1].value : nullptr);
+}
+
+void ConvolutionLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  const Tensor& x = bottom[0]->data;
+  CheckFloatInput(*this, x, "input");
+  CheckParamDType(*this, x.dtype());
+  if (x.ndim() != 4 || x.dim(1) != channels_) {
+    Fail(Describe(), ": input '", bottom[0]->name, "' must be (N, ", channels_, ", H, W), got ",
+         x.ToString());
+  }
+  const int64_t h = x.dim(2), w = x.dim(3);
+  const int64_t oh = (h + 2 * pad_h_ - dilation_h_ * (kernel_h_ - 1) - 1) / stride_h_ + 1;
+  const int64_t ow = (w + 2 * pad_w_ - dilation_w_ * (kernel_w_ - 1) - 1) / stride_w_ + 1;
+  if (h + 2 * pad_h_ < dilation_h_ * (kernel_h_ - 1) + 1 ||
+      w + 2 * pad_w_ < dilation_w_ * (kernel_w_ - 1) + 1) {
+    Fail(Describe(), ": input ", x.ToString(), " is smaller than the (dilated) kernel ", kernel_h_,
+         "x", kernel_w_, " plus padding; the output would be empty");
+  }
+  geo_ = ConvGeometry{channels_, h,         w,      oh,     ow,          kernel_h_,  kernel_w_,
+                      stride_h_, stride_w_, pad_h_, pad_w_, dilation_h_, dilation_w_};
+  const int64_t positions = oh * ow;
+  block_ = std::clamp<int64_t>((kTargetColumns + positions - 1) / positions, 1, kMaxBlockImages);
+  top[0]->data.Resize({x.dim(0), num_output_, oh, ow}, x.dtype());
+}
+
+template <typename T>
+T* ConvolutionLayer::Workspace(std::vector<Tensor>& pool, int thread, int64_t elements) {
+  Tensor& t = pool[thread];
+  if (t.dtype() != DTypeOf<T>::value || t.numel() < elements) {
+    t.Resize({std::max<int64_t>(elements, 1)}, DTypeOf<T>::value);
+  }
+  return t.data<T>();
+}
+
+template <typename T>
+void ConvolutionLayer::ForwardT(const Tensor& xt, Tensor& yt) {
+  const ConvGeometry& g = geo_;
+  const int64_t n = xt.dim(0);
+  const int64_t in_size = g.c * g.h * g.w;
+  const int64_t p = g.oh * g.ow;
+  const int64_t cout = num_output_, cog = num_output_ / groups_;
+  const int64_t kg = g.c / groups_ * g.kh * g.kw;  // column rows per group
+  const int64_t k = kg * groups_;
+  const T* x = xt.data<T>();                // bottom: (N, C_in, H, W)
+  T* y = yt.data<T>();                      // top: (N, C_out, H_out, W_out)
+  const T* w = params_[0].value.data<T>();  // weight: (C_out, C_in/g, kh, kw)
+  const T* bias = has_bias_ ? params_[1].value.data<T>() : nullptr;  // (C_out)
+  if (n == 0) return;
+
+  const int tasks = static_cast<int>(std::min<int64_t>(NumThreads(), n));
+  const int64_t block = block_;
+  // Size every thread's workspace here, outside the parallel region (a no-op after the first
+  // call at a given shape).
+  for (auto* pool : {&col_ws_, &out_ws_}) {
+    if (static_cast<int>(pool->size()) < tasks) pool->resize(tasks);
+  }
+  for (int t = 0; t < tasks; ++t) {
+    Workspace<T>(col_ws_, t, k * block * p);
+    if (block > 1) Workspace<T>(out_ws_, t, cout * block * p);
+  }
+
+  ParallelTasks(tasks, [&](int t) {
+    const int64_t begin = n * t / tasks, end = n * (t + 1) / tasks;
+    T* col = col_ws_[t].data<T>();
+    for (int64_t n0 = begin; n0 < end; n0 += block) {
+      const int64_t nb = std::min(block, end - n0);
+      const int64_t cols = nb * p;
+      const T* colp = col;
+      if (is_1x1_ && nb == 1) {
+        colp = x + n0 * in_size;  // the input is its own column matrix
+      } else {
+        for (int64_t b = 0; b < nb; ++b) Im2Col(x + (n0 + b) * in_size, g, col + b * p, cols);
+      }
+      if (nb == 1) {
+        T* yn = y + n0 * cout * p;
+        if (bias != nullptr) {
+          for (int64_t co = 0; co < cout; ++co) std::fill(yn + co * p, yn + (co + 1) * p, bias[co]);
+        }
+        const T beta = bias != nullptr ? T(1) : T(0);
+        for (int64_t gi = 0; gi < groups_; ++gi) {
+          GemmLd<T>(false, false, cog, p, kg, T(1), w + gi * cog * kg, kg, colp + gi * kg * p, p,
+                    beta, yn + gi * cog * p, p);
+        }
+      } else {
+        T* out = out_ws_[t].data<T>();  // (C_out, nb * P)
+        for (int64_t gi = 0; gi < groups_; ++gi) {
+          GemmLd<T>(false, false, cog, cols, kg, T(1), w + gi * cog * kg, kg, colp + gi * kg * cols,
+                    cols, T(0), out + gi * cog * cols, cols);
+        }
+        for (int64_t b = 0; b < nb; ++b) {
+          T* yn = y + (n0 + b) * cout * p;
+          for (int64_t co = 0; co < cout; ++co) {
+            const T* src = out + co * cols + b * p;
+            T* dst = yn + co * p;
+            if (bias != nullptr) {
+              const T bv = bias[co];
+              for (int64_t i = 0; i < p; ++i) dst[i] = src[i] + bv;
+            } else {
+              std::memcpy(dst, src, sizeof(T) * p);
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void ConvolutionLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propagate, Tensor* dxt) {
+  const ConvGeometry& g = geo_;
+  const int64_t n = xt.dim(0);
+  const int64_t in_size = g.c * g.h * g.w;
+  const int64_t p = g.oh * g.ow;
+  const int64_t cout = num_output_, cog = num_output_ / groups_;
+  const int64_t kg = g.c / groups_ * g.kh * g.kw;
+  const int64_t k = kg * groups_;
+  const int64_t w_size = cout * kg;
+  const T* x = xt.data<T>();                     // bottom: (N, C_in, H, W)
+  const T* dy = dyt.data<T>();                   // top grad: (N, C_out, H_out, W_out)
+  T* dx = propagate ? dxt->data<T>() : nullptr;  // bottom grad: (N, C_in, H, W)
+  const T* w = params_[0].value.data<T>();
+  T* dw = params_[0].grad.data<T>();
+  T* db = has_bias_ ? params_[1].grad.data<T>() : nullptr;
+  if (n == 0) {
+    std::fill(dw, dw + w_size, T(0));
+    if (db != nullptr) std::fill(db, db + cout, T(0));
+    return;
+  }
+
+  const int tasks = static_cast<int>(std::min<int64_t>(NumThreads(), n));
+  const int64_t block = block_;
+  for (auto* pool : {&col_ws_, &out_ws_, &dw_ws_, &db_ws_}) {
+    if (static_cast<int>(pool->size()) < tasks) pool->resize(tasks);
+  }
+  for (int t = 0; t < tasks; ++t) {
+    Workspace<T>(col_ws_, t, k * block * p);
+    if (block > 1) Workspace<T>(out_ws_, t, cout * block * p);
+    Workspace<T>(dw_ws_, t, w_size);
+    Workspace<T>(db_ws_, t, cout);
+  }
+
+  ParallelTasks(tasks, [&](int t) {
+    const int64_t begin = n * t / tasks, end = n * (t + 1) / tasks;
+    T* col = col_ws_[t].data<T>();
+    T* dwt = dw_ws_[t].data<T>();  // this thread's weight-gradient partial: (C_out, kg)
+    T* dbt = db_ws_[t].data<T>();  // (C_out)
+    std::fill(dbt, dbt + cout, T(0));
+    bool first = true;
+    for (int64_t n0 = begin; n0 < end; n0 += block) {
+      const int64_t nb = std::min(block, end - n0);
+      const int64_t cols = nb * p;
+      const T* colp = col;
+      if (is_1x1_ && nb == 1) {
+        colp = x + n0 * in_size;
+      } else {
+        for (int64_t b = 0; b < nb; ++b) Im2Col(x + (n0 + b) * in_size, g, col + b * p, cols);
+      }
+      // The top gradient of this block as a (C_out, nb * P) matrix.
+      const T* dyb = dy + n0 * cout * p;
+      if (nb > 1) {
+        T* gathered = out_ws_[t].data<T>();
+        for (int64_t b = 0; b < nb; ++b) {
+          for (int64_t co = 0; co < cout; ++co) {
+            std::memcpy(gathered + co * cols + b * p, dy + ((n0 + b) * cout + co) * p,
+                        sizeof(T) * p);
+          }
+        }
+        dyb = gathered;
+      }
+      if (db != nullptr) {
+        for (int64_t co = 0; co < cout; ++co) {
+          const T* row = dyb + co * cols;
+          T s = T(0);
+#pragma omp simd reduction(+ : s)
+          for (int64_t i = 0; i < cols; ++i) s += row[i];
+          dbt[co] += s;
+        }
+      }
+      // dW_g (C_out/g, kg) += dY_g (C_out/g, cols) * col_g^T (cols, kg)
+      for (int64_t gi = 0; gi < groups_; ++gi) {
+        GemmLd<T>(false, true, cog, kg, cols, T(1), dyb + gi * cog * cols, cols,
+                  colp + gi * kg * cols, cols, first ? T(0) : T(1), dwt + gi * cog * kg, kg);
+      }
+      first = false;
+      if (!propagate) continue;
+      if (is_1x1_ && nb == 1) {
+        // dX_g (kg, P) = W_g^T (kg, C_out/g) * dY_g (C_out/g, P), written in place.
+        T* dxn = dx + n0 * in_size;
+        for (int64_t gi = 0; gi < groups_; ++gi) {
+          GemmLd<T>(true, false, kg, p, cog, T(1), w + gi * cog * kg, kg, dyb + gi * cog * p, p,
+                    T(0), dxn + gi * kg * p, p);
+        }
+        continue;
+      }
+      // The columns are no longer needed: reuse their buffer for dcol.
+      T* dcol = col;
+      for (int64_t gi = 0; gi < groups_; ++gi) {
+        GemmLd<T>(true, false, kg, cols, cog, T(1), w + gi * cog * kg, kg, dyb + gi * cog * cols,
+                  cols, T(0), dcol + gi * kg * cols, cols);
+      }
+      for (int64_t b = 0; b < nb; ++b) Col2Im(dcol + b * p, cols, g, dx + (n0 + b) * in_size);
+    }
+  });
+
+  // Sum the per-thread partials in thread order (deterministic for a given thread count).
+  const T* dw0 = dw_ws_[0].data<T>();
+  std::copy(dw0, dw0 + w_size, dw);
+  for (int t = 1; t < tasks; ++t) AddKernel(dw_ws_[t].data<T>(), dw, w_size);
+  if (db != nullptr) {
+    const T* db0 = db_ws_[0].data<T>();
+    std::copy(db0, db0 + cout, db);
+    for (int t = 1; t < tasks; ++t) AddKernel(db_ws_[t].data<T>(), db, cout);
+  }
+}
+
+void ConvolutionLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  DispatchFloat(bottom[0]->data.dtype(), Describe(),
+                [&](auto zero) { ForwardT<decltype(zero)>(bottom[0]->data, top[0]->data); });
+}
+
+void ConvolutionLayer::Backward(const std::vector<Blob*>& top,
+                                const std::vector<bool>& propagate_down,
+                                const std::vector<Blob*>& bottom) {
+  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
+    BackwardT<decltype(zero)>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
+  });
+}
+
+CORTADO_REGISTER_LAYER(Convolution, ConvolutionLayer);
+
+}  // namespace cortado

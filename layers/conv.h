@@ -1,0 +1,70 @@
+// Convolution: 2-d cross-correlation with stride, zero padding, dilation and groups
+// (nn.Conv2d), computed as im2col + GEMM.
+//
+// Settings: num_output (required), kernel (required; n or [h, w]), stride (1), pad (0),
+// dilation (1), groups (1), bias (true), weight_init (kaiming_uniform | kaiming_normal; see
+// layer_util.h).
+// Shapes: bottom (N, C_in, H, W); weight (C_out, C_in / groups, kh, kw) (OIHW, as PyTorch);
+// bias (C_out); top (N, C_out, H_out, W_out) with
+//   H_out = (H + 2 pad_h - dilation_h (kh - 1) - 1) / stride_h + 1   (and W alike).
+// Params: <name>.weight (kWeight), <name>.bias (kBias).
+//
+// How it runs. Images are split into one contiguous range per thread (ParallelTasks); each
+// thread works through its range in blocks of B images. For a block, im2col writes a column
+// matrix (C_in kh kw, B P) with P = H_out W_out, and one GEMM per group computes
+// (C_out/g, B P) = W_g (C_out/g, C_in/g kh kw) * col_g. B > 1 only when P is small (deep
+// layers on small images), so that each GEMM is wide enough to run near peak. A 1x1 kernel
+// with stride 1 and no padding skips im2col (the input already is the column matrix).
+// Backward recomputes the columns (cheaper than keeping them for the whole batch) and
+// accumulates the weight and bias gradients into per-thread buffers that are summed in thread
+// order afterwards: results are deterministic for a given thread count. The input gradient is
+// W^T * dY followed by col2im.
+// Workspaces (columns, gathered outputs, gradient partials) belong to the layer, one set per
+// thread, and are kept across calls, so steady-state steps allocate nothing.
+#pragma once
+
+#include <vector>
+
+#include "engine/layer.h"
+
+namespace cortado {
+
+// The geometry of one image: input (c, h, w), output (oh, ow), kernel, stride, pad, dilation.
+struct ConvGeometry {
+  int64_t c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw;
+};
+
+class ConvolutionLayer : public Layer {
+ public:
+  using Layer::Layer;
+  void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
+                const std::vector<Blob*>& bottom) override;
+
+  // Images per GEMM block for the current shape (exposed for tests and profiles).
+  int64_t block_images() const { return block_; }
+
+ protected:
+  void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+
+ private:
+  template <typename T>
+  void ForwardT(const Tensor& x, Tensor& y);
+  template <typename T>
+  void BackwardT(const Tensor& x, const Tensor& dy, bool propagate, Tensor* dx);
+  // Per-thread workspace of at least `elements` elements of T.
+  template <typename T>
+  T* Workspace(std::vector<Tensor>& pool, int thread, int64_t elements);
+
+  int64_t num_output_ = 0, channels_ = 0, groups_ = 1;
+  int64_t kernel_h_ = 0, kernel_w_ = 0, stride_h_ = 1, stride_w_ = 1, pad_h_ = 0, pad_w_ = 0;
+  int64_t dilation_h_ = 1, dilation_w_ = 1;
+  bool has_bias_ = true;
+  bool is_1x1_ = false;  // 1x1 kernel, stride 1, no padding: no im2col needed
+  ConvGeometry geo_{};
+  int64_t block_ = 1;  // images per GEMM
+  std::vector<Tensor> col_ws_, out_ws_, dw_ws_, db_ws_;
+};
+
+}  // namespace cortado

@@ -1,0 +1,86 @@
+#include "layers/dropout.h"
+
+#include <algorithm>
+
+#include "engine/random.h"
+#include "engine/thread_pool.h"
+#include "layers/layer_util.h"
+
+namespace cortado {
+
+namespace {
+
+constexpr int64_t kDropoutChunk = 8192;
+
+template <typename T>
+void MaskKernel(const uint8_t* __restrict mask, T scale, const T* __restrict in, T* __restrict out,
+                int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T v = in[i] * scale;
+    out[i] = mask[i] ? v : T(0);
+  }
+}
+
+}  // namespace
+
+void DropoutLayer::LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  ratio_ = settings().GetFloat("ratio", 0.5);
+  if (!(ratio_ >= 0.0 && ratio_ < 1.0)) {
+    Fail(Describe(), ": key 'ratio' must be in [0, 1), got ", ratio_);
+  }
+}
+
+void DropoutLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  CheckFloatInput(*this, bottom[0]->data, "input");
+  top[0]->data.Resize(bottom[0]->data.shape(), bottom[0]->data.dtype());
+  mask_.Resize(bottom[0]->data.shape(), DType::kU8);
+}
+
+void DropoutLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  last_forward_train_ = phase() == Phase::kTrain && ratio_ > 0.0;
+  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* x = bottom[0]->data.data<T>();  // bottom: any shape
+    T* y = top[0]->data.data<T>();           // top: same shape
+    const int64_t n = bottom[0]->data.numel();
+    if (!last_forward_train_) {
+      ParallelFor(n, 32768, [&](int64_t b, int64_t e) { std::copy(x + b, x + e, y + b); });
+      return;
+    }
+    const uint64_t base = HashCombine(HashCombine(context().seed, HashString(name())),
+                                      static_cast<uint64_t>(context().iteration));
+    const T scale = static_cast<T>(1.0 / (1.0 - ratio_));
+    const double ratio = ratio_;
+    uint8_t* mask = mask_.data<uint8_t>();
+    ParallelFor(n, kDropoutChunk, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        mask[i] = KeyToUniform(HashCombine(base, static_cast<uint64_t>(i))) >= ratio ? 1 : 0;
+      }
+      MaskKernel(mask + begin, scale, x + begin, y + begin, end - begin);
+    });
+  });
+}
+
+void DropoutLayer::Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
+                            const std::vector<Blob*>& bottom) {
+  if (!propagate_down[0]) return;
+  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* dy = top[0]->grad.data<T>();
+    T* dx = bottom[0]->grad.data<T>();
+    const int64_t n = bottom[0]->data.numel();
+    if (!last_forward_train_) {
+      ParallelFor(n, 32768, [&](int64_t b, int64_t e) { std::copy(dy + b, dy + e, dx + b); });
+      return;
+    }
+    const T scale = static_cast<T>(1.0 / (1.0 - ratio_));
+    const uint8_t* mask = mask_.data<uint8_t>();
+    ParallelFor(n, 32768, [&](int64_t begin, int64_t end) {
+      MaskKernel(mask + begin, scale, dy + begin, dx + begin, end - begin);
+    });
+  });
+}
+
+CORTADO_REGISTER_LAYER(Dropout, DropoutLayer);
+
+}  // namespace cortado

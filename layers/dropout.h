@@ -1,0 +1,35 @@
+// Dropout (inverted): in training, each element is zeroed with probability `ratio` and the
+// survivors are scaled by 1 / (1 - ratio), so the test-phase pass is the identity.
+//
+// Settings: ratio (0.5; 0 <= ratio < 1).
+// Shapes: any; top has bottom's shape.
+// Randomness: counter-based. Element i is dropped when
+//   KeyToUniform(HashCombine(HashCombine(HashCombine(seed, HashString(name)), iteration), i))
+// is below `ratio`, with seed and iteration from the layer context. The mask therefore depends
+// only on (run seed, layer name, iteration, element index): a resumed run draws the same masks
+// as an uninterrupted one, and the result does not depend on the thread count.
+// Threads: ParallelFor over contiguous element ranges.
+#pragma once
+
+#include "engine/layer.h"
+
+namespace cortado {
+
+class DropoutLayer : public Layer {
+ public:
+  using Layer::Layer;
+  void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
+                const std::vector<Blob*>& bottom) override;
+
+ protected:
+  void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+
+ private:
+  double ratio_ = 0.5;
+  bool last_forward_train_ = false;  // whether the last Forward applied a mask
+  Tensor mask_;                      // u8, bottom's shape: 1 = kept
+};
+
+}  // namespace cortado

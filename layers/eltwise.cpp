@@ -1,0 +1,187 @@
+#include "layers/eltwise.h"
+
+#include <algorithm>
+
+#include "engine/thread_pool.h"
+#include "layers/layer_util.h"
+
+namespace cortado {
+
+constexpr int64_t kEltwiseChunk = 16384;
+
+void EltwiseLayer::LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  const std::string op = settings().GetString("operation", "sum");
+  if (op == "sum") {
+    op_ = Op::kSum;
+  } else if (op == "prod") {
+    op_ = Op::kProd;
+  } else if (op == "max") {
+    op_ = Op::kMax;
+  } else {
+    Fail(Describe(), ": key 'operation' expects sum, prod or max, got '", op, "'");
+  }
+  const bool has_coeffs = settings().Has("coeffs");
+  coeffs_ = settings().GetFloats("coeffs", std::vector<double>(bottom.size(), 1.0));
+  if (has_coeffs && op_ != Op::kSum) {
+    Fail(Describe(), ": key 'coeffs' applies only to operation 'sum', not '", op, "'");
+  }
+  if (coeffs_.size() != bottom.size()) {
+    Fail(Describe(), ": key 'coeffs' has ", coeffs_.size(), " value(s) but the layer has ",
+         bottom.size(), " inputs; give one coefficient per input");
+  }
+}
+
+void EltwiseLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  CheckFloatInput(*this, bottom[0]->data, "input 0");
+  CheckSameDType(*this, bottom);
+  for (size_t i = 1; i < bottom.size(); ++i) {
+    if (!bottom[i]->data.SameShape(bottom[0]->data)) {
+      Fail(Describe(), ": input ", i, " ('", bottom[i]->name, "') has shape ",
+           ShapeString(bottom[i]->data.shape()), " but input 0 ('", bottom[0]->name, "') has ",
+           ShapeString(bottom[0]->data.shape()), "; all inputs must have the same shape");
+    }
+  }
+  top[0]->data.Resize(bottom[0]->data.shape(), bottom[0]->data.dtype());
+  if (op_ == Op::kMax) argmax_.Resize(bottom[0]->data.shape(), DType::kI32);
+}
+
+namespace {
+
+// Kernels on restrict pointers so that every loop vectorizes.
+template <typename T>
+void AxpbyKernel(T a, const T* __restrict x, T b, const T* __restrict z, T* __restrict y,
+                 int64_t n) {  // y = a x + b z
+  if (a == T(1) && b == T(1)) {
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] + z[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) y[i] = a * x[i] + b * z[i];
+  }
+}
+
+template <typename T>
+void AxpyKernel(T a, const T* __restrict x, T* __restrict y, int64_t n) {  // y += a x
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+template <typename T>
+void ScaleKernel(T a, const T* __restrict x, T* __restrict y, int64_t n) {  // y = a x
+  for (int64_t i = 0; i < n; ++i) y[i] = a * x[i];
+}
+
+template <typename T>
+void MulKernel(const T* __restrict x, const T* __restrict z, T* __restrict y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * z[i];
+}
+
+template <typename T>
+void MulInPlaceKernel(const T* __restrict x, T* __restrict y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] *= x[i];
+}
+
+// y = max(y, x) with arg = which where x wins (strictly greater: the first input keeps ties).
+template <typename T>
+void MaxKernel(const T* __restrict x, int32_t which, T* __restrict y, int32_t* __restrict arg,
+               int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T v = x[i];
+    const T cur = y[i];
+    const bool take = v > cur;
+    y[i] = take ? v : cur;
+    arg[i] = take ? which : arg[i];
+  }
+}
+
+template <typename T>
+void RouteKernel(const int32_t* __restrict arg, int32_t me, const T* __restrict dy,
+                 T* __restrict dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T g = dy[i];
+    dx[i] = arg[i] == me ? g : T(0);
+  }
+}
+
+}  // namespace
+
+void EltwiseLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
+    using T = decltype(zero);
+    std::vector<const T*> x;  // bottom[i]: any shape, all equal
+    for (Blob* b : bottom) x.push_back(b->data.data<T>());
+    T* y = top[0]->data.data<T>();  // top: the same shape
+    int32_t* arg = op_ == Op::kMax ? argmax_.data<int32_t>() : nullptr;
+    const size_t k = x.size();
+    ParallelFor(top[0]->data.numel(), kEltwiseChunk, [&](int64_t begin, int64_t end) {
+      const int64_t n = end - begin;
+      T* yb = y + begin;
+      switch (op_) {
+        case Op::kSum:
+          AxpbyKernel(static_cast<T>(coeffs_[0]), x[0] + begin, static_cast<T>(coeffs_[1]),
+                      x[1] + begin, yb, n);
+          for (size_t j = 2; j < k; ++j)
+            AxpyKernel(static_cast<T>(coeffs_[j]), x[j] + begin, yb, n);
+          break;
+        case Op::kProd:
+          MulKernel(x[0] + begin, x[1] + begin, yb, n);
+          for (size_t j = 2; j < k; ++j) MulInPlaceKernel(x[j] + begin, yb, n);
+          break;
+        case Op::kMax:
+          std::copy(x[0] + begin, x[0] + end, yb);
+          std::fill(arg + begin, arg + end, 0);
+          for (size_t j = 1; j < k; ++j) {
+            MaxKernel(x[j] + begin, static_cast<int32_t>(j), yb, arg + begin, n);
+          }
+          break;
+      }
+    });
+  });
+}
+
+void EltwiseLayer::Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
+                            const std::vector<Blob*>& bottom) {
+  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* dy = top[0]->grad.data<T>();  // top: any shape
+    const int32_t* arg = op_ == Op::kMax ? argmax_.data<int32_t>() : nullptr;
+    const size_t k = bottom.size();
+    std::vector<const T*> x;
+    for (Blob* b : bottom) x.push_back(b->data.data<T>());
+    for (size_t j = 0; j < k; ++j) {
+      if (!propagate_down[j]) continue;
+      T* dx = bottom[j]->grad.data<T>();  // bottom[j]: top's shape
+      ParallelFor(top[0]->data.numel(), kEltwiseChunk, [&](int64_t begin, int64_t end) {
+        const int64_t n = end - begin;
+        T* dxb = dx + begin;
+        switch (op_) {
+          case Op::kSum:
+            if (coeffs_[j] == 1.0) {
+              std::copy(dy + begin, dy + end, dxb);
+            } else {
+              ScaleKernel(static_cast<T>(coeffs_[j]), dy + begin, dxb, n);
+            }
+            break;
+          case Op::kProd: {
+            // dx_j = dy * prod_{m != j} x_m, computed directly (zeros in x are fine).
+            bool first = true;
+            for (size_t m = 0; m < k; ++m) {
+              if (m == j) continue;
+              if (first) {
+                MulKernel(dy + begin, x[m] + begin, dxb, n);
+                first = false;
+              } else {
+                MulInPlaceKernel(x[m] + begin, dxb, n);
+              }
+            }
+            break;
+          }
+          case Op::kMax:
+            RouteKernel(arg + begin, static_cast<int32_t>(j), dy + begin, dxb, n);
+            break;
+        }
+      });
+    }
+  });
+}
+
+CORTADO_REGISTER_LAYER(Eltwise, EltwiseLayer);
+
+}  // namespace cortado

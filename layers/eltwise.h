@@ -1,0 +1,36 @@
+// Eltwise: element-wise combination of 2+ inputs of the same shape.
+//
+// Settings: operation (sum | prod | max; default sum), coeffs (list of one number per input,
+// sum only; default all 1): sum gives y = sum_i coeffs[i] * x_i.
+// Shapes: every input and the top have the same shape.
+// Backward: sum: dx_i = coeffs[i] * dy; prod: dx_i = dy * prod_{j != i} x_j (computed
+// directly, so zeros in the inputs are fine); max: dy goes to the input that held the
+// maximum, the first one on ties (Caffe's rule; torch.maximum splits ties in half).
+// Threads: ParallelFor over contiguous element ranges.
+#pragma once
+
+#include "engine/layer.h"
+
+namespace cortado {
+
+class EltwiseLayer : public Layer {
+ public:
+  enum class Op { kSum, kProd, kMax };
+  using Layer::Layer;
+  int MinInputs() const override { return 2; }
+  int MaxInputs() const override { return -1; }
+  void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
+                const std::vector<Blob*>& bottom) override;
+
+ protected:
+  void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+
+ private:
+  Op op_ = Op::kSum;
+  std::vector<double> coeffs_;
+  Tensor argmax_;  // i32, top's shape: which input held the max (max only)
+};
+
+}  // namespace cortado

@@ -1,0 +1,45 @@
+#include "layers/flatten.h"
+
+#include <cstring>
+
+#include "layers/layer_util.h"
+
+namespace cortado {
+
+void FlattenLayer::LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  axis_ = settings().GetInt("axis", 1);
+}
+
+Shape FlattenLayer::TopShape(const Shape& shape) const {
+  const int ndim = static_cast<int>(shape.size());
+  if (ndim == 0) Fail(Describe(), ": cannot flatten a scalar");
+  const int axis = CanonicalAxis(*this, axis_, ndim);
+  Shape out(shape.begin(), shape.begin() + axis);
+  out.push_back(ShapeCount(shape, axis, ndim));
+  return out;
+}
+
+void FlattenLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  top[0]->data = bottom[0]->data.View(TopShape(bottom[0]->data.shape()));
+}
+
+void FlattenLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  // Re-view in case the bottom was reallocated after Reshape.
+  top[0]->data = bottom[0]->data.View(TopShape(bottom[0]->data.shape()));
+}
+
+void FlattenLayer::Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
+                            const std::vector<Blob*>& bottom) {
+  if (!propagate_down[0]) return;
+  Tensor& dx = bottom[0]->grad;     // bottom: (d0, ..., dk)
+  const Tensor& dy = top[0]->grad;  // top: (d0, ..., d[axis-1], prod)
+  CORTADO_CHECK(dx.numel() == dy.numel() && dx.dtype() == dy.dtype(), Describe(), ": gradient ",
+                dy.ToString(), " does not match input ", dx.ToString());
+  if (dx.numel() > 0 && dx.raw_data() != dy.raw_data()) {
+    std::memcpy(dx.raw_data(), dy.raw_data(), dx.nbytes());
+  }
+}
+
+CORTADO_REGISTER_LAYER(Flatten, FlattenLayer);
+
+}  // namespace cortado

@@ -1,0 +1,38 @@
+// InnerProduct: a fully connected layer, y = x W^T + b (nn.Linear).
+//
+// Settings: num_output (required), bias (true), weight_init (kaiming_uniform | kaiming_normal;
+// see layer_util.h).
+// Shapes: bottom (N, d1, ..., dk) is read as (N, K) with K = d1 * ... * dk (flattened from
+// axis 1); weight (num_output, K) as in PyTorch; bias (num_output); top (N, num_output).
+// Params: <name>.weight (kWeight), <name>.bias (kBias).
+// Threads: the three GEMMs go through ParallelGemm (rows or columns of the result split across
+// the pool; each result element is computed by one thread, so results are deterministic).
+#pragma once
+
+#include "engine/layer.h"
+
+namespace cortado {
+
+class InnerProductLayer : public Layer {
+ public:
+  using Layer::Layer;
+  void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
+                const std::vector<Blob*>& bottom) override;
+
+ protected:
+  void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+
+ private:
+  template <typename T>
+  void ForwardT(const Tensor& x, Tensor& y);
+  template <typename T>
+  void BackwardT(const Tensor& x, const Tensor& dy, bool propagate, Tensor* dx);
+
+  int64_t num_output_ = 0;
+  int64_t num_input_ = 0;  // K
+  bool has_bias_ = true;
+};
+
+}  // namespace cortado

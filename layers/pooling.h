@@ -1,0 +1,49 @@
+// Pooling: max or average over 2-d windows (nn.MaxPool2d / nn.AvgPool2d), or over the whole
+// plane (global pooling, nn.AdaptiveAvgPool2d(1) / AdaptiveMaxPool2d(1)).
+//
+// Settings: pool (max | ave; "avg" is accepted too), kernel (n or [h, w]; required unless
+// global), stride (default: kernel), pad (0; at most half the kernel, as PyTorch requires),
+// global (false), ceil_mode (false), count_include_pad (true, PyTorch's AvgPool2d default).
+// Shapes: bottom (N, C, H, W); top (N, C, H_out, W_out) with PyTorch's rule
+//   H_out = floor_or_ceil((H + 2 pad - kernel) / stride) + 1, and in ceil mode the last window
+//   must start inside the input or the left padding (else H_out is reduced by one).
+// Average: windows are clipped to the padded input, and the divisor is the clipped window
+// size counting padding (count_include_pad) or only the input elements it covers.
+// Max: ties go to the first element in the window (row-major), a NaN always wins, as in
+// PyTorch; backward routes the gradient to that element (indices kept from forward).
+// Threads: ParallelFor over the N * C planes.
+#pragma once
+
+#include "engine/layer.h"
+
+namespace cortado {
+
+class PoolingLayer : public Layer {
+ public:
+  using Layer::Layer;
+  void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
+                const std::vector<Blob*>& bottom) override;
+
+ protected:
+  void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+
+ private:
+  template <typename T>
+  void ForwardT(const Tensor& x, Tensor& y);
+  template <typename T>
+  void BackwardT(const Tensor& dy, Tensor& dx);
+
+  bool is_max_ = true;
+  bool global_ = false;
+  bool ceil_mode_ = false;
+  bool count_include_pad_ = true;
+  int64_t kernel_h_ = 0, kernel_w_ = 0, stride_h_ = 1, stride_w_ = 1, pad_h_ = 0, pad_w_ = 0;
+  // Current geometry (set by Reshape).
+  int64_t planes_ = 0, height_ = 0, width_ = 0, out_h_ = 0, out_w_ = 0;
+  int64_t kh_ = 0, kw_ = 0, sh_ = 1, sw_ = 1, ph_ = 0, pw_ = 0;
+  Tensor argmax_;  // i32 (N, C, H_out, W_out): index h * W + w within the plane (max only)
+};
+
+}  // namespace cortado

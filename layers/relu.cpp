@@ -1,0 +1,86 @@
+#include "layers/relu.h"
+
+#include "engine/thread_pool.h"
+#include "layers/layer_util.h"
+
+namespace cortado {
+
+// Elements per task: below this the hand-off to the pool costs more than it saves.
+constexpr int64_t kReluChunk = 32768;
+
+namespace {
+
+// Kernels on restrict pointers with unconditional loads, so that the selects vectorize
+// (the same loops over pointers captured by a lambda do not). The slope-0 forms keep
+// ReLU(-inf) = 0 exact.
+template <typename T>
+void ReluForwardKernel(const T* __restrict x, T* __restrict y, int64_t n, T slope) {
+  if (slope == T(0)) {
+    for (int64_t i = 0; i < n; ++i) {
+      const T v = x[i];
+      y[i] = v > T(0) ? v : T(0);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const T v = x[i];
+      y[i] = v > T(0) ? v : slope * v;
+    }
+  }
+}
+
+template <typename T>
+void ReluBackwardKernel(const T* __restrict x, const T* __restrict dy, T* __restrict dx, int64_t n,
+                        T slope) {
+  if (slope == T(0)) {
+    for (int64_t i = 0; i < n; ++i) {
+      const T g = dy[i];
+      dx[i] = x[i] > T(0) ? g : T(0);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const T g = dy[i];
+      dx[i] = x[i] > T(0) ? g : slope * g;
+    }
+  }
+}
+}  // namespace
+
+void ReluLayer::LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  negative_slope_ = settings().GetFloat("negative_slope", 0.0);
+}
+
+void ReluLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  CheckFloatInput(*this, bottom[0]->data, "input");
+  top[0]->data.Resize(bottom[0]->data.shape(), bottom[0]->data.dtype());
+}
+
+void ReluLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* x = bottom[0]->data.data<T>();  // bottom: any shape
+    T* y = top[0]->data.data<T>();           // top: same shape
+    const T slope = static_cast<T>(negative_slope_);
+    ParallelFor(bottom[0]->data.numel(), kReluChunk, [&](int64_t begin, int64_t end) {
+      ReluForwardKernel(x + begin, y + begin, end - begin, slope);
+    });
+  });
+}
+
+void ReluLayer::Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
+                         const std::vector<Blob*>& bottom) {
+  if (!propagate_down[0]) return;
+  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* x = bottom[0]->data.data<T>();
+    const T* dy = top[0]->grad.data<T>();
+    T* dx = bottom[0]->grad.data<T>();
+    const T slope = static_cast<T>(negative_slope_);
+    ParallelFor(bottom[0]->data.numel(), kReluChunk, [&](int64_t begin, int64_t end) {
+      ReluBackwardKernel(x + begin, dy + begin, dx + begin, end - begin, slope);
+    });
+  });
+}
+
+CORTADO_REGISTER_LAYER(ReLU, ReluLayer);
+
+}  // namespace cortado

@@ -1,0 +1,131 @@
+#include "layers/softmax_loss.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/thread_pool.h"
+#include "layers/layer_util.h"
+
+namespace cortado {
+
+void SoftmaxWithLossLayer::LayerSetUp(const std::vector<Blob*>& bottom,
+                                      const std::vector<Blob*>& top) {
+  label_smoothing_ = settings().GetFloat("label_smoothing", 0.0);
+  if (!(label_smoothing_ >= 0.0 && label_smoothing_ < 1.0)) {
+    Fail(Describe(), ": key 'label_smoothing' must be in [0, 1), got ", label_smoothing_);
+  }
+}
+
+// Checks logits (N, C, 1, ...) and label (N) or (N, 1); returns through num/classes.
+static void CheckLogitsAndLabel(const Layer& layer, const std::vector<Blob*>& bottom, int64_t* num,
+                                int64_t* classes) {
+  const Tensor& x = bottom[0]->data;
+  const Tensor& label = bottom[1]->data;
+  CheckFloatInput(layer, x, "logits (input 0)");
+  bool ok = x.ndim() >= 2;
+  for (int d = 2; ok && d < x.ndim(); ++d) ok = x.dim(d) == 1;
+  if (!ok) {
+    Fail(layer.Describe(), ": logits '", bottom[0]->name, "' must be (N, C), got ", x.ToString());
+  }
+  if (label.dtype() != DType::kI32) {
+    Fail(layer.Describe(), ": label '", bottom[1]->name, "' must be i32, got ", label.ToString());
+  }
+  const bool label_ok = (label.ndim() == 1 && label.dim(0) == x.dim(0)) ||
+                        (label.ndim() == 2 && label.dim(0) == x.dim(0) && label.dim(1) == 1);
+  if (!label_ok) {
+    Fail(layer.Describe(), ": label '", bottom[1]->name, "' must be (", x.dim(0),
+         ") to match logits ", x.ToString(), ", got ", label.ToString());
+  }
+  *num = x.dim(0);
+  *classes = x.dim(1);
+}
+
+void SoftmaxWithLossLayer::Reshape(const std::vector<Blob*>& bottom,
+                                   const std::vector<Blob*>& top) {
+  CheckLogitsAndLabel(*this, bottom, &num_, &classes_);
+  if (classes_ < 1) Fail(Describe(), ": logits need at least one class");
+  top[0]->data.Resize({}, bottom[0]->data.dtype());
+  prob_.Resize({num_, classes_}, bottom[0]->data.dtype());
+  sample_loss_.resize(num_);
+}
+
+template <typename T>
+void SoftmaxWithLossLayer::ForwardT(const Tensor& logits, const Tensor& label_t, Tensor& loss) {
+  const T* x = logits.data<T>();                   // bottom[0]: (N, C)
+  const int32_t* label = label_t.data<int32_t>();  // bottom[1]: (N)
+  T* prob = prob_.data<T>();                       // (N, C)
+  const int64_t c_n = classes_;
+  for (int64_t i = 0; i < num_; ++i) {
+    if (label[i] < 0 || label[i] >= c_n) {
+      Fail(Describe(), ": label ", label[i], " of sample ", i, " is out of range [0, ", c_n, ")");
+    }
+  }
+  const double eps = label_smoothing_;
+  ParallelFor(num_, 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const T* xi = x + i * c_n;
+      T* pi = prob + i * c_n;
+      const T mx = *std::max_element(xi, xi + c_n);
+      double sum = 0;
+      for (int64_t c = 0; c < c_n; ++c) {
+        const T e = std::exp(xi[c] - mx);
+        pi[c] = e;
+        sum += e;
+      }
+      const double log_sum = std::log(sum);
+      const T inv = static_cast<T>(1.0 / sum);
+      for (int64_t c = 0; c < c_n; ++c) pi[c] *= inv;
+      // -log p_c = log_sum - (x_c - max)
+      double l = (log_sum - (static_cast<double>(xi[label[i]]) - mx)) * (1.0 - eps);
+      if (eps > 0) {
+        double all = 0;
+        for (int64_t c = 0; c < c_n; ++c) all += log_sum - (static_cast<double>(xi[c]) - mx);
+        l += eps / static_cast<double>(c_n) * all;
+      }
+      sample_loss_[i] = l;
+    }
+  });
+  double total = 0;
+  for (int64_t i = 0; i < num_; ++i) total += sample_loss_[i];
+  loss.data<T>()[0] = static_cast<T>(num_ > 0 ? total / static_cast<double>(num_) : 0.0);
+}
+
+template <typename T>
+void SoftmaxWithLossLayer::BackwardT(const Tensor& label_t, const Tensor& dloss, Tensor& dlogits) {
+  const int32_t* label = label_t.data<int32_t>();
+  const T* prob = prob_.data<T>();
+  T* dx = dlogits.data<T>();  // bottom[0] grad: (N, C)
+  const int64_t c_n = classes_;
+  const double scale = num_ > 0 ? static_cast<double>(dloss.data<T>()[0]) / num_ : 0.0;
+  const T s = static_cast<T>(scale);
+  const T off = static_cast<T>(scale * label_smoothing_ / static_cast<double>(c_n));
+  const T hit = static_cast<T>(scale * (1.0 - label_smoothing_));
+  ParallelFor(num_, 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const T* pi = prob + i * c_n;
+      T* di = dx + i * c_n;
+      for (int64_t c = 0; c < c_n; ++c) di[c] = s * pi[c] - off;
+      di[label[i]] -= hit;
+    }
+  });
+}
+
+void SoftmaxWithLossLayer::Forward(const std::vector<Blob*>& bottom,
+                                   const std::vector<Blob*>& top) {
+  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
+    ForwardT<decltype(zero)>(bottom[0]->data, bottom[1]->data, top[0]->data);
+  });
+}
+
+void SoftmaxWithLossLayer::Backward(const std::vector<Blob*>& top,
+                                    const std::vector<bool>& propagate_down,
+                                    const std::vector<Blob*>& bottom) {
+  if (!propagate_down[0]) return;
+  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
+    BackwardT<decltype(zero)>(bottom[1]->data, top[0]->grad, bottom[0]->grad);
+  });
+}
+
+CORTADO_REGISTER_LAYER(SoftmaxWithLoss, SoftmaxWithLossLayer);
+
+}  // namespace cortado

@@ -1,0 +1,48 @@
+// SoftmaxWithLoss: softmax cross-entropy against integer labels, averaged over the batch
+// (nn.CrossEntropyLoss with reduction='mean' and label_smoothing).
+//
+// Settings: label_smoothing (0.0, in [0, 1)), loss_weight (1.0, read by the Layer base).
+// Inputs: logits (N, C) (trailing dimensions of size 1 are allowed, e.g. (N, C, 1, 1)),
+// label i32 (N) (or (N, 1)). Output: the loss, a scalar (shape {}), in the logits' dtype.
+// With smoothing e the target is (1 - e) one_hot(label) + e / C, so
+//   loss_i = (1 - e) (-log p[label_i]) + e / C * sum_c (-log p_c),
+// computed stably from the max-subtracted logits; d loss / d logits = (p - target) / N.
+// A label outside [0, C) throws naming the layer, the sample and the value.
+// No gradient flows to the label (CanBackpropTo(1) is false).
+// Threads: ParallelFor over samples; the per-sample losses are summed in sample order.
+#pragma once
+
+#include <vector>
+
+#include "engine/layer.h"
+
+namespace cortado {
+
+class SoftmaxWithLossLayer : public Layer {
+ public:
+  using Layer::Layer;
+  int MinInputs() const override { return 2; }
+  int MaxInputs() const override { return 2; }
+  bool CanBackpropTo(int input_index) const override { return input_index == 0; }
+  bool IsLoss() const override { return true; }
+  void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
+                const std::vector<Blob*>& bottom) override;
+
+ protected:
+  void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+
+ private:
+  template <typename T>
+  void ForwardT(const Tensor& logits, const Tensor& label, Tensor& loss);
+  template <typename T>
+  void BackwardT(const Tensor& label, const Tensor& dloss, Tensor& dlogits);
+
+  double label_smoothing_ = 0.0;
+  int64_t num_ = 0, classes_ = 0;
+  Tensor prob_;                      // (N, C) softmax from the last Forward
+  std::vector<double> sample_loss_;  // (N)
+};
+
+}  // namespace cortado
