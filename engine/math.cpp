@@ -4,6 +4,11 @@
 
 #include <algorithm>
 
+#ifdef CORTADO_HAVE_ONEDNN
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+#endif
+
 #include "engine/thread_pool.h"
 
 namespace cortado {
@@ -12,6 +17,16 @@ template <>
 void GemmLd<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                    int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
+#ifdef CORTADO_HAVE_ONEDNN
+  // oneDNN parallelizes with OpenMP; the engine already splits work across its own threads,
+  // so every calling thread asks for one OpenMP thread (set once per thread).
+  static thread_local const bool single = (omp_set_num_threads(1), true);
+  (void)single;
+  dnnl_status_t status = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b,
+                                    ldb, beta, c, ldc);
+  if (status == dnnl_success) return;
+  // Fall through to OpenBLAS on the (unexpected) failure of oneDNN.
+#endif
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
               static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));

@@ -16,7 +16,7 @@ done
 
 packages=(
   build-essential g++ cmake pkg-config
-  libyaml-cpp-dev libcli11-dev libopenblas-dev
+  libyaml-cpp-dev libcli11-dev libopenblas-dev libdnnl-dev
   googletest libgtest-dev libgmock-dev
   liblmdb-dev libturbojpeg0-dev libjpeg62-turbo-dev
   libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev

@@ -75,3 +75,26 @@ TEST(Math, ParallelGemmMatchesSerial) {
 
 }  // namespace
 }  // namespace cortado
+
+namespace cortado {
+namespace {
+
+// The f32 path (oneDNN where built with it, else OpenBLAS) against the f64 reference.
+TEST(Math, FloatGemmMatchesDoubleReference) {
+  SetNumThreads(2);
+  const int64_t m = 33, n = 70, k = 29;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      std::vector<float> a(m * k), b(k * n), c(m * n, 0.5f);
+      std::vector<double> ad(m * k), bd(k * n), cd(m * n, 0.5);
+      for (size_t i = 0; i < a.size(); ++i) ad[i] = a[i] = static_cast<float>(std::sin(i * 0.3));
+      for (size_t i = 0; i < b.size(); ++i) bd[i] = b[i] = static_cast<float>(std::cos(i * 0.7));
+      ParallelGemm<float>(ta, tb, m, n, k, 2.0f, a.data(), b.data(), -1.0f, c.data());
+      Gemm<double>(ta, tb, m, n, k, 2.0, ad.data(), bd.data(), -1.0, cd.data());
+      for (size_t i = 0; i < c.size(); ++i) ASSERT_NEAR(c[i], cd[i], 1e-4) << ta << tb << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cortado
