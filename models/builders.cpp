@@ -77,13 +77,11 @@ NetSpec LeNet(const ModelOptions& o) {
   return spec;
 }
 
-// A basic residual block (two 3x3 convs); a 1x1 projection shortcut when the shape changes.
-std::string BasicBlock(GraphBuilder& g, const std::string& prefix, const std::string& in,
-                       int64_t in_ch, int64_t out_ch, int64_t stride, bool zero_init) {
-  std::string x = g.Conv(prefix + ".conv1", in, out_ch, 3, stride, 1, false, "kaiming_normal");
-  x = g.Relu(prefix + ".relu1", g.BatchNorm(prefix + ".bn1", x));
-  x = g.Conv(prefix + ".conv2", x, out_ch, 3, 1, 1, false, "kaiming_normal");
-  x = g.BatchNorm(prefix + ".bn2", x, zero_init);
+// Adds the shortcut (identity, or a 1x1 projection + BN when the shape changes) to the
+// residual branch x, then applies ReLU.
+std::string ResidualJoin(GraphBuilder& g, const std::string& prefix, const std::string& x,
+                         const std::string& in, int64_t in_ch, int64_t out_ch, int64_t stride,
+                         const std::string& relu_name) {
   std::string shortcut = in;
   if (stride != 1 || in_ch != out_ch) {
     shortcut = g.Conv(prefix + ".proj", in, out_ch, 1, stride, 0, false, "kaiming_normal");
@@ -91,8 +89,17 @@ std::string BasicBlock(GraphBuilder& g, const std::string& prefix, const std::st
   }
   Settings sum;
   sum.Set("operation", "sum");
-  x = g.Add(prefix + ".add", "Eltwise", {x, shortcut}, sum);
-  return g.Relu(prefix + ".relu2", x);
+  return g.Relu(relu_name, g.Add(prefix + ".add", "Eltwise", {x, shortcut}, sum));
+}
+
+// A basic residual block (two 3x3 convs); a 1x1 projection shortcut when the shape changes.
+std::string BasicBlock(GraphBuilder& g, const std::string& prefix, const std::string& in,
+                       int64_t in_ch, int64_t out_ch, int64_t stride, bool zero_init) {
+  std::string x = g.Conv(prefix + ".conv1", in, out_ch, 3, stride, 1, false, "kaiming_normal");
+  x = g.Relu(prefix + ".relu1", g.BatchNorm(prefix + ".bn1", x));
+  x = g.Conv(prefix + ".conv2", x, out_ch, 3, 1, 1, false, "kaiming_normal");
+  x = g.BatchNorm(prefix + ".bn2", x, zero_init);
+  return ResidualJoin(g, prefix, x, in, in_ch, out_ch, stride, prefix + ".relu2");
 }
 
 // A bottleneck block (1x1 reduce, 3x3, 1x1 expand x4); stride on the 3x3 as torchvision does.
@@ -105,15 +112,7 @@ std::string Bottleneck(GraphBuilder& g, const std::string& prefix, const std::st
   x = g.Relu(prefix + ".relu2", g.BatchNorm(prefix + ".bn2", x));
   x = g.Conv(prefix + ".conv3", x, out_ch, 1, 1, 0, false, "kaiming_normal");
   x = g.BatchNorm(prefix + ".bn3", x, zero_init);
-  std::string shortcut = in;
-  if (stride != 1 || in_ch != out_ch) {
-    shortcut = g.Conv(prefix + ".proj", in, out_ch, 1, stride, 0, false, "kaiming_normal");
-    shortcut = g.BatchNorm(prefix + ".proj_bn", shortcut);
-  }
-  Settings sum;
-  sum.Set("operation", "sum");
-  x = g.Add(prefix + ".add", "Eltwise", {x, shortcut}, sum);
-  return g.Relu(prefix + ".relu3", x);
+  return ResidualJoin(g, prefix, x, in, in_ch, out_ch, stride, prefix + ".relu3");
 }
 
 // CIFAR-style ResNet-(6n+2): 3x3 stem with 16 channels, three stages of n basic blocks with

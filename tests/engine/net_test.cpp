@@ -130,6 +130,16 @@ TEST(Models, LeNetAndResNet20MatchTorchParameterCounts) {
   EXPECT_THROW(BuildModel("lenet5", o), Error);
 }
 
+TEST(Models, ImageNetResNetsMatchTorchvisionParameterCounts) {
+  ModelOptions o;
+  o.num_classes = 1000;
+  o.in_channels = 3;
+  o.height = o.width = 64;  // the count does not depend on the input size
+  // torchvision 0.14 resnet18() / resnet50(): sum(p.numel() for p in m.parameters())
+  EXPECT_EQ(Net(BuildModel("resnet18", o), 1).num_parameters(), 11689512);
+  EXPECT_EQ(Net(BuildModel("resnet50", o), 1).num_parameters(), 25557032);
+}
+
 TEST(Models, ResNet20RunsAt28And32) {
   for (int64_t side : {28, 32}) {
     ModelOptions o;
