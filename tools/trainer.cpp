@@ -161,6 +161,13 @@ bool Trainer::Crossed(double interval, int64_t iteration) const {
   return std::floor(b + 1e-9) > std::floor(a + 1e-9);
 }
 
+void Trainer::ClearProgressBar() {
+  if (!progress_bar_) return;
+  // The bar lives on stdout and log lines on stderr: erase and flush before a log line.
+  std::printf("\r\033[K");
+  std::fflush(stdout);
+}
+
 void Trainer::WriteMetric(const std::string& json) {
   if (!metrics_.is_open()) return;
   metrics_ << json << "\n";
@@ -250,7 +257,7 @@ void Trainer::RunEval() {
   auto t0 = Clock::now();
   last_eval_ = Evaluate(*net_, *val_source_);
   double epoch = Progress(iteration_) * (config_.solver.epoch_based ? 1.0 : 1.0 / batches_per_epoch_);
-  if (progress_bar_) std::printf("\r\033[K");
+  ClearProgressBar();
   LogInfo("eval  iter ", iteration_, "  epoch ", Fixed(epoch, 2), "  top1 ",
           Fixed(last_eval_.top1 * 100, 2), "%  top5 ", Fixed(last_eval_.top5 * 100, 2),
           "%  loss ", Fixed(last_eval_.loss, 4), "  (", last_eval_.images, " images, ",
@@ -285,11 +292,13 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
   wait_seconds_ = 0;
   auto interval_start = Clock::now();
   auto bar_time = Clock::now();
+  const auto run_start = Clock::now();
+  const int64_t first_iteration = iteration_;
   while (iteration_ < max_iter_) {
     bool stop_here = options.stop_at > 0 && iteration_ >= options.stop_at;
     if (stop_here || (stop != nullptr && stop->load())) {
       std::string path = SaveCheckpointNow();
-      if (progress_bar_) std::printf("\r\033[K");
+      ClearProgressBar();
       LogWarning(stop_here ? "stopped" : "interrupted", " at iteration ", iteration_, "; checkpoint saved to '", path,
                  "'. Resume with: cortado train --config ", config_.file, " --resume auto");
       return 130;
@@ -304,7 +313,7 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
       double img_per_s = images / std::max(seconds, 1e-9);
       double epoch = static_cast<double>(iteration_) / batches_per_epoch_;
       double eta = (max_iter_ - iteration_) * seconds / steps;
-      if (progress_bar_) std::printf("\r\033[K");
+      ClearProgressBar();
       LogInfo("train iter ", iteration_, "/", max_iter_, "  epoch ", Fixed(epoch, 2), "  loss ",
               Fixed(sum_loss / steps, 4), "  lr ", last_lr_, "  ",
               static_cast<int64_t>(img_per_s), " img/s  data_wait ", Fixed(wait_seconds_, 3),
@@ -325,9 +334,12 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
       int filled = static_cast<int>(width * iteration_ / max_iter_);
       std::string bar(filled, '#');
       bar.resize(width, '.');
-      std::printf("\r[%s] %5.1f%%  iter %lld/%lld  loss %.4f", bar.c_str(),
+      double rate = static_cast<double>(iteration_ - first_iteration) /
+                    std::max(1e-9, Since(run_start));
+      std::printf("\r[%s] %5.1f%%  iter %lld/%lld  loss %.4f  ETA %s", bar.c_str(),
                   100.0 * iteration_ / max_iter_, static_cast<long long>(iteration_),
-                  static_cast<long long>(max_iter_), last_loss_);
+                  static_cast<long long>(max_iter_), last_loss_,
+                  FormatDuration((max_iter_ - iteration_) / std::max(rate, 1e-9)).c_str());
       std::fflush(stdout);
     }
     bool last = iteration_ == max_iter_;
@@ -337,8 +349,7 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
       LogInfo("checkpoint saved to '", path, "'");
     }
   }
-  if (progress_bar_) std::printf("\r\033[K");
-  std::fflush(stdout);
+  ClearProgressBar();
   SourceStats stats = train_source_->stats();
   if (stats.skipped_records > 0) {
     LogWarning(stats.skipped_records, " corrupt record(s) were skipped during training");

@@ -61,6 +61,7 @@ class Trainer {
   double Progress(int64_t iteration) const;  // in schedule units
   bool Crossed(double interval, int64_t iteration) const;
   void WriteMetric(const std::string& json);
+  void ClearProgressBar();
 
   RunConfig config_;
   std::unique_ptr<BatchSource> train_source_;

@@ -1,0 +1,193 @@
+// `cortado bench comm [--op allreduce] [--sizes 4K:128M] [--json]`: collective bandwidth and
+// latency, run under `cortado launch --nproc N` (or mpirun, with CORTADO_BACKEND=tcp|mpi).
+// Buffers are f32 (or --dtype); sizes are in bytes (K = 1024), doubling between the bounds.
+// Figures follow nccl-tests: algbw = bytes / time (GB/s = 1e9 bytes/s); busbw = algbw x
+// 2(n-1)/n for all-reduce, x (n-1)/n for all-gather and reduce-scatter (bytes: the whole
+// n-rank buffer), x 1 for broadcast. The time is the slowest rank's mean over the iterations.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cortado/dist/communicator.h"
+#include "engine/error.h"
+#include "tools/commands.h"
+
+namespace cortado::tools {
+namespace {
+
+struct BenchArgs {
+  std::string op = "allreduce";
+  std::string sizes = "4K:128M";
+  std::string dtype = "f32";
+  std::string reduce = "sum";
+  std::string algo = "auto";
+  int iters = 0;  // 0: about 256 MB moved per size, between 5 and 1000 iterations
+  int warmup = -1;
+  bool json = false;
+  bool check = false;
+};
+
+std::vector<size_t> ParseSizes(const std::string& text) {
+  size_t colon = text.find(':');
+  size_t lo = dist::ParseByteSize(text.substr(0, colon));
+  size_t hi = colon == std::string::npos ? lo : dist::ParseByteSize(text.substr(colon + 1));
+  if (lo == 0 || hi < lo) Fail("--sizes '", text, "': want MIN:MAX with 0 < MIN <= MAX");
+  std::vector<size_t> out;
+  for (size_t s = lo; s <= hi; s *= 2) out.push_back(s);
+  return out;
+}
+
+double BusFactor(const std::string& op, int n) {
+  if (op == "allreduce") return 2.0 * (n - 1) / n;
+  if (op == "allgather" || op == "reducescatter") return static_cast<double>(n - 1) / n;
+  return 1.0;
+}
+
+void Fill(std::vector<char>& buf, dist::DataType type, int rank) {
+  size_t count = buf.size() / dist::DataTypeSize(type);
+  for (size_t i = 0; i < count; ++i) {
+    float v = static_cast<float>((i + static_cast<size_t>(rank)) % 7);
+    if (type == dist::DataType::kF32) {
+      reinterpret_cast<float*>(buf.data())[i] = v;
+    } else if (type == dist::DataType::kF16) {
+      reinterpret_cast<uint16_t*>(buf.data())[i] = dist::FloatToHalf(v);
+    } else {
+      reinterpret_cast<uint16_t*>(buf.data())[i] = dist::FloatToBFloat16(v);
+    }
+  }
+}
+
+float ValueAt(const std::vector<char>& buf, dist::DataType type, size_t i) {
+  if (type == dist::DataType::kF32) return reinterpret_cast<const float*>(buf.data())[i];
+  uint16_t b = reinterpret_cast<const uint16_t*>(buf.data())[i];
+  return type == dist::DataType::kF16 ? dist::HalfToFloat(b) : dist::BFloat16ToFloat(b);
+}
+
+void RunBench(const BenchArgs& a) {
+  static const char* kOps[] = {"allreduce", "broadcast", "allgather", "reducescatter"};
+  if (std::find(std::begin(kOps), std::end(kOps), a.op) == std::end(kOps)) {
+    Fail("--op '", a.op, "': known ops are allreduce, broadcast, allgather, reducescatter");
+  }
+  dist::DataType type = dist::ParseDataType(a.dtype);
+  dist::ReduceOp rop = dist::ParseReduceOp(a.reduce);
+  dist::Algorithm algo = dist::ParseAlgorithm(a.algo);
+  std::vector<size_t> sizes = ParseSizes(a.sizes);
+  auto comm = dist::CreateCommunicatorFromEnv(dist::Fingerprint("bench comm"));
+  const int n = comm->size(), rank = comm->rank();
+  const size_t esize = dist::DataTypeSize(type);
+  const bool per_rank = a.op == "allgather" || a.op == "reducescatter";
+  std::vector<char> in(sizes.back() + 64), out(sizes.back() + 64);
+  if (rank == 0 && !a.json) {
+    std::printf("# cortado bench comm: %s, %d rank(s), backend %s, %s, %s\n", a.op.c_str(), n,
+                comm->backend(), a.dtype.c_str(), a.reduce.c_str());
+    std::printf("# %12s  %-17s %12s %12s %12s\n", "bytes", "algo", "time_us", "algbw GB/s",
+                "busbw GB/s");
+    std::fflush(stdout);
+  }
+  for (size_t requested : sizes) {
+    size_t count = requested / esize / (per_rank ? static_cast<size_t>(n) : 1);
+    size_t bytes = count * esize * (per_rank ? static_cast<size_t>(n) : 1);
+    if (count == 0) continue;
+    std::string algo_name = a.op == "allreduce"   ? comm->AllReduceAlgorithmFor(bytes, algo)
+                            : a.op == "broadcast" ? comm->BroadcastAlgorithmFor(bytes, algo)
+                            : n == 1              ? "local"
+                            : std::string(comm->backend()) == "mpi" ? "mpi"
+                                                                    : "ring";
+    auto run_once = [&] {
+      if (a.op == "allreduce") {
+        comm->AllReduce(in.data(), count, type, rop, algo);
+      } else if (a.op == "broadcast") {
+        comm->Broadcast(in.data(), count, type, 0, algo);
+      } else if (a.op == "allgather") {
+        comm->AllGather(in.data(), out.data(), count, type);
+      } else {
+        comm->ReduceScatter(in.data(), out.data(), count, type, rop);
+      }
+    };
+    if (a.check) {
+      // One verified run on known data before timing.
+      Fill(in, type, rank);
+      run_once();
+      const std::vector<char>& res = (a.op == "allgather" || a.op == "reducescatter") ? out : in;
+      size_t check_count = a.op == "allgather" ? count * static_cast<size_t>(n) : count;
+      for (size_t i = 0; i < check_count; ++i) {
+        float want = 0;
+        if (a.op == "broadcast") {
+          want = static_cast<float>(i % 7);
+        } else if (a.op == "allgather") {
+          want = static_cast<float>((i % count + i / count) % 7);
+        } else {
+          size_t base = a.op == "reducescatter" ? i + static_cast<size_t>(rank) * count : i;
+          float sum = 0, mx = 0;
+          for (int r = 0; r < n; ++r) {
+            float v = static_cast<float>((base + static_cast<size_t>(r)) % 7);
+            sum += v;
+            mx = std::max(mx, v);
+          }
+          want = rop == dist::ReduceOp::kMax ? mx : rop == dist::ReduceOp::kAvg ? sum / n : sum;
+        }
+        float got = ValueAt(res, type, i);
+        if (std::fabs(got - want) > 1e-2f * std::max(1.0f, std::fabs(want))) {
+          Fail("bench comm --check: ", a.op, " of ", bytes, " bytes: element ", i, " is ", got,
+               ", expected ", want, " (rank ", rank, ")");
+        }
+      }
+    }
+    Fill(in, type, rank);
+    int iters = a.iters > 0 ? a.iters
+                            : static_cast<int>(std::clamp<size_t>((256u << 20) / bytes, 5, 1000));
+    int warmup = a.warmup >= 0 ? a.warmup : iters / 10 + 2;
+    for (int i = 0; i < warmup; ++i) run_once();
+    comm->Barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) run_once();
+    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                    .count() / iters;
+    float worst = static_cast<float>(us);
+    comm->AllReduce(&worst, 1, dist::DataType::kF32, dist::ReduceOp::kMax);
+    double algbw = static_cast<double>(bytes) / (worst * 1e-6) / 1e9;
+    double busbw = algbw * BusFactor(a.op, n);
+    if (rank == 0) {
+      if (a.json) {
+        std::printf(
+            "{\"op\":\"%s\",\"algo\":\"%s\",\"ranks\":%d,\"bytes\":%zu,\"time_us\":%.2f,"
+            "\"algbw\":%.4f,\"busbw\":%.4f}\n",
+            a.op.c_str(), algo_name.c_str(), n, bytes, static_cast<double>(worst), algbw, busbw);
+      } else {
+        std::printf("  %12zu  %-17s %12.2f %12.4f %12.4f\n", bytes, algo_name.c_str(),
+                    static_cast<double>(worst), algbw, busbw);
+      }
+      std::fflush(stdout);
+    }
+  }
+  comm->Barrier();
+}
+
+}  // namespace
+
+void AddBenchCommCommand(CLI::App& bench) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* cmd = bench.add_subcommand(
+      "comm", "Collective bandwidth and latency (run under `cortado launch --nproc N`)");
+  cmd->add_option("--op", args->op, "allreduce, broadcast, allgather or reducescatter");
+  cmd->add_option("--sizes", args->sizes, "MIN:MAX bytes (K=1024, M, G), doubling; or one size");
+  cmd->add_option("--dtype", args->dtype, "f32, f16 or bf16");
+  cmd->add_option("--reduce", args->reduce, "sum, avg or max");
+  cmd->add_option("--algo", args->algo,
+                  "auto, ring, halving_doubling (all-reduce), tree (broadcast)");
+  cmd->add_option("--iters", args->iters, "Timed iterations per size (default: by size)");
+  cmd->add_option("--warmup", args->warmup, "Untimed iterations per size (default: iters/10+2)");
+  cmd->add_flag("--json", args->json,
+                "One JSON line per size: {op, algo, ranks, bytes, time_us, algbw, busbw}");
+  cmd->add_flag("--check", args->check, "Verify one result per size before timing");
+  cmd->callback([args] {
+    RunBench(*args);
+    SetExitCode(0);
+  });
+}
+
+}  // namespace cortado::tools
