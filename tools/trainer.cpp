@@ -346,6 +346,7 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
     if (Crossed(config_.solver.eval_interval, iteration_) || (last && val_source_)) RunEval();
     if (Crossed(config_.checkpoint.every, iteration_) || last) {
       std::string path = SaveCheckpointNow();
+      ClearProgressBar();
       LogInfo("checkpoint saved to '", path, "'");
     }
   }
