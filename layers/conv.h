@@ -14,13 +14,15 @@
 // matrix (C_in kh kw, B P) with P = H_out W_out, and one GEMM per group computes
 // (C_out/g, B P) = W_g (C_out/g, C_in/g kh kw) * col_g. B > 1 only when P is small (deep
 // layers on small images), so that each GEMM is wide enough to run near peak. A 1x1 kernel
-// with stride 1 and no padding skips im2col (the input already is the column matrix).
+// with stride 1 and no padding skips im2col (the input already is the column matrix). A
+// strided convolution first splits each image into phase planes (coordinates mod stride), on
+// which every tap is a stride-1 shift, so im2col and col2im copy contiguous runs.
 // Backward recomputes the columns (cheaper than keeping them for the whole batch) and
 // accumulates the weight and bias gradients into per-thread buffers that are summed in thread
 // order afterwards: results are deterministic for a given thread count. The input gradient is
 // W^T * dY followed by col2im.
-// Workspaces (columns, gathered outputs, gradient partials) belong to the layer, one set per
-// thread, and are kept across calls, so steady-state steps allocate nothing.
+// Workspaces (columns, phase planes, gathered outputs, gradient partials) belong to the layer, one
+// set per thread, and are kept across calls, so steady-state steps allocate nothing.
 #pragma once
 
 #include <vector>
@@ -64,7 +66,7 @@ class ConvolutionLayer : public Layer {
   bool is_1x1_ = false;  // 1x1 kernel, stride 1, no padding: no im2col needed
   ConvGeometry geo_{};
   int64_t block_ = 1;  // images per GEMM
-  std::vector<Tensor> col_ws_, out_ws_, dw_ws_, db_ws_;
+  std::vector<Tensor> col_ws_, out_ws_, phase_ws_, dw_ws_, db_ws_;
 };
 
 }  // namespace cortado

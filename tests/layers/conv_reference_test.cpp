@@ -126,6 +126,12 @@ const ConvConfig kConfigs[] = {
     {4, 3, 8, 7, 5, 3, 3, 1, 1, 0, 0, 1, 1, 1, true},     // stride 1, narrower output rows
     {3, 2, 6, 6, 3, 3, 3, 1, 1, 2, 1, 1, 1, 1, true},     // extra rows of padding only
     {2, 2, 9, 9, 3, 3, 3, 1, 1, 2, 2, 2, 2, 1, true},     // dilated "same" convolution
+    // Strided convolutions run on phase planes (the input split by coordinate mod stride).
+    {40, 3, 8, 8, 5, 3, 3, 2, 2, 1, 1, 1, 1, 1, true},   // ResNet downsampling, blocked
+    {3, 2, 7, 7, 4, 3, 3, 2, 2, 1, 1, 1, 1, 1, true},    // odd input: a short phase
+    {3, 4, 7, 8, 6, 1, 1, 2, 2, 0, 0, 1, 1, 1, false},   // 1x1 projection: 3 phases unread
+    {3, 2, 11, 10, 4, 3, 3, 3, 2, 2, 1, 2, 1, 1, true},  // stride 3x2, dilated, padded
+    {2, 3, 9, 9, 4, 2, 2, 3, 3, 1, 0, 1, 1, 1, true},    // stride > kernel: gaps
 };
 
 TEST(ConvolutionReference, MatchesDirectConvolution) {
