@@ -138,15 +138,30 @@ void RunBench(const BenchArgs& a) {
       }
     }
     Fill(in, type, rank);
-    int iters = a.iters > 0 ? a.iters
-                            : static_cast<int>(std::clamp<size_t>((256u << 20) / bytes, 5, 1000));
+    int iters =
+        a.iters > 0 ? a.iters : static_cast<int>(std::clamp<size_t>((256u << 20) / bytes, 5, 1000));
+    // Warm up for iters/10 + 2 runs and at least 100 ms, so caches, socket buffers and the
+    // scheduler's placement of the ranks have settled (the MPI and Gloo programs do the same).
     int warmup = a.warmup >= 0 ? a.warmup : iters / 10 + 2;
+    auto warm_start = std::chrono::steady_clock::now();
     for (int i = 0; i < warmup; ++i) run_once();
+    if (a.warmup < 0) {
+      // Ranks must agree on the count: rank 0 decides and broadcasts whether to go on.
+      for (;;) {
+        float more = std::chrono::steady_clock::now() - warm_start < std::chrono::milliseconds(100)
+                         ? 1.0f
+                         : 0.0f;
+        comm->Broadcast(&more, 1, dist::DataType::kF32, 0);
+        if (more == 0.0f) break;
+        for (int i = 0; i < 10; ++i) run_once();
+      }
+    }
     comm->Barrier();
     auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < iters; ++i) run_once();
-    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                    .count() / iters;
+    double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+        iters;
     float worst = static_cast<float>(us);
     comm->AllReduce(&worst, 1, dist::DataType::kF32, dist::ReduceOp::kMax);
     double algbw = static_cast<double>(bytes) / (worst * 1e-6) / 1e9;

@@ -60,10 +60,13 @@ void AddLaunchCommand(CLI::App& app) {
   cmd->add_option("--master", args->master,
                   "HOST:PORT of rank 0's store (required with --nnodes > 1; node 0 binds it)");
   cmd->add_flag("--no-prefix", args->no_prefix, "Do not prefix output lines with [rank]");
-  cmd->add_option("--grace", args->grace_s,
-                  "Seconds between SIGTERM and SIGKILL when stopping ranks (CORTADO_LAUNCH_GRACE_S)");
+  cmd->add_option(
+      "--grace", args->grace_s,
+      "Seconds between SIGTERM and SIGKILL when stopping ranks (CORTADO_LAUNCH_GRACE_S)");
+  // Put the command after --, so its own options are not taken for the launcher's.
   cmd->add_option("command", args->command, "The command to run, after --")->required();
   cmd->footer(
+      "Usage: cortado launch [OPTIONS] -- CMD [ARGS...]   (-- keeps CMD's options its own)\n"
       "Example: cortado launch --nproc 2 -- cortado bench comm --sizes 4K:64M\n"
       "Every rank gets CORTADO_RANK, CORTADO_WORLD_SIZE, CORTADO_LOCAL_RANK,\n"
       "CORTADO_LOCAL_WORLD_SIZE, CORTADO_NODE_RANK, CORTADO_MASTER_ADDR, CORTADO_MASTER_PORT and\n"

@@ -1,0 +1,238 @@
+// The communicator base: argument checks, issue order, the asynchronous queue and its worker
+// thread; and the factory that picks a backend.
+#include "cortado/dist/communicator.h"
+
+#include <limits>
+
+#include "backends.h"
+
+namespace cortado::dist {
+
+void Work::Wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool Work::Test() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+Communicator::Communicator(CommOptions options) : options_(std::move(options)) {}
+
+Communicator::~Communicator() { StopWorker(); }
+
+void Communicator::StopWorker() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    stop_ = true;
+  }
+  queue_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+std::string Communicator::AllReduceAlgorithmFor(size_t bytes, Algorithm algo) const {
+  if (size() == 1) return "local";
+  if (algo == Algorithm::kAuto) algo = options_.allreduce_algorithm;
+  if (algo == Algorithm::kAuto) {
+    algo = bytes <= options_.allreduce_small_bytes ? Algorithm::kHalvingDoubling : Algorithm::kRing;
+  }
+  return AlgorithmName(algo);
+}
+
+std::string Communicator::BroadcastAlgorithmFor(size_t bytes, Algorithm algo) const {
+  if (size() == 1) return "local";
+  if (algo == Algorithm::kAuto) {
+    algo = bytes <= options_.broadcast_small_bytes ? Algorithm::kTree : Algorithm::kRing;
+  }
+  return AlgorithmName(algo);
+}
+
+namespace {
+
+void CheckBuffer(const char* op, const void* p, size_t count, size_t multiple, DataType type) {
+  if (count > std::numeric_limits<size_t>::max() / multiple / DataTypeSize(type)) {
+    throw Error(ErrorKind::kInvalidArgument, StrCat(op, ": count ", count, " is too large"), -1,
+                op);
+  }
+  if (count > 0 && p == nullptr) {
+    throw Error(ErrorKind::kInvalidArgument, StrCat(op, ": null buffer for ", count, " elements"),
+                -1, op);
+  }
+}
+
+}  // namespace
+
+void Communicator::RunOrdered(const std::function<void()>& op) {
+  {
+    std::unique_lock<std::mutex> lock(queue_mu_);
+    idle_cv_.wait(lock, [&] { return queue_.empty() && !worker_busy_; });
+  }
+  std::lock_guard<std::mutex> order(order_mu_);
+  op();
+}
+
+std::shared_ptr<Work> Communicator::Enqueue(std::function<void()> op) {
+  auto work = std::make_shared<Work>();
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (stop_) {
+      throw Error(ErrorKind::kInvalidArgument, "communicator is shutting down");
+    }
+    queue_.emplace_back(std::move(op), work);
+    if (!worker_.joinable()) worker_ = std::thread([this] { WorkerLoop(); });
+  }
+  queue_cv_.notify_one();
+  return work;
+}
+
+void Communicator::WorkerLoop() {
+  for (;;) {
+    std::pair<std::function<void()>, std::shared_ptr<Work>> item;
+    {
+      std::unique_lock<std::mutex> lock(queue_mu_);
+      queue_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything queued has run
+      item = std::move(queue_.front());
+      queue_.pop_front();
+      worker_busy_ = true;
+    }
+    std::exception_ptr error;
+    {
+      std::lock_guard<std::mutex> order(order_mu_);
+      try {
+        item.first();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(item.second->mu_);
+      item.second->done_ = true;
+      item.second->error_ = error;
+    }
+    item.second->cv_.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      worker_busy_ = false;
+    }
+    idle_cv_.notify_all();
+  }
+}
+
+static void CheckAllReduceAlgorithm(Algorithm algo) {
+  if (algo == Algorithm::kTree) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "allreduce: algorithm 'tree' is for broadcast (all-reduce: auto, ring, "
+                "halving_doubling)",
+                -1, "allreduce");
+  }
+}
+
+void Communicator::AllReduce(void* data, size_t count, DataType type, ReduceOp op, Algorithm algo) {
+  CheckBuffer("allreduce", data, count, 1, type);
+  CheckAllReduceAlgorithm(algo);
+  RunOrdered([&] { DoAllReduce(data, count, type, op, algo); });
+}
+
+void Communicator::Broadcast(void* data, size_t count, DataType type, int root, Algorithm algo) {
+  CheckBuffer("broadcast", data, count, 1, type);
+  if (root < 0 || root >= size()) {
+    throw Error(ErrorKind::kInvalidArgument,
+                StrCat("broadcast: root ", root, " is outside the world of ", size()), -1,
+                "broadcast");
+  }
+  RunOrdered([&] { DoBroadcast(data, count, type, root, algo); });
+}
+
+void Communicator::AllGather(const void* input, void* output, size_t count, DataType type) {
+  CheckBuffer("allgather", input, count, 1, type);
+  CheckBuffer("allgather", output, count, static_cast<size_t>(size()), type);
+  RunOrdered([&] { DoAllGather(input, output, count, type); });
+}
+
+void Communicator::ReduceScatter(const void* input, void* output, size_t count, DataType type,
+                                 ReduceOp op) {
+  CheckBuffer("reducescatter", input, count, static_cast<size_t>(size()), type);
+  CheckBuffer("reducescatter", output, count, 1, type);
+  RunOrdered([&] { DoReduceScatter(input, output, count, type, op); });
+}
+
+void Communicator::Barrier() {
+  RunOrdered([&] { DoBarrier(); });
+}
+
+std::shared_ptr<Work> Communicator::AllReduceAsync(void* data, size_t count, DataType type,
+                                                   ReduceOp op, Algorithm algo) {
+  CheckBuffer("allreduce", data, count, 1, type);
+  CheckAllReduceAlgorithm(algo);
+  return Enqueue([=, this] { DoAllReduce(data, count, type, op, algo); });
+}
+
+std::shared_ptr<Work> Communicator::BroadcastAsync(void* data, size_t count, DataType type,
+                                                   int root, Algorithm algo) {
+  CheckBuffer("broadcast", data, count, 1, type);
+  if (root < 0 || root >= size()) {
+    throw Error(ErrorKind::kInvalidArgument,
+                StrCat("broadcast: root ", root, " is outside the world of ", size()), -1,
+                "broadcast");
+  }
+  return Enqueue([=, this] { DoBroadcast(data, count, type, root, algo); });
+}
+
+std::shared_ptr<Work> Communicator::AllGatherAsync(const void* input, void* output, size_t count,
+                                                   DataType type) {
+  CheckBuffer("allgather", input, count, 1, type);
+  CheckBuffer("allgather", output, count, static_cast<size_t>(size()), type);
+  return Enqueue([=, this] { DoAllGather(input, output, count, type); });
+}
+
+std::shared_ptr<Work> Communicator::ReduceScatterAsync(const void* input, void* output,
+                                                       size_t count, DataType type, ReduceOp op) {
+  CheckBuffer("reducescatter", input, count, static_cast<size_t>(size()), type);
+  CheckBuffer("reducescatter", output, count, 1, type);
+  return Enqueue([=, this] { DoReduceScatter(input, output, count, type, op); });
+}
+
+std::shared_ptr<Work> Communicator::BarrierAsync() {
+  return Enqueue([this] { DoBarrier(); });
+}
+
+bool HasMpiBackend() {
+#ifdef CORTADO_DIST_HAS_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Communicator> CreateCommunicator(const CommConfig& config) {
+  if (config.options.backend == Backend::kMpi) {
+#ifdef CORTADO_DIST_HAS_MPI
+    return internal::CreateMpiCommunicator(config.options);
+#else
+    Fail(ErrorKind::kConfig,
+         "CORTADO_BACKEND=mpi, but this build has no MPI backend (MPI was not found when it "
+         "was configured)");
+#endif
+  }
+  return internal::CreateTransportCommunicator(config);
+}
+
+std::unique_ptr<Communicator> CreateCommunicatorFromEnv(uint64_t fingerprint) {
+  CommConfig config;
+  config.options = CommOptions::FromEnv();
+  config.fingerprint = fingerprint;
+  if (config.options.backend == Backend::kMpi) return CreateCommunicator(config);
+  LaunchInfo info = DiscoverLaunchInfo();
+  config.rank = info.rank;
+  config.world_size = info.world_size;
+  config.master_addr = info.master_addr;
+  config.master_port = info.master_port;
+  config.store_fd = info.store_fd;
+  config.job_token = info.job_token;
+  return CreateCommunicator(config);
+}
+
+}  // namespace cortado::dist

@@ -1,0 +1,147 @@
+// Reduction kernels; see reduce.h. The f32 loops are written so the compiler vectorizes them
+// (the build uses -O3 and, by default, -march=native): one loop per aliasing pattern, each with
+// __restrict pointers, because a loop that might alias gets a scalar fallback.
+#include "reduce.h"
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__F16C__) && defined(__AVX__)
+#include <immintrin.h>
+#define CORTADO_DIST_F16C 1
+#endif
+
+namespace cortado::dist::internal {
+namespace {
+
+inline float MaxOf(float a, float b) { return (b > a || b != b) ? b : a; }
+
+// dst == a
+void SumInPlace(float* __restrict d, const float* __restrict b, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = d[i] + b[i];
+}
+// dst == b
+void SumInPlaceRight(float* __restrict d, const float* __restrict a, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = a[i] + d[i];
+}
+void Sum3(float* __restrict d, const float* __restrict a, const float* __restrict b, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = a[i] + b[i];
+}
+void MaxInPlace(float* __restrict d, const float* __restrict b, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = MaxOf(d[i], b[i]);
+}
+void MaxInPlaceRight(float* __restrict d, const float* __restrict a, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = MaxOf(a[i], d[i]);
+}
+void Max3(float* __restrict d, const float* __restrict a, const float* __restrict b, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = MaxOf(a[i], b[i]);
+}
+
+void ReduceF32(float* d, const float* a, const float* b, size_t n, bool max) {
+  if (d == a) {
+    max ? MaxInPlace(d, b, n) : SumInPlace(d, b, n);
+  } else if (d == b) {
+    max ? MaxInPlaceRight(d, a, n) : SumInPlaceRight(d, a, n);
+  } else {
+    max ? Max3(d, a, b, n) : Sum3(d, a, b, n);
+  }
+}
+
+// 16-bit types: convert a block to f32 on the stack, reduce, convert back. Blocks keep the
+// temporaries in L1 and let the f32 loops vectorize.
+constexpr size_t kBlock = 256;
+
+template <typename ToF32, typename FromF32>
+void Reduce16(uint16_t* d, const uint16_t* a, const uint16_t* b, size_t n, bool max, ToF32 to,
+              FromF32 from) {
+  float fa[kBlock], fb[kBlock];
+  for (size_t base = 0; base < n; base += kBlock) {
+    size_t m = n - base < kBlock ? n - base : kBlock;
+    to(a + base, fa, m);
+    to(b + base, fb, m);
+    ReduceF32(fa, fa, fb, m, max);
+    from(fa, d + base, m);
+  }
+}
+
+void HalfToF32(const uint16_t* in, float* out, size_t n) {
+  size_t i = 0;
+#ifdef CORTADO_DIST_F16C
+  for (; i + 8 <= n; i += 8) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+  }
+#endif
+  for (; i < n; ++i) out[i] = HalfToFloat(in[i]);
+}
+
+void F32ToHalf(const float* in, uint16_t* out, size_t n) {
+  size_t i = 0;
+#ifdef CORTADO_DIST_F16C
+  for (; i + 8 <= n; i += 8) {
+    __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+  }
+#endif
+  for (; i < n; ++i) out[i] = FloatToHalf(in[i]);
+}
+
+void BF16ToF32(const uint16_t* __restrict in, float* __restrict out, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t u = static_cast<uint32_t>(in[i]) << 16;
+    std::memcpy(&out[i], &u, 4);
+  }
+}
+
+void F32ToBF16(const float* __restrict in, uint16_t* __restrict out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = FloatToBFloat16(in[i]);
+}
+
+}  // namespace
+
+void Reduce(void* dst, const void* a, const void* b, size_t count, DataType type, ReduceOp op) {
+  if (count == 0) return;
+  bool max = op == ReduceOp::kMax;
+  switch (type) {
+    case DataType::kF32:
+      ReduceF32(static_cast<float*>(dst), static_cast<const float*>(a),
+                static_cast<const float*>(b), count, max);
+      return;
+    case DataType::kF16:
+      Reduce16(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+               static_cast<const uint16_t*>(b), count, max, HalfToF32, F32ToHalf);
+      return;
+    case DataType::kBF16:
+      Reduce16(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+               static_cast<const uint16_t*>(b), count, max, BF16ToF32, F32ToBF16);
+      return;
+  }
+}
+
+void Finalize(void* data, size_t count, DataType type, ReduceOp op, int divisor) {
+  if (op != ReduceOp::kAvg || divisor == 1 || count == 0) return;
+  float q = static_cast<float>(divisor);
+  if (type == DataType::kF32) {
+    float* d = static_cast<float*>(data);
+    for (size_t i = 0; i < count; ++i) d[i] = d[i] / q;
+    return;
+  }
+  uint16_t* d = static_cast<uint16_t*>(data);
+  float f[kBlock];
+  for (size_t base = 0; base < count; base += kBlock) {
+    size_t m = count - base < kBlock ? count - base : kBlock;
+    if (type == DataType::kF16) {
+      HalfToF32(d + base, f, m);
+    } else {
+      BF16ToF32(d + base, f, m);
+    }
+    for (size_t i = 0; i < m; ++i) f[i] = f[i] / q;
+    if (type == DataType::kF16) {
+      F32ToHalf(f, d + base, m);
+    } else {
+      F32ToBF16(f, d + base, m);
+    }
+  }
+}
+
+}  // namespace cortado::dist::internal

@@ -1,0 +1,20 @@
+// Internal: element-wise reduction kernels of the collectives. f16 and bf16 are widened to f32,
+// combined, and rounded back (nearest even); f16 uses F16C when the build targets it.
+#pragma once
+
+#include <cstddef>
+
+#include "cortado/dist/types.h"
+
+namespace cortado::dist::internal {
+
+// dst[i] = a[i] op b[i] for i < count; dst may be a or b (exactly), not a partial overlap.
+// op is kSum or kMax (kAvg reduces as kSum; Finalize divides). For kMax the result is
+// (b > a || b is NaN) ? b : a, so callers that need identical results on two ranks pass the
+// operands in rank order.
+void Reduce(void* dst, const void* a, const void* b, size_t count, DataType type, ReduceOp op);
+
+// data[i] /= divisor (the last step of kAvg); a no-op for other ops or divisor 1.
+void Finalize(void* data, size_t count, DataType type, ReduceOp op, int divisor);
+
+}  // namespace cortado::dist::internal

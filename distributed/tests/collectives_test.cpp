@@ -1,0 +1,97 @@
+// Every collective and algorithm, for 1 to 5 ranks running as threads of this process over real
+// loopback TCP (an in-memory store for the rendezvous), on counts 0, 1, odd and large.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "cortado/dist/communicator.h"
+#include "matrix.h"
+#include "test_util.h"
+
+namespace cortado::dist::testing {
+namespace {
+
+class CollectivesThreads : public ::testing::TestWithParam<int> {};
+
+TEST_P(CollectivesThreads, EveryCollectiveAlgorithmTypeAndCount) {
+  const int n = GetParam();
+  std::vector<std::vector<std::string>> failures(static_cast<size_t>(n));
+  auto errors = RunThreads(n, [&](Communicator& comm) {
+    failures[static_cast<size_t>(comm.rank())] = RunMatrix(comm, DefaultCounts());
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+    for (const auto& f : failures[static_cast<size_t>(r)]) ADD_FAILURE() << f;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesThreads, ::testing::Values(1, 2, 3, 4, 5));
+
+// Small chunks make even modest buffers run many pipeline chunk-steps per segment.
+TEST(CollectivesThreadsTuning, SmallChunksAndDeepPipelines) {
+  CommOptions options;
+  options.chunk_bytes = 4096;
+  options.pipeline_depth = 5;
+  std::vector<std::vector<std::string>> failures(3);
+  auto errors = RunThreads(
+      3,
+      [&](Communicator& comm) {
+        failures[static_cast<size_t>(comm.rank())] = RunMatrix(comm, {4099, 70001});
+      },
+      options);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+    for (const auto& f : failures[static_cast<size_t>(r)]) ADD_FAILURE() << f;
+  }
+}
+
+TEST(CollectivesThreadsApi, AutoAlgorithmFollowsSizeAndOptions) {
+  auto errors = RunThreads(2, [](Communicator& comm) {
+    EXPECT_EQ(comm.AllReduceAlgorithmFor(4096), "halving_doubling");
+    EXPECT_EQ(comm.AllReduceAlgorithmFor(64 << 20), "ring");
+    EXPECT_EQ(comm.AllReduceAlgorithmFor(4096, Algorithm::kRing), "ring");
+    EXPECT_EQ(comm.BroadcastAlgorithmFor(1024), "tree");
+    EXPECT_EQ(comm.BroadcastAlgorithmFor(64 << 20), "ring");
+    EXPECT_STREQ(comm.backend(), "tcp");
+  });
+  EXPECT_EQ(errors[0] + errors[1], "");
+}
+
+TEST(CollectivesThreadsApi, BadArgumentsAreRejectedBeforeCommunicating) {
+  auto errors = RunThreads(2, [](Communicator& comm) {
+    float x = 1;
+    try {
+      comm.Broadcast(&x, 1, DataType::kF32, 7);
+      ADD_FAILURE() << "root 7 accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("root 7"), std::string::npos) << e.what();
+    }
+    try {
+      comm.AllReduce(nullptr, 3, DataType::kF32, ReduceOp::kSum);
+      ADD_FAILURE() << "null buffer accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    }
+    // The communicator still works afterwards.
+    comm.AllReduce(&x, 1, DataType::kF32, ReduceOp::kSum);
+    EXPECT_EQ(x, 2.0f);
+  });
+  EXPECT_EQ(errors[0] + errors[1], "");
+}
+
+TEST(CollectivesThreadsApi, LocalWorldNeedsNoRendezvous) {
+  CommConfig config;  // rank 0 of 1, no store, no token
+  auto comm = CreateCommunicator(config);
+  float v[3] = {1, 2, 3};
+  comm->AllReduce(v, 3, DataType::kF32, ReduceOp::kAvg);
+  EXPECT_EQ(v[2], 3.0f);
+  float out[3];
+  comm->AllGather(v, out, 3, DataType::kF32);
+  EXPECT_EQ(out[1], 2.0f);
+  comm->Barrier();
+  EXPECT_STREQ(comm->backend(), "local");
+}
+
+}  // namespace
+}  // namespace cortado::dist::testing

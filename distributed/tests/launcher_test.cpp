@@ -1,0 +1,163 @@
+// The local launcher: environment for each rank, prefixed output, stopping the job when a rank
+// fails (with that rank's exit code), forwarding SIGTERM, and a real multi-rank job.
+#include "cortado/dist/launcher.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "cortado/dist/error.h"
+
+namespace cortado::dist {
+namespace {
+
+using std::chrono::milliseconds;
+
+struct TempFile {
+  std::string path;
+  int fd = -1;
+  TempFile() {
+    char p[] = "/tmp/cortado_launch_test_XXXXXX";
+    fd = ::mkstemp(p);
+    path = p;
+  }
+  ~TempFile() {
+    ::close(fd);
+    ::unlink(path.c_str());
+  }
+  std::string Read() const {
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+};
+
+LauncherOptions Shell(int nproc, const std::string& script, const TempFile& out) {
+  LauncherOptions o;
+  o.nproc = nproc;
+  o.command = {"/bin/sh", "-c", script};
+  o.stdout_fd = out.fd;
+  o.stderr_fd = out.fd;
+  o.grace = milliseconds(2000);
+  return o;
+}
+
+TEST(Launcher, EveryRankGetsItsEnvironmentAndPrefixedOutput) {
+  TempFile out;
+  int code = RunLauncher(
+      Shell(3,
+            "echo rank=$CORTADO_RANK world=$CORTADO_WORLD_SIZE local=$CORTADO_LOCAL_RANK "
+            "port=$CORTADO_MASTER_PORT token=${#CORTADO_JOB_TOKEN} fd=${CORTADO_STORE_FD:-none}; "
+            "printf 'no newline'",
+            out));
+  EXPECT_EQ(code, 0);
+  std::string text = out.Read();
+  for (int r = 0; r < 3; ++r) {
+    std::ostringstream line, tail;
+    line << "[" << r << "] rank=" << r << " world=3 local=" << r << " port=";
+    tail << "[" << r << "] no newline\n";
+    EXPECT_NE(text.find(line.str()), std::string::npos) << text;
+    EXPECT_NE(text.find(tail.str()), std::string::npos) << text;
+  }
+  EXPECT_NE(text.find("token=32"), std::string::npos) << text;  // a generated 128-bit token
+  // Only rank 0 gets the store socket.
+  size_t nones = 0;
+  for (size_t p = text.find("fd=none"); p != std::string::npos; p = text.find("fd=none", p + 1))
+    ++nones;
+  EXPECT_EQ(nones, 2u) << text;
+  EXPECT_EQ(text.find("[0] rank=0") < text.size(), true);
+  EXPECT_EQ(
+      text.find("fd=none", text.find("[0] rank=0")) > text.find('\n', text.find("[0] rank=0")),
+      true)
+      << text;
+}
+
+TEST(Launcher, OneFailingRankStopsTheOthersAndSetsTheExitCode) {
+  TempFile out;
+  auto t0 = std::chrono::steady_clock::now();
+  int code = RunLauncher(
+      Shell(3, "if [ $CORTADO_RANK = 1 ]; then sleep 0.2; exit 7; fi; exec sleep 30", out));
+  auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(code, 7);
+  EXPECT_LT(took, std::chrono::seconds(5));
+  EXPECT_NE(out.Read().find("rank 1 exited with code 7; stopping the other ranks"),
+            std::string::npos)
+      << out.Read();
+}
+
+TEST(Launcher, RanksThatIgnoreSigtermAreKilledAfterTheGracePeriod) {
+  TempFile out;
+  auto o = Shell(
+      2, "if [ $CORTADO_RANK = 0 ]; then exit 3; fi; trap '' TERM; sleep 30 & wait; sleep 30", out);
+  o.grace = milliseconds(300);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(RunLauncher(o), 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+TEST(Launcher, ForwardsSigtermToTheRanks) {
+  TempFile out;
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    auto o = Shell(
+        2, "trap 'echo got-term; exit 0' TERM; echo ready; while true; do sleep 0.05; done", out);
+    ::_exit(RunLauncher(o));
+  }
+  // Wait until both ranks are up, then signal the launcher only.
+  for (int i = 0; i < 200; ++i) {
+    std::string t = out.Read();
+    if (t.find("[0] ready") != std::string::npos && t.find("[1] ready") != std::string::npos) break;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  bool exited = false;
+  for (int i = 0; i < 250 && !exited; ++i) {
+    exited = ::waitpid(pid, &status, WNOHANG) == pid;
+    if (!exited) std::this_thread::sleep_for(milliseconds(20));
+  }
+  if (!exited) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    FAIL() << "launcher did not exit after SIGTERM\n" << out.Read();
+  }
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+  std::string text = out.Read();
+  EXPECT_NE(text.find("[0] got-term"), std::string::npos) << text;
+  EXPECT_NE(text.find("[1] got-term"), std::string::npos) << text;
+}
+
+TEST(Launcher, RunsARealJob) {
+  TempFile out;
+  LauncherOptions o;
+  o.nproc = 3;
+  o.command = {CORTADO_DIST_TEST_WORKER, "matrix", "0,1,17,5003"};
+  o.stdout_fd = out.fd;
+  o.stderr_fd = out.fd;
+  EXPECT_EQ(RunLauncher(o), 0) << out.Read();
+  EXPECT_NE(out.Read().find("[2] MATRIX OK rank 2 of 3 (tcp)"), std::string::npos) << out.Read();
+}
+
+TEST(Launcher, BadOptionsAreRefusedUpFront) {
+  LauncherOptions o;
+  EXPECT_THROW(RunLauncher(o), Error);  // no command
+  o.command = {"true"};
+  o.nnodes = 2;
+  try {
+    RunLauncher(o);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--master"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace cortado::dist

@@ -1,0 +1,117 @@
+// Ranks as separate processes over loopback TCP (the dist_test_worker helper, rendezvous through
+// rank 0's TCP store): the collective matrix for 1-5 ranks, a rank killed during a 64 MB
+// all-reduce (an ordinary rank and rank 0, the store's host), and a stalled rank.
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <string>
+
+#include "test_util.h"
+
+namespace cortado::dist::testing {
+namespace {
+
+// The integer after `key=`, on the first line that starts with `line` (any line when empty).
+long long Field(const std::string& text, const std::string& key, const std::string& line = "") {
+  std::smatch m;
+  std::regex re((line.empty() ? std::string() : "(^|\n)" + line + "[^\n]*") + "\\b" + key +
+                "=(-?[0-9]+)");
+  if (!std::regex_search(text, m, re)) return -1;
+  return std::stoll(m[m.size() - 1]);
+}
+
+std::string Describe(const std::vector<ProcessResult>& results) {
+  std::string out;
+  for (size_t r = 0; r < results.size(); ++r) {
+    out += "--- rank " + std::to_string(r) + " (exit " + std::to_string(results[r].code) + ")\n" +
+           results[r].output;
+  }
+  return out;
+}
+
+class CollectivesProcesses : public ::testing::TestWithParam<int> {};
+
+TEST_P(CollectivesProcesses, EveryCollectiveAlgorithmTypeAndCount) {
+  const int n = GetParam();
+  auto results = RunProcesses(n, {"matrix"}, {}, 120);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(results[static_cast<size_t>(r)].code, 0) << Describe(results);
+    EXPECT_NE(results[static_cast<size_t>(r)].output.find("MATRIX OK"), std::string::npos)
+        << Describe(results);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesProcesses, ::testing::Values(1, 2, 3, 4, 5));
+
+// 5 ranks, one killed during a 64 MB all-reduce: every survivor fails within 5 s, naming the
+// dead rank and the all-reduce.
+void ExpectSurvivorsBlame(int victim) {
+  const int n = 5;
+  auto results = RunProcesses(n, {"kill", std::to_string(victim), std::to_string(64 << 20)},
+                              {{"CORTADO_TIMEOUT_S", "60"}}, 60);
+  const std::string all = Describe(results);
+  long long killed_at = Field(results[static_cast<size_t>(victim)].output, "t_us", "KILL");
+  ASSERT_GT(killed_at, 0) << all;
+  EXPECT_EQ(results[static_cast<size_t>(victim)].code, 128 + 9) << all;
+  EXPECT_NE(results[static_cast<size_t>(victim)].output.find("done=0"), std::string::npos)
+      << "the all-reduce had finished before the kill; the test did not test anything\n"
+      << all;
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    const std::string& out = results[static_cast<size_t>(r)].output;
+    EXPECT_EQ(results[static_cast<size_t>(r)].code, 3) << "rank " << r << "\n" << all;
+    EXPECT_EQ(Field(out, "peer", "ERROR"), victim) << "rank " << r << "\n" << all;
+    EXPECT_NE(out.find("op=allreduce"), std::string::npos) << "rank " << r << "\n" << all;
+    EXPECT_NE(out.find("rank " + std::to_string(victim)), std::string::npos) << all;
+    long long failed_at = Field(out, "t_us", "ERROR");
+    EXPECT_GT(failed_at, 0) << all;
+    EXPECT_LT(failed_at - killed_at, 5'000'000) << "rank " << r << " took too long\n" << all;
+  }
+}
+
+TEST(RankFailure, RankKilledDuringAllReduceIsNamedByEveryRank) { ExpectSurvivorsBlame(2); }
+
+TEST(RankFailure, StoreHostKilledDuringAllReduceIsNamedByEveryRank) { ExpectSurvivorsBlame(0); }
+
+// A rank that does not arrive: the others fail at the 2 s deadline naming it; it fails at once
+// when it finally arrives instead of hanging.
+TEST(RankFailure, StalledRankIsNamedAtTheDeadline) {
+  const int n = 3, sleeper = 1;
+  auto results =
+      RunProcesses(n, {"stall", std::to_string(sleeper), "3500"}, {{"CORTADO_TIMEOUT_S", "2"}}, 30);
+  const std::string all = Describe(results);
+  for (int r = 0; r < n; ++r) {
+    const std::string& out = results[static_cast<size_t>(r)].output;
+    EXPECT_EQ(results[static_cast<size_t>(r)].code, 3) << all;
+    long long entered = Field(out, "t_us", "ENTER"), failed = Field(out, "t_us", "ERROR");
+    ASSERT_GT(entered, 0) << all;
+    EXPECT_NE(out.find("op=allreduce"), std::string::npos) << all;
+    if (r == sleeper) {
+      EXPECT_LT(failed - entered, 1'000'000) << "the late rank should fail at once\n" << all;
+      continue;
+    }
+    EXPECT_EQ(Field(out, "peer", "ERROR"), sleeper) << all;
+    EXPECT_NE(out.find("did not arrive"), std::string::npos) << all;
+    EXPECT_NE(out.find("rank(s) 1 "), std::string::npos) << all;
+    EXPECT_GE(failed - entered, 1'900'000) << all;
+    EXPECT_LT(failed - entered, 4'000'000) << all;
+  }
+}
+
+TEST(Rendezvous, MismatchedWorldSizeFailsEveryRankClearly) {
+  auto results =
+      RunProcesses(2, {"matrix", "1"}, {{"CORTADO_CONNECT_TIMEOUT_S", "20"}}, 30, [](int rank) {
+        std::map<std::string, std::string> env;
+        if (rank == 1) env["CORTADO_WORLD_SIZE"] = "3";
+        return env;
+      });
+  const std::string all = Describe(results);
+  for (const auto& r : results) {
+    EXPECT_EQ(r.code, 3) << all;
+    EXPECT_NE(r.output.find("world size mismatch: rank 1 says 3, rank 0 says 2"), std::string::npos)
+        << all;
+  }
+}
+
+}  // namespace
+}  // namespace cortado::dist::testing

@@ -1,0 +1,123 @@
+// See test_util.h.
+#include "test_util.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "../src/socket.h"
+
+extern char** environ;
+
+namespace cortado::dist::testing {
+
+long long MonotonicMicros() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<long long>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+}
+
+std::vector<ProcessResult> RunProcesses(
+    int n, const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
+    double timeout_s, const std::function<std::map<std::string, std::string>(int)>& per_rank_env) {
+  internal::Fd store = internal::ListenTcp("127.0.0.1", 0);
+  int port = internal::LocalPort(store.get());
+  std::random_device rd;
+  std::string token = "test-" + std::to_string(rd()) + std::to_string(rd());
+  std::vector<pid_t> pids;
+  std::vector<std::string> logs;
+  for (int r = 0; r < n; ++r) {
+    char path[] = "/tmp/cortado_dist_test_XXXXXX";
+    int log_fd = ::mkstemp(path);
+    logs.push_back(path);
+    std::map<std::string, std::string> vars;
+    for (char** e = environ; *e; ++e) {
+      std::string kv = *e;
+      size_t eq = kv.find('=');
+      if (eq != std::string::npos && kv.rfind("CORTADO_", 0) != 0)
+        vars[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+    vars["CORTADO_RANK"] = std::to_string(r);
+    vars["CORTADO_WORLD_SIZE"] = std::to_string(n);
+    vars["CORTADO_MASTER_ADDR"] = "127.0.0.1";
+    vars["CORTADO_MASTER_PORT"] = std::to_string(port);
+    vars["CORTADO_JOB_TOKEN"] = token;
+    vars["CORTADO_CONNECT_TIMEOUT_S"] = "30";
+    if (r == 0) vars["CORTADO_STORE_FD"] = std::to_string(store.get());
+    for (const auto& [k, v] : env) vars[k] = v;
+    if (per_rank_env) {
+      for (const auto& [k, v] : per_rank_env(r)) vars[k] = v;
+    }
+    std::vector<std::string> env_strings;
+    for (const auto& [k, v] : vars) env_strings.push_back(k + "=" + v);
+    std::vector<char*> envp;
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> argv_strings = {CORTADO_DIST_TEST_WORKER};
+    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& s : argv_strings) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::dup2(log_fd, 1);
+      ::dup2(log_fd, 2);
+      if (r == 0) {
+        int flags = ::fcntl(store.get(), F_GETFD);
+        ::fcntl(store.get(), F_SETFD, flags & ~FD_CLOEXEC);
+      }
+      ::execve(argv[0], argv.data(), envp.data());
+      ::_exit(127);
+    }
+    ::close(log_fd);
+    pids.push_back(pid);
+  }
+  store.Reset();
+  std::vector<ProcessResult> results(static_cast<size_t>(n));
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000));
+  size_t left = pids.size();
+  std::vector<bool> done(pids.size(), false);
+  while (left > 0) {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (done[i]) continue;
+      int status = 0;
+      if (::waitpid(pids[i], &status, WNOHANG) == pids[i]) {
+        done[i] = true;
+        --left;
+        results[i].code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+    }
+    if (left == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (size_t i = 0; i < pids.size(); ++i) {
+        if (!done[i]) {
+          ::kill(pids[i], SIGKILL);
+          ::waitpid(pids[i], nullptr, 0);
+          results[i].code = -1;
+        }
+      }
+      break;
+    }
+    ::usleep(2000);
+  }
+  for (size_t i = 0; i < logs.size(); ++i) {
+    std::ifstream f(logs[i]);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    results[i].output = ss.str();
+    ::unlink(logs[i].c_str());
+  }
+  return results;
+}
+
+}  // namespace cortado::dist::testing

@@ -1,0 +1,248 @@
+// The TCP transport through its RDMA-shaped interface: registered regions, posted tagged sends
+// and receives completing in any order, unexpected messages, large messages, and strangers or
+// garbage on the listening port during connection setup.
+#include "cortado/dist/transport.h"
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+
+#include <cstring>
+#include <numeric>
+#include <thread>
+
+#include "../src/socket.h"
+#include "../src/wire.h"
+
+namespace cortado::dist {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+std::vector<std::unique_ptr<Transport>> MakeMesh(
+    int n, const std::function<void(const std::vector<std::string>&)>& before_connect = nullptr) {
+  std::vector<std::unique_ptr<Transport>> ts;
+  std::vector<std::string> addrs;
+  for (int r = 0; r < n; ++r) {
+    TcpTransportOptions o;
+    o.identity = JobIdentity{"tok", n, 42};
+    o.rank = r;
+    o.listen_host = "127.0.0.1";
+    ts.push_back(CreateTcpTransport(o));
+    addrs.push_back(ts.back()->LocalAddress());
+  }
+  if (before_connect) before_connect(addrs);
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ts[static_cast<size_t>(r)]->Connect(addrs, Deadline::After(seconds(10)));
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  return ts;
+}
+
+TEST(TcpTransport, TaggedMessagesMatchInAnyPostingOrder) {
+  auto ts = MakeMesh(2);
+  std::vector<uint32_t> a(1000), b(300000), z;  // b is large enough to wait for its receive
+  std::iota(a.begin(), a.end(), 1u);
+  std::iota(b.begin(), b.end(), 7u);
+  std::vector<uint32_t> ra(a.size()), rb(b.size());
+  auto sa = ts[0]->Register(a.data(), a.size() * 4);
+  auto sb = ts[0]->Register(b.data(), b.size() * 4);
+  auto sz = ts[0]->Register(nullptr, 0);
+  auto ma = ts[1]->Register(ra.data(), ra.size() * 4);
+  auto mb = ts[1]->Register(rb.data(), rb.size() * 4);
+  auto mz = ts[1]->Register(nullptr, 0);
+  Deadline d = Deadline::After(seconds(10));
+  // Sent a, b, zero-length; received zero-length and b first, then a (which arrives
+  // unexpected and is buffered).
+  std::thread sender([&] {
+    auto i1 = ts[0]->PostSend(1, *sa, 0, a.size() * 4, 11);
+    auto i2 = ts[0]->PostSend(1, *sb, 0, b.size() * 4, 22);
+    auto i3 = ts[0]->PostSend(1, *sz, 0, 0, 33);
+    ts[0]->Wait(i1, d);
+    ts[0]->Wait(i2, d);
+    ts[0]->Wait(i3, d);
+  });
+  auto r3 = ts[1]->PostRecv(0, *mz, 0, 0, 33);
+  auto r2 = ts[1]->PostRecv(0, *mb, 0, rb.size() * 4, 22);
+  ts[1]->Wait(r2, d);
+  ts[1]->Wait(r3, d);
+  auto r1 = ts[1]->PostRecv(0, *ma, 0, ra.size() * 4, 11);
+  ts[1]->Wait(r1, d);
+  sender.join();
+  EXPECT_EQ(ra, a);
+  EXPECT_EQ(rb, b);
+}
+
+// Receives posted just in time, while the sender runs ahead: messages arrive unexpected, or
+// are half-way in when their receive is posted, and must still land (no loss, no hang).
+TEST(TcpTransport, ReceivesPostedWhileTheirMessagesArrive) {
+  auto ts = MakeMesh(2);
+  const size_t n = 3000, words = 12000;  // 48 KB messages: buffered when unexpected
+  std::vector<uint32_t> out(words * 4), in(words);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint32_t>(i * 2654435761u);
+  auto so = ts[0]->Register(out.data(), out.size() * 4);
+  auto si = ts[1]->Register(in.data(), in.size() * 4);
+  Deadline d = Deadline::After(seconds(20));
+  std::thread sender([&] {
+    std::vector<RequestId> ids;
+    for (size_t m = 0; m < n; ++m) {
+      ids.push_back(ts[0]->PostSend(1, *so, (m % 4) * words * 4, words * 4, m));
+      if (ids.size() > 8) {
+        ts[0]->Wait(ids.front(), d);
+        ids.erase(ids.begin());
+      }
+    }
+    for (auto id : ids) ts[0]->Wait(id, d);
+  });
+  size_t bad = 0;
+  for (size_t m = 0; m < n; ++m) {
+    auto q = ts[1]->PostRecv(0, *si, 0, words * 4, m);
+    ts[1]->Wait(q, d);
+    if (in[words / 2] != out[(m % 4) * words + words / 2] ||
+        in[words - 1] != out[(m % 4) * words + words - 1])
+      ++bad;
+  }
+  sender.join();
+  EXPECT_EQ(bad, 0u);
+}
+
+TEST(TcpTransport, LargeMessagesInBothDirectionsAtOnce) {
+  auto ts = MakeMesh(2);
+  const size_t n = 8 << 20;
+  std::vector<std::vector<char>> out(2, std::vector<char>(n)), in(2, std::vector<char>(n));
+  for (size_t i = 0; i < n; ++i) {
+    out[0][i] = static_cast<char>(i * 3);
+    out[1][i] = static_cast<char>(i * 5 + 1);
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto so = ts[static_cast<size_t>(r)]->Register(out[static_cast<size_t>(r)].data(), n);
+      auto si = ts[static_cast<size_t>(r)]->Register(in[static_cast<size_t>(r)].data(), n);
+      Deadline d = Deadline::After(seconds(20));
+      // Two halves each way, so several frames are in flight on one connection.
+      std::vector<RequestId> ids;
+      for (size_t h = 0; h < 2; ++h) {
+        ids.push_back(ts[static_cast<size_t>(r)]->PostRecv(1 - r, *si, h * n / 2, n / 2, h));
+        ids.push_back(ts[static_cast<size_t>(r)]->PostSend(1 - r, *so, h * n / 2, n / 2, h));
+      }
+      for (auto id : ids) ts[static_cast<size_t>(r)]->Wait(id, d);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(in[1], out[0]);
+  EXPECT_EQ(in[0], out[1]);
+}
+
+TEST(TcpTransport, StrangersAndGarbageDuringSetupAreRejectedAndTheMeshForms) {
+  int rejected_replies = 0;
+  auto ts = MakeMesh(3, [&](const std::vector<std::string>& addrs) {
+    // Before the ranks connect, knock on rank 0's port with garbage and with a hello from
+    // another job; both connections stay open, so rank 0 must answer them while it sets up.
+    std::string host = "127.0.0.1";
+    int port = std::stoi(addrs[0].substr(addrs[0].rfind(':') + 1));
+    static std::vector<internal::Fd> keep;
+    auto garbage = internal::ConnectTcpRetry(host, port, Deadline::After(seconds(2)), "g");
+    std::string junk = "\x16\x03\x01 garbage that is not a frame header";
+    (void)!::send(garbage.get(), junk.data(), junk.size(), MSG_NOSIGNAL);
+    keep.push_back(std::move(garbage));
+    auto stranger = internal::ConnectTcpRetry(host, port, Deadline::After(seconds(2)), "s");
+    internal::HelloPayload hello{};
+    hello.from_rank = 2;
+    hello.to_rank = 0;
+    hello.world_size = 3;
+    hello.token_digest = Fingerprint("another job");
+    hello.fingerprint = 42;
+    auto h = internal::MakeHeader(internal::kFrameHello, 0, sizeof(hello));
+    std::string bytes(reinterpret_cast<char*>(&h), sizeof(h));
+    bytes.append(reinterpret_cast<char*>(&hello), sizeof(hello));
+    (void)!::send(stranger.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    keep.push_back(std::move(stranger));
+    rejected_replies = static_cast<int>(keep.size());
+  });
+  EXPECT_EQ(rejected_replies, 2);
+  // The mesh works.
+  float x = 1, y = 0;
+  auto sx = ts[2]->Register(&x, 4);
+  auto sy = ts[0]->Register(&y, 4);
+  auto s = ts[2]->PostSend(0, *sx, 0, 4, 5);
+  auto q = ts[0]->PostRecv(2, *sy, 0, 4, 5);
+  ts[0]->Wait(q, Deadline::After(seconds(5)));
+  ts[2]->Wait(s, Deadline::After(seconds(5)));
+  EXPECT_EQ(y, 1.0f);
+}
+
+TEST(TcpTransport, AbortingPeerIsNamedByBystanders) {
+  auto ts = MakeMesh(3);
+  // Rank 1 gives up while rank 0 waits for rank 2: rank 0 learns it anyway, naming rank 1.
+  float y = 0;
+  auto sy = ts[0]->Register(&y, 4);
+  auto q = ts[0]->PostRecv(2, *sy, 0, 4, 9);  // waits on rank 2, a bystander
+  ts[1]->Abort(1, "test: rank 1 gives up");
+  try {
+    ts[0]->Wait(q, Deadline::After(seconds(5)));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kPeerFailure);
+    EXPECT_EQ(e.peer_rank(), 1);
+    EXPECT_NE(std::string(e.what()).find("rank 1 aborted: test: rank 1 gives up"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(TcpTransport, StatusQueryReportsEachRanksOperation) {
+  auto ts = MakeMesh(3);
+  // Rank 1 is inside operation 5, waiting for rank 2 (its waiting thread answers queries);
+  // rank 2 finished operation 4 and is idle (its progress thread answers).
+  float x = 3, y = 0;
+  auto sx = ts[2]->Register(&x, 4);
+  auto sy = ts[1]->Register(&y, 4);
+  ts[2]->BeginOperation(4);
+  ts[2]->EndOperation(4);
+  std::thread rank1([&] {
+    ts[1]->BeginOperation(5);
+    auto q = ts[1]->PostRecv(2, *sy, 0, 4, 77);
+    ts[1]->Wait(q, Deadline::After(seconds(10)));
+    ts[1]->EndOperation(5);
+  });
+  std::this_thread::sleep_for(milliseconds(100));
+  ts[0]->BeginOperation(5);
+  auto status = ts[0]->QueryStatus(Deadline::After(seconds(5)));
+  ts[0]->EndOperation(5);
+  auto s = ts[2]->PostSend(1, *sx, 0, 4, 77);
+  ts[2]->Wait(s, Deadline::After(seconds(5)));
+  rank1.join();
+  EXPECT_EQ(y, 3.0f);
+  ASSERT_EQ(status.size(), 3u);
+  EXPECT_TRUE(status[1].responded);
+  EXPECT_EQ(status[1].ops_started, 5u);
+  EXPECT_TRUE(status[2].responded);
+  EXPECT_EQ(status[2].ops_started, 4u);
+  EXPECT_EQ(status[2].ops_finished, 4u);
+}
+
+TEST(TcpTransport, InterfaceChoice) {
+  EXPECT_EQ(InterfaceAddress("lo"), "127.0.0.1");
+  try {
+    InterfaceAddress("nosuchif0");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kConfig);
+    EXPECT_NE(std::string(e.what()).find("CORTADO_SOCKET_IFNAME='nosuchif0'"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("lo"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(RouteAddressTo("localhost"), "127.0.0.1");
+}
+
+}  // namespace
+}  // namespace cortado::dist
