@@ -1,5 +1,6 @@
 #include "engine/dtype.h"
 
+#include "cortado/dist/types.h"
 #include "engine/error.h"
 
 namespace cortado {
@@ -35,35 +36,10 @@ DType ParseDType(const std::string& name) {
   Fail("unknown dtype '", name, "' (known: f32, f64, f16, bf16, i32, u8)");
 }
 
-Half FloatToHalf(float f) {
-  uint32_t x = FloatBits(f);
-  uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t mag = x & 0x7fffffffu;
-  if (mag >= 0x7f800000u) {  // inf or nan
-    return Half{static_cast<uint16_t>(sign | 0x7c00u | (mag > 0x7f800000u ? 0x200u : 0u))};
-  }
-  if (mag >= 0x477ff000u) return Half{static_cast<uint16_t>(sign | 0x7c00u)};  // overflow
-  if (mag < 0x38800000u) {
-    // Subnormal half (or zero): add a magic number so the FPU rounds at the right bit.
-    float r = BitsFloat(mag) + 0.5f;
-    return Half{static_cast<uint16_t>(sign | (FloatBits(r) - FloatBits(0.5f)))};
-  }
-  uint32_t mant_odd = (mag >> 13) & 1u;
-  mag += 0xc8000fffu + mant_odd;  // rebias exponent (-112 << 23) and round to nearest even
-  return Half{static_cast<uint16_t>(sign | (mag >> 13))};
-}
-
-float HalfToFloat(Half h) {
-  uint32_t sign = static_cast<uint32_t>(h.bits & 0x8000u) << 16;
-  uint32_t exp = (h.bits >> 10) & 0x1fu;
-  uint32_t mant = h.bits & 0x3ffu;
-  if (exp == 0x1f) return BitsFloat(sign | 0x7f800000u | (mant << 13));
-  if (exp == 0) {
-    if (mant == 0) return BitsFloat(sign);
-    float v = static_cast<float>(mant) * (1.0f / 16777216.0f);  // mant * 2^-24
-    return (sign != 0u) ? -v : v;
-  }
-  return BitsFloat(sign | ((exp + 112u) << 23) | (mant << 13));
-}
+// The bit-level conversions live in the communication library (its codecs need them too).
+Half FloatToHalf(float f) { return Half{dist::FloatToHalf(f)}; }
+float HalfToFloat(Half h) { return dist::HalfToFloat(h.bits); }
+BFloat16 FloatToBFloat16(float f) { return BFloat16{dist::FloatToBFloat16(f)}; }
+float BFloat16ToFloat(BFloat16 b) { return dist::BFloat16ToFloat(b.bits); }
 
 }  // namespace cortado

@@ -40,13 +40,8 @@ inline float BitsFloat(uint32_t u) {
 Half FloatToHalf(float f);
 float HalfToFloat(Half h);
 
-inline BFloat16 FloatToBFloat16(float f) {
-  uint32_t u = FloatBits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return BFloat16{static_cast<uint16_t>((u >> 16) | 0x40)};
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
-  return BFloat16{static_cast<uint16_t>(u >> 16)};
-}
-inline float BFloat16ToFloat(BFloat16 b) { return BitsFloat(static_cast<uint32_t>(b.bits) << 16); }
+BFloat16 FloatToBFloat16(float f);
+float BFloat16ToFloat(BFloat16 b);
 
 // Maps a C++ element type to its DType, so Tensor::data<T>() can check what it hands out.
 template <typename T>
