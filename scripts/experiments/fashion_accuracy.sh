@@ -37,6 +37,9 @@ PY
 )")
 done
 
+# The commit trained, noted before this script rewrites EXPERIMENTS.md itself.
+commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+git diff --quiet -- . ':(exclude)EXPERIMENTS.md' 2>/dev/null || commit+=" (with local changes)"
 {
   echo "# Experiments"
   echo
