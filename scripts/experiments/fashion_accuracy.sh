@@ -51,7 +51,7 @@ git diff --quiet -- . ':(exclude)EXPERIMENTS.md' 2>/dev/null || commit+=" (with 
   echo "|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo
-  echo "Commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with local changes)')."
+  echo "Commit: ${commit}."
   echo "Wall time includes the per-epoch evaluations and whatever else ran on the machine."
   echo
   echo "Recipe (both configs): SGD with Nesterov momentum 0.9, batch 128, cosine schedule to 0"
