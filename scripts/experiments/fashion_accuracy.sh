@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Trains the full Fashion-MNIST configs and writes EXPERIMENTS.md: test top-1 after every
 # epoch and at the end, against the targets (LeNet >= 92.0%, ResNet-20 >= 93.0%, 10 epochs).
-# Not part of CI: about 6 minutes for LeNet and 25 for ResNet-20 on 2 cores.
+# Not part of CI: about 3 minutes for LeNet and 11 for ResNet-20 on 2 idle cores.
 #   scripts/experiments/fashion_accuracy.sh [lenet] [resnet20]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
