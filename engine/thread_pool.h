@@ -5,6 +5,8 @@
 // The budget is set once by the tool (--threads, else CORTADO_NUM_THREADS, else the core
 // count). ParallelFor splits [0, n) into contiguous static chunks, one per thread, so results
 // that depend on summation order are identical from run to run at a fixed thread count.
+// Waiting threads spin about 30 microseconds before sleeping; CORTADO_SPIN=0 disables the spin
+// (for machines whose cores other busy processes share).
 #pragma once
 
 #include <cstdint>

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cmath>
 #include <vector>
 
@@ -20,6 +22,20 @@ TEST(ThreadPool, ParallelForCoversRangeOnce) {
   });
   for (auto& h : hits) EXPECT_EQ(h.load(), 1);
   SetNumThreads(2);
+}
+
+// Many short regions back to back: the hand-off between spinning and sleeping must never
+// lose a wake-up (a lost one hangs here).
+TEST(ThreadPool, ManyShortRegionsComplete) {
+  SetNumThreads(2);
+  int64_t total = 0;
+  for (int r = 0; r < 20000; ++r) {
+    std::atomic<int64_t> sum{0};
+    ParallelFor(64, 1, [&](int64_t b, int64_t e) { sum += e - b; });
+    total += sum.load();
+    if (r % 5000 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let workers sleep
+  }
+  EXPECT_EQ(total, 20000 * 64);
 }
 
 TEST(ThreadPool, NestedCallsRunInline) {
