@@ -8,6 +8,9 @@ cd "$(dirname "$0")/../.."
 scripts/setup.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j2 --target cortado >/dev/null
+# The commit the binary is built from (EXPERIMENTS.md itself does not count as a change).
+commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+git diff --quiet -- . ':(exclude)EXPERIMENTS.md' 2>/dev/null || commit+=" (with local changes)"
 models=("$@")
 [[ ${#models[@]} -gt 0 ]] || models=(lenet resnet20)
 out=runs/experiments
@@ -37,9 +40,6 @@ PY
 )")
 done
 
-# The commit trained, noted before this script rewrites EXPERIMENTS.md itself.
-commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-git diff --quiet -- . ':(exclude)EXPERIMENTS.md' 2>/dev/null || commit+=" (with local changes)"
 {
   echo "# Experiments"
   echo
