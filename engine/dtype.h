@@ -5,7 +5,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <string>
 
 namespace cortado {
@@ -25,17 +24,6 @@ struct Half {
 struct BFloat16 {
   uint16_t bits = 0;
 };
-
-inline uint32_t FloatBits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-inline float BitsFloat(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 Half FloatToHalf(float f);
 float HalfToFloat(Half h);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "cortado/dist/types.h"
 #include "engine/dtype.h"
 
 namespace cortado {
@@ -78,8 +79,8 @@ TEST(Half, RoundTripAndSpecialValues) {
 
 TEST(BFloat16, RoundsToNearestEven) {
   EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(1.0f)), 1.0f);
-  EXPECT_EQ(FloatToBFloat16(BitsFloat(0x3f808000u)).bits, 0x3f80u);  // tie, even stays
-  EXPECT_EQ(FloatToBFloat16(BitsFloat(0x3f818000u)).bits, 0x3f82u);  // tie, odd rounds up
+  EXPECT_EQ(FloatToBFloat16(dist::BitsToFloat(0x3f808000u)).bits, 0x3f80u);  // tie, even stays
+  EXPECT_EQ(FloatToBFloat16(dist::BitsToFloat(0x3f818000u)).bits, 0x3f82u);  // tie, odd rounds up
   EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(NAN))));
 }
 

@@ -5,6 +5,7 @@
 
 #include <barrier>
 #include <cmath>
+#include <cstring>
 #include <thread>
 
 #include "engine/net.h"
