@@ -19,6 +19,21 @@ bool Work::Test() {
   return done_;
 }
 
+Work::TimePoint Work::queued_at() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queued_at_;
+}
+
+Work::TimePoint Work::started_at() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return started_at_;
+}
+
+Work::TimePoint Work::finished_at() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return finished_at_;
+}
+
 Communicator::Communicator(CommOptions options) : options_(std::move(options)) {}
 
 Communicator::~Communicator() { StopWorker(); }
@@ -75,6 +90,7 @@ void Communicator::RunOrdered(const std::function<void()>& op) {
 
 std::shared_ptr<Work> Communicator::Enqueue(std::function<void()> op) {
   auto work = std::make_shared<Work>();
+  work->queued_at_ = std::chrono::steady_clock::now();  // not shared with the worker yet
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     if (stop_) {
@@ -99,18 +115,23 @@ void Communicator::WorkerLoop() {
       worker_busy_ = true;
     }
     std::exception_ptr error;
+    Work::TimePoint started, finished;
     {
       std::lock_guard<std::mutex> order(order_mu_);
+      started = std::chrono::steady_clock::now();
       try {
         item.first();
       } catch (...) {
         error = std::current_exception();
       }
+      finished = std::chrono::steady_clock::now();
     }
     {
       std::lock_guard<std::mutex> lock(item.second->mu_);
       item.second->done_ = true;
       item.second->error_ = error;
+      item.second->started_at_ = started;
+      item.second->finished_at_ = finished;
     }
     item.second->cv_.notify_all();
     {
@@ -197,6 +218,19 @@ std::shared_ptr<Work> Communicator::ReduceScatterAsync(const void* input, void* 
 
 std::shared_ptr<Work> Communicator::BarrierAsync() {
   return Enqueue([this] { DoBarrier(); });
+}
+
+std::unique_ptr<Communicator> Communicator::Split(int color, int key) {
+  if (color < 0) {
+    throw Error(ErrorKind::kInvalidArgument,
+                StrCat("split: color ", color,
+                       " is negative (every rank must pass a color >= 0; ranks that want no "
+                       "communicator can ignore the one they get)"),
+                -1, "split");
+  }
+  std::unique_ptr<Communicator> child;
+  RunOrdered([&] { child = DoSplit(color, key); });
+  return child;
 }
 
 bool HasMpiBackend() {

@@ -215,10 +215,13 @@ int RunLauncher(const LauncherOptions& o) {
   int first_failed = -1;
   bool stopping = false;
   Deadline kill_at = Deadline::Never();
-  auto begin_stop = [&](int sig) {
+  // After a rank fails the others get SIGTERM and, after the grace period, SIGKILL. A signal
+  // the user sends is forwarded with no such timer: ranks may need a while to finish a step
+  // and save a checkpoint; a second signal kills them at once.
+  auto begin_stop = [&](int sig, bool with_grace) {
     if (!stopping) {
       stopping = true;
-      kill_at = Deadline::After(o.grace);
+      kill_at = with_grace ? Deadline::After(o.grace) : Deadline::Never();
     }
     kill_all(sig);
   };
@@ -280,7 +283,7 @@ int RunLauncher(const LauncherOptions& o) {
         if (stopping) {
           kill_all(SIGKILL);
         } else {
-          begin_stop(sig);
+          begin_stop(sig, false);
         }
       }
     }
@@ -306,7 +309,7 @@ int RunLauncher(const LauncherOptions& o) {
                               : std::string("was killed by signal ") + strsignal(WTERMSIG(status));
         WriteAllFd(o.stderr_fd, "cortado launch: rank " + std::to_string(r.rank) + " " + how +
                                     "; stopping the other ranks\n");
-        begin_stop(SIGTERM);
+        begin_stop(SIGTERM, true);
       }
     }
   }

@@ -1,5 +1,6 @@
-// Internal: element-wise reduction kernels of the collectives. f16 and bf16 are widened to f32,
-// combined, and rounded back (nearest even); f16 uses F16C when the build targets it.
+// Internal: element-wise reduction kernels of the collectives. f32 and f64 combine in their own
+// precision; f16 and bf16 are widened to f32, combined, and rounded back (nearest even); f16
+// uses F16C when the build targets it.
 #pragma once
 
 #include <cstddef>

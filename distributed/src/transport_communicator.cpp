@@ -76,9 +76,22 @@ struct Segments {
 
 int Mod(int a, int n) { return ((a % n) + n) % n; }
 
+// How the descendants of a communicator (Split) reach the job's rendezvous store when the caller
+// gave none: the process that serves the root communicator's TcpStoreServer shares it, the
+// others connect a TcpStore client to master_addr:master_port with the root's identity (the
+// server admits clients by the root's world size and their rank in the root).
+struct StoreAccess {
+  std::shared_ptr<TcpStoreServer> server;
+  JobIdentity identity;
+  int rank = 0;
+};
+
 class TransportCommunicator final : public Communicator {
  public:
-  explicit TransportCommunicator(const CommConfig& config);
+  // A root communicator (rendezvous == nullptr) rendezvouses as CommConfig says; a child of
+  // Split passes the store to rendezvous through and its parent's StoreAccess.
+  explicit TransportCommunicator(const CommConfig& config, Store* rendezvous = nullptr,
+                                 StoreAccess access = {});
   ~TransportCommunicator() override;
 
   int rank() const override { return rank_; }
@@ -92,8 +105,12 @@ class TransportCommunicator final : public Communicator {
   void DoReduceScatter(const void* input, void* output, size_t count, DataType type,
                        ReduceOp op) override;
   void DoBarrier() override;
+  std::unique_ptr<Communicator> DoSplit(int color, int key) override;
 
  private:
+  // The ring all-gather, run as operation `name` ("allgather", or "split" for its exchange).
+  void RingAllGather(const char* name, const void* input, void* output, size_t count,
+                     DataType type);
   // Runs one numbered operation; describe() (only called on failure) says what it was.
   template <typename Describe, typename Body>
   void RunOp(const char* name, Describe describe, Body body);
@@ -125,7 +142,11 @@ class TransportCommunicator final : public Communicator {
 
   int rank_;
   int size_;
-  std::unique_ptr<TcpStoreServer> store_server_;
+  // What Split needs to build children: this communicator's config (config_.store is the
+  // caller's store, or null when the job rendezvouses through the TCP store) and StoreAccess.
+  CommConfig config_;
+  StoreAccess access_;
+  uint64_t splits_ = 0;  // Split calls so far: numbers the children's store key prefixes
   std::unique_ptr<Transport> transport_;
   uint64_t seq_ = 0;
   bool broken_ = false;
@@ -145,15 +166,22 @@ class TransportCommunicator final : public Communicator {
   std::unique_ptr<MemoryRegion> scratch_region_;
 };
 
-TransportCommunicator::TransportCommunicator(const CommConfig& config)
-    : Communicator(config.options), rank_(config.rank), size_(config.world_size) {
+TransportCommunicator::TransportCommunicator(const CommConfig& config, Store* rendezvous,
+                                             StoreAccess access)
+    : Communicator(config.options),
+      rank_(config.rank),
+      size_(config.world_size),
+      config_(config),
+      access_(std::move(access)) {
   if (size_ < 1 || rank_ < 0 || rank_ >= size_) {
     Fail(ErrorKind::kInvalidArgument, "rank ", rank_, " is outside the world of ", size_);
   }
+  config_.store_fd = -1;   // an inherited listening socket is adopted once, below
   if (size_ == 1) return;  // a world of one needs no rendezvous and no transport
   Deadline deadline = Deadline::After(options().EffectiveConnectTimeout());
+  // Children keep the root's token and fingerprint; the handshake checks their own world size.
   JobIdentity identity{config.job_token, size_, config.fingerprint};
-  Store* store = config.store;
+  Store* store = rendezvous ? rendezvous : config.store;
   std::unique_ptr<TcpStore> client;
   if (!store) {
     if (config.job_token.empty()) {
@@ -161,16 +189,18 @@ TransportCommunicator::TransportCommunicator(const CommConfig& config)
            "-rank job: set CORTADO_JOB_TOKEN on every rank "
            "(`cortado launch` does)");
     }
+    access_.identity = identity;
+    access_.rank = rank_;
     if (rank_ == 0) {
       // Bind the master address itself when it is local; otherwise every interface.
       try {
-        store_server_ = std::make_unique<TcpStoreServer>(identity, config.master_addr,
-                                                         config.master_port, config.store_fd);
+        access_.server = std::make_shared<TcpStoreServer>(identity, config.master_addr,
+                                                          config.master_port, config.store_fd);
       } catch (const Error& e) {
         if (config.store_fd >= 0) throw;
-        store_server_ = std::make_unique<TcpStoreServer>(identity, "0.0.0.0", config.master_port);
+        access_.server = std::make_shared<TcpStoreServer>(identity, "0.0.0.0", config.master_port);
       }
-      store = &store_server_->local_store();
+      store = &access_.server->local_store();
     } else {
       client = std::make_unique<TcpStore>(config.master_addr, config.master_port, identity, rank_,
                                           deadline, options().timeout);
@@ -214,7 +244,7 @@ TransportCommunicator::TransportCommunicator(const CommConfig& config)
 TransportCommunicator::~TransportCommunicator() {
   StopWorker();
   transport_.reset();
-  store_server_.reset();
+  access_.server.reset();  // the store stops when its last communicator in this process goes
 }
 
 Span TransportCommunicator::Reg(const void* p, size_t bytes) {
@@ -644,6 +674,11 @@ void TransportCommunicator::ChainBroadcast(char* data, size_t count, DataType ty
 
 void TransportCommunicator::DoAllGather(const void* input, void* output, size_t count,
                                         DataType type) {
+  RingAllGather("allgather", input, output, count, type);
+}
+
+void TransportCommunicator::RingAllGather(const char* name, const void* input, void* output,
+                                          size_t count, DataType type) {
   const size_t esize = DataTypeSize(type);
   const size_t bytes = count * esize;
   char* out = static_cast<char*>(output);
@@ -653,20 +688,20 @@ void TransportCommunicator::DoAllGather(const void* input, void* output, size_t 
     bool overlap = in < out + bytes * static_cast<size_t>(size_) && out < in + bytes;
     if (overlap) {
       throw Error(ErrorKind::kInvalidArgument,
-                  "allgather: input overlaps output other than at output + rank * count", -1,
-                  "allgather");
+                  StrCat(name, ": input overlaps output other than at output + rank * count"), -1,
+                  name);
     }
     std::memcpy(mine, in, bytes);
   }
   if (size_ == 1) return;
   if (count == 0) {
     RunOp(
-        "allgather", [] { return std::string("ring, 0 elements"); }, [](uint64_t, Deadline) {});
+        name, [] { return std::string("ring, 0 elements"); }, [](uint64_t, Deadline) {});
     return;
   }
   const int n = size_, r = rank_;
   RunOp(
-      "allgather", [&] { return StrCat("ring, ", count, " x ", DataTypeName(type), " per rank"); },
+      name, [&] { return StrCat("ring, ", count, " x ", DataTypeName(type), " per rank"); },
       [&](uint64_t seq, Deadline deadline) {
         const size_t chunk = ChunkElems(count, esize);
         const int nchunks = static_cast<int>((count + chunk - 1) / chunk);
@@ -773,6 +808,60 @@ void TransportCommunicator::DoBarrier() {
           transport_->Wait(s, deadline);
         }
       });
+}
+
+// ----------------------------------------------------------------------------------------------
+// Split
+
+std::unique_ptr<Communicator> TransportCommunicator::DoSplit(int color, int key) {
+  // Every rank learns every rank's (color, key): an all-gather of two int32 per rank, moved as
+  // raw bytes (the ring only copies them). It is an operation of this communicator ("split").
+  int32_t mine[2] = {color, key};
+  std::vector<int32_t> all(2 * static_cast<size_t>(size_));
+  RingAllGather("split", mine, all.data(), 2, DataType::kF32);
+  // Every rank counts its splits identically (same calls, same order), so children of the same
+  // split and color meet under the same store keys, and later splits under fresh ones.
+  const uint64_t split = ++splits_;
+  std::vector<std::pair<int32_t, int>> members;  // (key, rank here) of the ranks of my color
+  for (int r = 0; r < size_; ++r) {
+    if (all[2 * static_cast<size_t>(r)] == color) {
+      members.emplace_back(all[2 * static_cast<size_t>(r) + 1], r);
+    }
+  }
+  std::sort(members.begin(), members.end());
+  CommConfig child = config_;
+  child.world_size = static_cast<int>(members.size());
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i].second == rank_) child.rank = static_cast<int>(i);
+  }
+  child.store_prefix = StrCat(config_.store_prefix, "split/", split, "/", color, "/");
+  std::string ranks_here;
+  for (const auto& m : members) {
+    ranks_here += (ranks_here.empty() ? "" : ", ") + std::to_string(m.second);
+  }
+  try {
+    // The child rendezvouses through the caller's store, else through the job's TCP store:
+    // served in this process (shared, never a second server) or reached with a client of its
+    // own, used only while the child is built.
+    Store* rendezvous = config_.store;
+    std::unique_ptr<TcpStore> client;
+    if (child.world_size > 1 && !rendezvous) {
+      if (access_.server) {
+        rendezvous = &access_.server->local_store();
+      } else {
+        client = std::make_unique<TcpStore>(
+            config_.master_addr, config_.master_port, access_.identity, access_.rank,
+            Deadline::After(options().EffectiveConnectTimeout()), options().timeout);
+        rendezvous = client.get();
+      }
+    }
+    return std::make_unique<TransportCommunicator>(child, rendezvous, access_);
+  } catch (const Error& e) {
+    throw Error(e.kind(),
+                StrCat("split: building the communicator of color ", color, " (ranks ", ranks_here,
+                       " here become its ranks 0-", child.world_size - 1, "): ", e.what()),
+                e.peer_rank(), "split", e.ranks());
+  }
 }
 
 }  // namespace

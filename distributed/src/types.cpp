@@ -27,7 +27,18 @@ const char* ErrorKindName(ErrorKind kind) {
   return "?";
 }
 
-size_t DataTypeSize(DataType type) { return type == DataType::kF32 ? 4 : 2; }
+size_t DataTypeSize(DataType type) {
+  switch (type) {
+    case DataType::kF32:
+      return 4;
+    case DataType::kF16:
+    case DataType::kBF16:
+      return 2;
+    case DataType::kF64:
+      return 8;
+  }
+  return 4;
+}
 
 const char* DataTypeName(DataType type) {
   switch (type) {
@@ -37,6 +48,8 @@ const char* DataTypeName(DataType type) {
       return "f16";
     case DataType::kBF16:
       return "bf16";
+    case DataType::kF64:
+      return "f64";
   }
   return "?";
 }
@@ -57,7 +70,9 @@ DataType ParseDataType(const std::string& name) {
   if (name == "f32" || name == "float32" || name == "float") return DataType::kF32;
   if (name == "f16" || name == "float16" || name == "half") return DataType::kF16;
   if (name == "bf16" || name == "bfloat16") return DataType::kBF16;
-  Fail(ErrorKind::kInvalidArgument, "unknown element type '", name, "' (known: f32, f16, bf16)");
+  if (name == "f64" || name == "float64" || name == "double") return DataType::kF64;
+  Fail(ErrorKind::kInvalidArgument, "unknown element type '", name,
+       "' (known: f32, f16, bf16, f64)");
 }
 
 ReduceOp ParseReduceOp(const std::string& name) {

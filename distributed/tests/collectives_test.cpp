@@ -2,6 +2,7 @@
 // loopback TCP (an in-memory store for the rendezvous), on counts 0, 1, odd and large.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 
 #include "cortado/dist/communicator.h"
@@ -76,6 +77,38 @@ TEST(CollectivesThreadsApi, BadArgumentsAreRejectedBeforeCommunicating) {
     // The communicator still works afterwards.
     comm.AllReduce(&x, 1, DataType::kF32, ReduceOp::kSum);
     EXPECT_EQ(x, 2.0f);
+  });
+  EXPECT_EQ(errors[0] + errors[1], "");
+}
+
+// Work records when it was queued, started by the worker and finished, for traces.
+TEST(CollectivesThreadsApi, WorkRecordsQueuedStartedAndFinishedTimes) {
+  using Clock = std::chrono::steady_clock;
+  auto errors = RunThreads(2, [](Communicator& comm) {
+    std::vector<float> big(1 << 22, 1.0f), small(16, 1.0f);
+    const Clock::time_point before = Clock::now();
+    auto first = comm.AllReduceAsync(big.data(), big.size(), DataType::kF32, ReduceOp::kSum);
+    auto second = comm.AllReduceAsync(small.data(), small.size(), DataType::kF32, ReduceOp::kSum);
+    const Clock::time_point queued = Clock::now();
+    EXPECT_LE(before, first->queued_at());
+    EXPECT_LE(first->queued_at(), second->queued_at());
+    EXPECT_LE(second->queued_at(), queued);
+    second->Wait();
+    ASSERT_TRUE(first->Test());  // in issue order
+    const Clock::time_point after = Clock::now();
+    EXPECT_LE(first->queued_at(), first->started_at());
+    EXPECT_LT(first->started_at(), first->finished_at());   // 16 MB takes a while
+    EXPECT_LE(first->finished_at(), second->started_at());  // it waited behind the first
+    EXPECT_LE(second->started_at(), second->finished_at());
+    EXPECT_LE(second->finished_at(), after);
+    EXPECT_EQ(big[7], 2.0f);
+    // A failed operation is timed too: a world of one has nothing to fail, so use a buffer
+    // the all-gather rejects only once it runs (input overlapping the output elsewhere).
+    std::vector<float> out(2 * 4);
+    auto bad = comm.AllGatherAsync(out.data() + 1, out.data(), 4, DataType::kF32);
+    EXPECT_THROW(bad->Wait(), Error);
+    EXPECT_LE(bad->queued_at(), bad->started_at());
+    EXPECT_LE(bad->started_at(), bad->finished_at());
   });
   EXPECT_EQ(errors[0] + errors[1], "");
 }

@@ -171,6 +171,18 @@ TEST(Types, HalfConversionRoundsToNearestEven) {
   EXPECT_EQ(FloatToBFloat16(1.0f + 1.0f / 256), FloatToBFloat16(1.0f));  // tie -> even
   EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(NAN))));
   EXPECT_EQ(ParseDataType("bf16"), DataType::kBF16);
+  for (const char* name : {"f64", "float64", "double"}) {
+    EXPECT_EQ(ParseDataType(name), DataType::kF64) << name;
+  }
+  EXPECT_EQ(DataTypeSize(DataType::kF64), 8u);
+  EXPECT_STREQ(DataTypeName(DataType::kF64), "f64");
+  EXPECT_EQ(static_cast<int>(DataType::kF64), 3);
+  try {
+    ParseDataType("f128");
+    ADD_FAILURE() << "f128 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("f64"), std::string::npos) << e.what();
+  }
   EXPECT_EQ(ParseReduceOp("avg"), ReduceOp::kAvg);
 }
 

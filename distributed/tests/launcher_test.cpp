@@ -135,6 +135,55 @@ TEST(Launcher, ForwardsSigtermToTheRanks) {
   EXPECT_NE(text.find("[1] got-term"), std::string::npos) << text;
 }
 
+// A forwarded signal starts no kill timer: ranks may take longer than the grace period to
+// finish (a trainer completes its step and writes a checkpoint); a second signal kills them.
+TEST(Launcher, ForwardedSignalsWaitForTheRanksAndASecondOneKills) {
+  for (bool twice : {false, true}) {
+    TempFile out;
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      auto o = Shell(2,
+                     "trap 'sleep 1; echo cleaned-up; exit 0' TERM; echo ready; "
+                     "while true; do sleep 0.05; done",
+                     out);
+      o.grace = milliseconds(100);
+      ::_exit(RunLauncher(o));
+    }
+    for (int i = 0; i < 200; ++i) {
+      std::string t = out.Read();
+      if (t.find("[0] ready") != std::string::npos && t.find("[1] ready") != std::string::npos) {
+        break;
+      }
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    ::kill(pid, SIGTERM);
+    if (twice) {
+      std::this_thread::sleep_for(milliseconds(200));
+      ::kill(pid, SIGTERM);
+    }
+    int status = 0;
+    bool exited = false;
+    for (int i = 0; i < 250 && !exited; ++i) {
+      exited = ::waitpid(pid, &status, WNOHANG) == pid;
+      if (!exited) std::this_thread::sleep_for(milliseconds(20));
+    }
+    if (!exited) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      FAIL() << "launcher did not exit after SIGTERM\n" << out.Read();
+    }
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+    std::string text = out.Read();
+    if (twice) {
+      EXPECT_EQ(text.find("cleaned-up"), std::string::npos) << text;
+    } else {
+      EXPECT_NE(text.find("[0] cleaned-up"), std::string::npos) << text;
+      EXPECT_NE(text.find("[1] cleaned-up"), std::string::npos) << text;
+    }
+  }
+}
+
 TEST(Launcher, RunsARealJob) {
   TempFile out;
   LauncherOptions o;

@@ -2,6 +2,7 @@
 #include "matrix.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -14,44 +15,76 @@ std::vector<char> Make(DataType type, size_t count) {
   return std::vector<char>(count * DataTypeSize(type) + 8, 0);
 }
 
-void Store(std::vector<char>& buf, DataType type, size_t i, float v) {
-  if (type == DataType::kF32) {
-    std::memcpy(buf.data() + 4 * i, &v, 4);
-  } else {
-    uint16_t b = type == DataType::kF16 ? FloatToHalf(v) : FloatToBFloat16(v);
-    std::memcpy(buf.data() + 2 * i, &b, 2);
+// What rank r contributes at element i as `type`. f64 adds fine bits (multiples of 2^-40) that
+// f32 cannot hold, so an f64 path that narrowed anything would fail; every partial sum of them
+// is still exact in f64 (magnitudes stay below 64), so sums do not depend on the order.
+double Value(DataType type, int rank, size_t i) {
+  double v = InputValue(rank, i);
+  if (type == DataType::kF64) v += std::ldexp(static_cast<double>((rank + 1) * (i % 7 + 1)), -40);
+  return v;
+}
+
+void Store(std::vector<char>& buf, DataType type, size_t i, double v) {
+  switch (type) {
+    case DataType::kF32: {
+      float f = static_cast<float>(v);
+      std::memcpy(buf.data() + 4 * i, &f, 4);
+      return;
+    }
+    case DataType::kF64:
+      std::memcpy(buf.data() + 8 * i, &v, 8);
+      return;
+    case DataType::kF16:
+    case DataType::kBF16: {
+      float f = static_cast<float>(v);
+      uint16_t b = type == DataType::kF16 ? FloatToHalf(f) : FloatToBFloat16(f);
+      std::memcpy(buf.data() + 2 * i, &b, 2);
+      return;
+    }
   }
 }
 
-uint32_t Bits(const std::vector<char>& buf, DataType type, size_t i) {
-  if (type == DataType::kF32) {
-    uint32_t u;
-    std::memcpy(&u, buf.data() + 4 * i, 4);
-    return u;
+// The element's bits, zero-extended.
+uint64_t Bits(const std::vector<char>& buf, DataType type, size_t i) {
+  const size_t esize = DataTypeSize(type);
+  uint64_t u = 0;
+  std::memcpy(&u, buf.data() + esize * i, esize);  // little-endian: the low bytes
+  return u;
+}
+
+uint64_t ExpectedBits(DataType type, double v) {
+  switch (type) {
+    case DataType::kF32:
+      return FloatToBits(static_cast<float>(v));
+    case DataType::kF64: {
+      uint64_t u;
+      std::memcpy(&u, &v, 8);
+      return u;
+    }
+    case DataType::kF16:
+      return FloatToHalf(static_cast<float>(v));
+    case DataType::kBF16:
+      return FloatToBFloat16(static_cast<float>(v));
   }
-  uint16_t b;
-  std::memcpy(&b, buf.data() + 2 * i, 2);
-  return b;
+  return 0;
 }
 
-uint32_t ExpectedBits(DataType type, float v) {
-  if (type == DataType::kF32) return FloatToBits(v);
-  return type == DataType::kF16 ? FloatToHalf(v) : FloatToBFloat16(v);
-}
-
-float Reduced(ReduceOp op, int n, size_t i, DataType type) {
-  float sum = 0, mx = -1e30f;
+double Reduced(ReduceOp op, int n, size_t i, DataType type) {
+  double sum = 0, mx = -1e30;
   for (int r = 0; r < n; ++r) {
-    float v = InputValue(r, i);
-    sum += v;
+    double v = Value(type, r, i);
+    sum += v;  // exact: small integers (plus, for f64, fine bits; see Value)
     mx = std::max(mx, v);
   }
   if (op == ReduceOp::kMax) return mx;
   if (op == ReduceOp::kSum) return sum;
-  // Average: the exact sum, rounded to the type, divided in f32 (as the library does).
-  float s = type == DataType::kF32   ? sum
-            : type == DataType::kF16 ? HalfToFloat(FloatToHalf(sum))
-                                     : BFloat16ToFloat(FloatToBFloat16(sum));
+  // Average: the exact sum, rounded to the type, divided once in the type's arithmetic (f32 for
+  // the 16-bit types), as the library does.
+  if (type == DataType::kF64) return sum / n;
+  float f = static_cast<float>(sum);
+  float s = type == DataType::kF32   ? f
+            : type == DataType::kF16 ? HalfToFloat(FloatToHalf(f))
+                                     : BFloat16ToFloat(FloatToBFloat16(f));
   return s / static_cast<float>(n);
 }
 
@@ -103,7 +136,7 @@ std::vector<size_t> DefaultCounts() { return {0, 1, 17, 5003, kLarge}; }
 std::vector<std::string> RunMatrix(Communicator& comm, const std::vector<size_t>& counts) {
   Checker check(comm);
   const int n = comm.size(), rank = comm.rank();
-  const DataType kTypes[] = {DataType::kF32, DataType::kF16, DataType::kBF16};
+  const DataType kTypes[] = {DataType::kF32, DataType::kF16, DataType::kBF16, DataType::kF64};
   const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax};
   for (size_t count : counts) {
     const bool large = count >= kLarge;
@@ -116,16 +149,17 @@ std::vector<std::string> RunMatrix(Communicator& comm, const std::vector<size_t>
         for (ReduceOp op : kOps) {
           if (large && type != DataType::kF32 &&
               !(type == DataType::kF16 && op == ReduceOp::kSum) &&
-              !(type == DataType::kBF16 && op == ReduceOp::kMax)) {
+              !(type == DataType::kBF16 && op == ReduceOp::kMax) &&
+              !(type == DataType::kF64 && op == ReduceOp::kAvg)) {
             continue;
           }
           std::string what = label("allreduce", std::string(AlgorithmName(algo)) + " " +
                                                     DataTypeName(type) + " " + ReduceOpName(op));
           auto buf = Make(type, count);
-          for (size_t i = 0; i < count; ++i) Store(buf, type, i, InputValue(rank, i));
+          for (size_t i = 0; i < count; ++i) Store(buf, type, i, Value(type, rank, i));
           comm.AllReduce(buf.data(), count, type, op, algo);
           for (size_t i = 0; i < count; ++i) {
-            uint32_t want = ExpectedBits(type, Reduced(op, n, i, type));
+            uint64_t want = ExpectedBits(type, Reduced(op, n, i, type));
             if (Bits(buf, type, i) != want) {
               check.Failed(what + ": element " + std::to_string(i) + " wrong");
               break;
@@ -139,7 +173,7 @@ std::vector<std::string> RunMatrix(Communicator& comm, const std::vector<size_t>
     // --- broadcast: both algorithms, first and last root.
     for (Algorithm algo : {Algorithm::kRing, Algorithm::kTree}) {
       for (int root : {0, n - 1}) {
-        for (DataType type : {DataType::kF32, DataType::kBF16}) {
+        for (DataType type : {DataType::kF32, DataType::kBF16, DataType::kF64}) {
           if (large && type != DataType::kF32) continue;
           if (root == n - 1 && n == 1) continue;
           std::string what =
@@ -147,11 +181,11 @@ std::vector<std::string> RunMatrix(Communicator& comm, const std::vector<size_t>
                                      std::to_string(root) + " " + DataTypeName(type));
           auto buf = Make(type, count);
           for (size_t i = 0; i < count; ++i) {
-            Store(buf, type, i, rank == root ? InputValue(root, i) : -99.0f);
+            Store(buf, type, i, rank == root ? Value(type, root, i) : -99.0);
           }
           comm.Broadcast(buf.data(), count, type, root, algo);
           for (size_t i = 0; i < count; ++i) {
-            if (Bits(buf, type, i) != ExpectedBits(type, InputValue(root, i))) {
+            if (Bits(buf, type, i) != ExpectedBits(type, Value(type, root, i))) {
               check.Failed(what + ": element " + std::to_string(i) + " wrong");
               break;
             }
@@ -160,15 +194,15 @@ std::vector<std::string> RunMatrix(Communicator& comm, const std::vector<size_t>
       }
     }
     // --- all-gather: separate buffers and in place.
-    for (DataType type : {DataType::kF32, DataType::kF16}) {
+    for (DataType type : {DataType::kF32, DataType::kF16, DataType::kF64}) {
       for (bool in_place : {false, true}) {
         if (large && (type != DataType::kF32 || in_place)) continue;
         std::string what =
             label("allgather", std::string(DataTypeName(type)) + (in_place ? " in place" : ""));
         auto in = Make(type, count);
         auto out = Make(type, count * static_cast<size_t>(n));
-        for (size_t i = 0; i < count * static_cast<size_t>(n); ++i) Store(out, type, i, -99.0f);
-        for (size_t i = 0; i < count; ++i) Store(in, type, i, InputValue(rank, i));
+        for (size_t i = 0; i < count * static_cast<size_t>(n); ++i) Store(out, type, i, -99.0);
+        for (size_t i = 0; i < count; ++i) Store(in, type, i, Value(type, rank, i));
         const char* src = in.data();
         if (in_place) {
           char* mine = out.data() + static_cast<size_t>(rank) * count * DataTypeSize(type);
@@ -178,7 +212,7 @@ std::vector<std::string> RunMatrix(Communicator& comm, const std::vector<size_t>
         comm.AllGather(src, out.data(), count, type);
         for (size_t i = 0; i < count * static_cast<size_t>(n); ++i) {
           if (Bits(out, type, i) !=
-              ExpectedBits(type, InputValue(static_cast<int>(i / count), i % count))) {
+              ExpectedBits(type, Value(type, static_cast<int>(i / count), i % count))) {
             check.Failed(what + ": element " + std::to_string(i) + " wrong");
             break;
           }
@@ -188,14 +222,14 @@ std::vector<std::string> RunMatrix(Communicator& comm, const std::vector<size_t>
     // --- reduce-scatter: rank r gets slice r of the reduction.
     for (DataType type : kTypes) {
       for (ReduceOp op : kOps) {
-        if (type != DataType::kF32 && op == ReduceOp::kAvg) continue;
+        if ((type == DataType::kF16 || type == DataType::kBF16) && op == ReduceOp::kAvg) continue;
         if (large && !(type == DataType::kF32 && op == ReduceOp::kSum)) continue;
         std::string what =
             label("reducescatter", std::string(DataTypeName(type)) + " " + ReduceOpName(op));
         size_t total = count * static_cast<size_t>(n);
         auto in = Make(type, total);
         auto out = Make(type, count);
-        for (size_t i = 0; i < total; ++i) Store(in, type, i, InputValue(rank, i));
+        for (size_t i = 0; i < total; ++i) Store(in, type, i, Value(type, rank, i));
         comm.ReduceScatter(in.data(), out.data(), count, type, op);
         for (size_t i = 0; i < count; ++i) {
           size_t g = static_cast<size_t>(rank) * count + i;
@@ -206,7 +240,7 @@ std::vector<std::string> RunMatrix(Communicator& comm, const std::vector<size_t>
         }
         // The input is read-only.
         for (size_t i = 0; i < total; ++i) {
-          if (Bits(in, type, i) != ExpectedBits(type, InputValue(rank, i))) {
+          if (Bits(in, type, i) != ExpectedBits(type, Value(type, rank, i))) {
             check.Failed(what + ": input modified");
             break;
           }
@@ -232,14 +266,14 @@ std::vector<std::string> RunMatrix(Communicator& comm, const std::vector<size_t>
       wb->Wait();
       for (size_t i = 0; i < count; ++i) {
         if (Bits(a, DataType::kF32, i) !=
-                FloatToBits(Reduced(ReduceOp::kSum, n, i, DataType::kF32)) ||
+                ExpectedBits(DataType::kF32, Reduced(ReduceOp::kSum, n, i, DataType::kF32)) ||
             Bits(c, DataType::kF32, i) !=
-                FloatToBits(Reduced(ReduceOp::kSum, n, i + 2, DataType::kF32))) {
+                ExpectedBits(DataType::kF32, Reduced(ReduceOp::kSum, n, i + 2, DataType::kF32))) {
           check.Failed(label("async", "wrong sum at " + std::to_string(i)));
           break;
         }
         if (Bits(b, DataType::kF32, i) !=
-            FloatToBits(Reduced(ReduceOp::kMax, n, i + 1, DataType::kF32))) {
+            ExpectedBits(DataType::kF32, Reduced(ReduceOp::kMax, n, i + 1, DataType::kF32))) {
           check.Failed(label("async", "wrong max at " + std::to_string(i)));
           break;
         }

@@ -1,6 +1,7 @@
 // Ranks as separate processes over loopback TCP (the dist_test_worker helper, rendezvous through
-// rank 0's TCP store): the collective matrix for 1-5 ranks, a rank killed during a 64 MB
-// all-reduce (an ordinary rank and rank 0, the store's host), and a stalled rank.
+// rank 0's TCP store): the collective matrix for 1-5 ranks, Split, a rank killed during a 64 MB
+// all-reduce (an ordinary rank and rank 0, the store's host), and a stalled rank (also on a
+// split child).
 #include <gtest/gtest.h>
 
 #include <regex>
@@ -42,6 +43,22 @@ TEST_P(CollectivesProcesses, EveryCollectiveAlgorithmTypeAndCount) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesProcesses, ::testing::Values(1, 2, 3, 4, 5));
+
+// Split over the TCP store: rank 0 serves it, the others reach it with clients of their own for
+// each child's rendezvous; the matrix on both children, a nested split and the priority lane.
+class SplitProcesses : public ::testing::TestWithParam<int> {};
+
+TEST_P(SplitProcesses, ChildrenRendezvousThroughTheJobsStore) {
+  const int n = GetParam();
+  auto results = RunProcesses(n, {"split", "0,1,17,5003"}, {}, 120);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(results[static_cast<size_t>(r)].code, 0) << Describe(results);
+    EXPECT_NE(results[static_cast<size_t>(r)].output.find("SPLIT OK"), std::string::npos)
+        << Describe(results);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, SplitProcesses, ::testing::Values(1, 2, 3, 5));
 
 // 5 ranks, one killed during a 64 MB all-reduce: every survivor fails within 5 s, naming the
 // dead rank and the all-reduce.
@@ -95,6 +112,25 @@ TEST(RankFailure, StalledRankIsNamedAtTheDeadline) {
     EXPECT_NE(out.find("rank(s) 1 "), std::string::npos) << all;
     EXPECT_GE(failed - entered, 1'900'000) << all;
     EXPECT_LT(failed - entered, 4'000'000) << all;
+  }
+}
+
+// The same on a child of world->Split(0, -rank): world rank 0 (the store's host) sleeps, which
+// is child rank 2 of 3; the others must name child rank 2.
+TEST(RankFailure, StalledRankOfASplitChildIsNamedAtTheDeadline) {
+  const int n = 3, sleeper = 0, late = n - 1 - sleeper;
+  auto results = RunProcesses(n, {"split_stall", std::to_string(sleeper), "3500"},
+                              {{"CORTADO_TIMEOUT_S", "2"}}, 30);
+  const std::string all = Describe(results);
+  for (int r = 0; r < n; ++r) {
+    const std::string& out = results[static_cast<size_t>(r)].output;
+    EXPECT_EQ(results[static_cast<size_t>(r)].code, 3) << all;
+    EXPECT_NE(out.find("op=allreduce"), std::string::npos) << all;
+    if (r == sleeper) continue;
+    EXPECT_EQ(Field(out, "peer", "ERROR"), late) << all;
+    EXPECT_EQ(Field(out, "ranks", "ERROR"), late) << all;
+    EXPECT_NE(out.find("allreduce #2 "), std::string::npos) << all;
+    EXPECT_NE(out.find("rank(s) 2 did not arrive"), std::string::npos) << all;
   }
 }
 

@@ -9,6 +9,7 @@
 //                  (input may be output + rank() * count)
 //   ReduceScatter  input[size() * count]   -> output[count] = op over ranks of slice rank()
 //   Barrier        returns once every rank has entered it
+//   Split          (color, key) -> a new communicator of the ranks that passed the same color
 //
 // Results are bitwise identical on every rank for every algorithm: each element's final value is
 // computed once and copied, or computed identically (operands in rank order).
@@ -21,8 +22,14 @@
 // Threads: the synchronous calls and Work::Wait may be called from any one thread at a time.
 // The ...Async forms queue the operation for the communicator's worker thread and return a
 // handle; queued and synchronous operations run in the order they were issued.
+//
+// Split builds a child communicator that owns its own connections (TCP) or MPI communicator,
+// worker thread and operation numbering, so its operations never queue behind the parent's:
+// one thread may run child operations while the parent's worker runs queued parent ones. Parent
+// and child are independent objects: destroy them in any order (a child may outlive its parent).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -44,17 +51,31 @@ namespace cortado::dist {
 // The handle of an asynchronous operation.
 class Work {
  public:
+  using TimePoint = std::chrono::steady_clock::time_point;
+
   // Blocks until the operation has run; rethrows its error.
   void Wait();
   // True once it has run (then Wait does not block).
   bool Test();
 
+  // When the operation was queued (set before the ...Async call returns), when the worker thread
+  // began running it (after the operations issued before it had finished), and when it finished
+  // (successfully or not). started_at and finished_at are valid once Test() is true or Wait()
+  // returned (or threw); before that they are the clock's epoch. For traces (Chrome trace
+  // events): queued_at..started_at is time spent waiting behind earlier operations.
+  TimePoint queued_at() const;
+  TimePoint started_at() const;
+  TimePoint finished_at() const;
+
  private:
   friend class Communicator;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr error_;
+  TimePoint queued_at_{};
+  TimePoint started_at_{};
+  TimePoint finished_at_{};
 };
 
 class Communicator {
@@ -90,6 +111,17 @@ class Communicator {
                                            DataType type, ReduceOp op);
   std::shared_ptr<Work> BarrierAsync();
 
+  // A collective: every rank of this communicator must call it, in the same order as its other
+  // operations (it waits for queued asynchronous work first, like the synchronous calls). Ranks
+  // that pass the same color form a new communicator, ranked by (key, rank in this one), as
+  // MPI_Comm_split and ncclCommSplit do. color must be >= 0 (every rank gets a communicator):
+  // a negative color throws kInvalidArgument before anything is communicated. The result is of
+  // the same backend, with this communicator's options (over TCP a group of one is a "local"
+  // communicator, with no sockets). A peer that dies or stalls during the exchange of colors
+  // breaks this communicator like any operation; a failure while the child connects throws
+  // from Split.
+  virtual std::unique_ptr<Communicator> Split(int color, int key);
+
  protected:
   explicit Communicator(CommOptions options);
   // Backends implement the operations; the base class orders, queues and checks them.
@@ -100,6 +132,8 @@ class Communicator {
   virtual void DoReduceScatter(const void* input, void* output, size_t count, DataType type,
                                ReduceOp op) = 0;
   virtual void DoBarrier() = 0;
+  // Runs the split (arguments checked, in issue order) and builds the child communicator.
+  virtual std::unique_ptr<Communicator> DoSplit(int color, int key) = 0;
   // Stops the worker thread; backends call it first thing in their destructor.
   void StopWorker();
 

@@ -1,6 +1,7 @@
 // The local launcher behind `cortado launch`: starts N ranks of a command on this node with the
 // Cortado environment set (see env.h), prefixes each output line with "[rank] ", forwards SIGINT,
-// SIGTERM and SIGHUP, and when one rank fails stops the others (SIGTERM, then SIGKILL after a
+// SIGTERM and SIGHUP (then waits for the ranks, which may save a checkpoint first; a second
+// signal kills them), and when one rank fails stops the others (SIGTERM, then SIGKILL after a
 // grace period) and returns that rank's exit code (128 + signal when killed by a signal).
 //
 // Single node: the launcher binds rank 0's store socket on 127.0.0.1 and hands it to rank 0
