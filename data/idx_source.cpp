@@ -116,9 +116,11 @@ class IdxTrainSource final : public IdxSourceBase {
     for (int64_t i = 0; i < batch_size_; ++i) {
       int64_t position = batch_ * batch_size_ + i;
       int64_t index = order_[position];
-      // Flip decided by (seed, epoch, position): identical after a resume.
+      // Flip decided by (seed, epoch, position in the shared permutation): identical after a
+      // resume and whatever the number of ranks.
+      const uint64_t global = static_cast<uint64_t>(sharder_.GlobalPosition(position));
       bool flip = flip_ && KeyToUniform(HashCombine(HashCombine(seed_ ^ 0x464c4950ull, epoch_),
-                                                    position)) < 0.5;
+                                                    global)) < 0.5;
       FillSample(out, i, index, flip);
     }
     ++batch_;

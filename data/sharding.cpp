@@ -40,8 +40,7 @@ std::vector<int64_t> EpochSharder::RankOrder(int64_t epoch) const {
   const int64_t per_rank = samples_per_epoch();
   std::vector<int64_t> order(per_rank);
   for (int64_t k = 0; k < per_rank; ++k) {
-    int64_t position = shard_.rank + k * shard_.world_size;
-    order[k] = perm[position % dataset_size_];  // wraps only when padding
+    order[k] = perm[GlobalPosition(k) % dataset_size_];  // wraps only when padding
   }
   return order;
 }

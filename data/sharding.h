@@ -22,6 +22,9 @@ class EpochSharder {
   int64_t samples_per_epoch() const { return batches_per_epoch_ * batch_size_; }
   // The dataset indices of this rank's samples in `epoch`, in order (samples_per_epoch long).
   std::vector<int64_t> RankOrder(int64_t epoch) const;
+  // The position in the epoch's shared permutation of this rank's k-th sample: the same
+  // sample has the same position whatever the rank count (per-sample randomness keys on it).
+  int64_t GlobalPosition(int64_t k) const { return shard_.rank + k * shard_.world_size; }
 
  private:
   int64_t dataset_size_;

@@ -98,7 +98,7 @@ int64_t Checkpoint::MetaInt(const std::string& key) const {
   Fail("checkpoint entry '", key, "' is not an integer: '", v, "'");
 }
 
-void SaveCheckpoint(const Checkpoint& checkpoint, const std::string& path) {
+std::string SerializeCheckpoint(const Checkpoint& checkpoint) {
   std::string payload;
   Put<uint32_t>(payload, static_cast<uint32_t>(checkpoint.meta.size()));
   for (const auto& [k, v] : checkpoint.meta) {
@@ -122,7 +122,11 @@ void SaveCheckpoint(const Checkpoint& checkpoint, const std::string& path) {
   Put<uint32_t>(file, static_cast<uint32_t>(crc));
   Put<uint64_t>(file, payload.size());
   file += payload;
+  return file;
+}
 
+void SaveCheckpoint(const Checkpoint& checkpoint, const std::string& path) {
+  const std::string file = SerializeCheckpoint(checkpoint);
   fs::path target(path);
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   std::error_code ec;
@@ -156,6 +160,10 @@ Checkpoint LoadCheckpoint(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   CORTADO_CHECK(in.good(), "cannot open checkpoint '", path, "'");
   std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return ParseCheckpoint(file, path);
+}
+
+Checkpoint ParseCheckpoint(const std::string& file, const std::string& path) {
   CORTADO_CHECK(file.size() >= kHeaderBytes && std::memcmp(file.data(), kMagic, 8) == 0,
                 "'", path, "' is not a Cortado checkpoint (bad magic or too short)");
   uint32_t version, crc;

@@ -36,6 +36,21 @@ struct Checkpoint {
 void SaveCheckpoint(const Checkpoint& checkpoint, const std::string& path);
 // Throws naming the file and what is wrong (not a checkpoint, truncated, CRC mismatch, ...).
 Checkpoint LoadCheckpoint(const std::string& path);
+// The file's bytes, and back (`path` names the source in errors): data-parallel ranks receive
+// rank 0's state this way.
+std::string SerializeCheckpoint(const Checkpoint& checkpoint);
+Checkpoint ParseCheckpoint(const std::string& bytes, const std::string& path);
+
+// An object that keeps part of the training state in checkpoints under names of its own
+// ("param/<name>", "momentum/<name>", meta keys): each saves and loads itself, so the schema
+// is not written in one place and read in another.
+class CheckpointState {
+ public:
+  virtual ~CheckpointState() = default;
+  virtual void SaveState(Checkpoint& checkpoint) const = 0;
+  // Throws naming `path` and the first entry that is missing or does not fit.
+  virtual void LoadState(const Checkpoint& checkpoint, const std::string& path) = 0;
+};
 
 // Checkpoint files in dir, named by CheckpointFileName, newest (highest iteration) first.
 std::vector<std::string> ListCheckpoints(const std::string& dir);

@@ -50,14 +50,32 @@ struct Buffer {
   Tensor value;
 };
 
+// Sums per-channel statistics in place across the ranks whose batch-norm statistics are
+// shared (synchronized batch norm): every rank of the group passes the same count, in the same
+// order of calls, and gets the same sums (bitwise). Implemented by the data-parallel glue over
+// a communicator of its own, so these calls never wait behind queued gradient buckets.
+// Called from Forward/Backward's thread, never from inside a pool task.
+class BatchStatsReducer {
+ public:
+  virtual ~BatchStatsReducer() = default;
+  virtual void AllReduceSum(double* values, int64_t count) = 0;
+  // Ranks whose statistics are combined (1 means nothing is combined).
+  virtual int group_size() const = 0;
+};
+
 // Run-time state shared by all layers of a net.
 struct LayerContext {
   Phase phase = Phase::kTrain;
   uint64_t seed = 0;        // the run's seed; layers derive per-layer streams from it
   int64_t iteration = 0;    // current iteration, for counter-based randomness (dropout)
-  // Sums `count` floats in place across data-parallel ranks (synchronized batch norm).
-  // Empty in a single process.
-  std::function<void(float* values, int64_t count)> all_reduce_sum;
+  // Data parallelism: this rank's local sample j is sample sample_base + j * sample_stride of
+  // the global batch (rank r of W: r and W), so per-sample randomness matches one process.
+  int64_t sample_base = 0;
+  int64_t sample_stride = 1;
+  // Synchronized batch norm: the group's reducer (null in a single process or with groups of
+  // one), and whether BatchNorm layers use it when their own `sync` setting is absent.
+  BatchStatsReducer* batch_stats = nullptr;
+  bool sync_batch_norm = false;
 };
 
 struct LayerSpec {

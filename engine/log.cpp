@@ -12,7 +12,13 @@ namespace cortado {
 namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
 std::mutex g_mutex;
+std::string g_prefix;
+bool g_from_env = false;
 }  // namespace
+
+void SetLogPrefix(std::string prefix) { g_prefix = std::move(prefix); }
+const std::string& LogPrefix() { return g_prefix; }
+bool LogLevelFromEnv() { return g_from_env; }
 
 void SetLogLevel(LogLevel level) { g_level = static_cast<int>(level); }
 LogLevel GetLogLevel() { return static_cast<LogLevel>(g_level.load()); }
@@ -21,6 +27,7 @@ void InitLogLevelFromEnv() {
   const char* env = std::getenv("CORTADO_LOG_LEVEL");
   if (env == nullptr) return;
   std::string_view v(env);
+  g_from_env = v == "debug" || v == "info" || v == "warning" || v == "error" || v == "off";
   if (v == "debug") SetLogLevel(LogLevel::kDebug);
   if (v == "info") SetLogLevel(LogLevel::kInfo);
   if (v == "warning") SetLogLevel(LogLevel::kWarning);
@@ -37,7 +44,8 @@ void LogLine(LogLevel level, const std::string& message) {
   char stamp[32];
   std::strftime(stamp, sizeof(stamp), "%H:%M:%S", &tm);
   std::lock_guard<std::mutex> lock(g_mutex);
-  std::fprintf(stderr, "%s %s %s\n", kTags[static_cast<int>(level)], stamp, message.c_str());
+  std::fprintf(stderr, "%s %s %s%s\n", kTags[static_cast<int>(level)], stamp, g_prefix.c_str(),
+               message.c_str());
   std::fflush(stderr);
 }
 

@@ -15,6 +15,12 @@ LogLevel GetLogLevel();
 // Reads CORTADO_LOG_LEVEL (debug, info, warning, error, off); unknown values keep the default.
 void InitLogLevelFromEnv();
 void LogLine(LogLevel level, const std::string& message);
+// A tag written before every message ("rank 1: "), so the lines of a data-parallel job's ranks
+// can be told apart; empty in a single process. Set once, before other threads log.
+void SetLogPrefix(std::string prefix);
+const std::string& LogPrefix();
+// True when CORTADO_LOG_LEVEL chose the level (then tools leave it alone).
+bool LogLevelFromEnv();
 
 template <typename... Args>
 void LogInfo(Args&&... args) {

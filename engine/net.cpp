@@ -151,7 +151,9 @@ double Net::Forward() {
     if (profiling_) {
       layer_times_[i].name = layer.name();
       layer_times_[i].type = layer.type();
+      layer_times_[i].forward_start = t0;
       layer_times_[i].forward_s = Seconds(t0, std::chrono::steady_clock::now());
+      layer_times_[i].backward_s = 0;
     }
   }
   return loss;
@@ -188,7 +190,10 @@ void Net::Backward(double loss_scale) {
       }
     }
     layer.Backward(tops_[i], propagate_down_[i], bottoms_[i]);
-    if (profiling_) layer_times_[i].backward_s = Seconds(t0, std::chrono::steady_clock::now());
+    if (profiling_) {
+      layer_times_[i].backward_start = t0;
+      layer_times_[i].backward_s = Seconds(t0, std::chrono::steady_clock::now());
+    }
     if (grad_ready_hook_ && !layer.params().empty()) grad_ready_hook_(layer, layer.params());
   }
 }
@@ -207,6 +212,28 @@ std::vector<Buffer*> Net::buffers() {
     for (Buffer& b : layer->buffers()) out.push_back(&b);
   }
   return out;
+}
+
+void Net::SaveState(Checkpoint& checkpoint) const {
+  for (const auto& layer : layers_) {
+    for (const Param& p : layer->params()) checkpoint.Add("param/" + p.name, p.value);
+  }
+  for (const auto& layer : layers_) {
+    for (const Buffer& b : layer->buffers()) checkpoint.Add("buffer/" + b.name, b.value);
+  }
+}
+
+void Net::LoadState(const Checkpoint& checkpoint, const std::string& path) {
+  auto load = [&](const std::string& key, Tensor& into, const std::string& what) {
+    const Tensor* t = checkpoint.Find(key);
+    CORTADO_CHECK(t != nullptr, "checkpoint '", path, "' has no ", what,
+                  " (was it written for another model?)");
+    CORTADO_CHECK(t->shape() == into.shape(), "checkpoint '", path, "': ", what, " has shape ",
+                  ShapeString(t->shape()), ", the model wants ", ShapeString(into.shape()));
+    into.ConvertFrom(*t);
+  };
+  for (Param* p : params()) load("param/" + p->name, p->value, "parameter '" + p->name + "'");
+  for (Buffer* b : buffers()) load("buffer/" + b->name, b->value, "buffer '" + b->name + "'");
 }
 
 int64_t Net::num_parameters() {

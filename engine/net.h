@@ -14,12 +14,14 @@
 // precision, 1 otherwise).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/checkpoint.h"
 #include "engine/layer.h"
 
 namespace cortado {
@@ -36,7 +38,7 @@ struct NetSpec {
   std::vector<LayerSpec> layers;
 };
 
-class Net {
+class Net : public CheckpointState {
  public:
   // Builds and sets up every layer. dtype: the compute dtype for floating inputs (f32, or f64
   // for gradient checks). Throws naming the layer and blob for a malformed graph.
@@ -59,6 +61,12 @@ class Net {
   std::vector<Param*> params();
   std::vector<Buffer*> buffers();
 
+  // Checkpoint state: "param/<name>" and "buffer/<name>" for every parameter and buffer.
+  // LoadState converts dtypes (an f32 checkpoint loads into an f64 net) and throws naming the
+  // first one that is missing or has another shape.
+  void SaveState(Checkpoint& checkpoint) const override;
+  void LoadState(const Checkpoint& checkpoint, const std::string& path) override;
+
   void set_phase(Phase phase) { context_.phase = phase; }
   Phase phase() const { return context_.phase; }
   void set_iteration(int64_t iteration) { context_.iteration = iteration; }
@@ -67,11 +75,13 @@ class Net {
   using GradReadyHook = std::function<void(Layer& layer, std::vector<Param>& params)>;
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_hook_ = std::move(hook); }
 
-  // Per-layer time of the last Forward and Backward, in seconds (for profiles).
+  // Per-layer time of the last Forward and Backward, in seconds, and when each began (for
+  // profiles and traces). Layers that did not run backward keep backward_s = 0.
   void set_profiling(bool on) { profiling_ = on; }
   struct LayerTime {
     std::string name, type;
     double forward_s = 0, backward_s = 0;
+    std::chrono::steady_clock::time_point forward_start, backward_start;
   };
   const std::vector<LayerTime>& layer_times() const { return layer_times_; }
   // Human-readable summary: layers, output shapes, parameter count.

@@ -48,6 +48,19 @@ void SgdSolver::Step(double lr, double grad_scale) {
   }
 }
 
+void SgdSolver::SaveState(Checkpoint& checkpoint) const {
+  for (const Buffer& b : momentum_) checkpoint.Add("momentum/" + b.name, b.value);
+}
+
+void SgdSolver::LoadState(const Checkpoint& checkpoint, const std::string& path) {
+  for (Buffer& b : momentum_) {
+    const Tensor* t = checkpoint.Find("momentum/" + b.name);
+    CORTADO_CHECK(t != nullptr && t->shape() == b.value.shape(), "checkpoint '", path,
+                  "' has no matching solver state for '", b.name, "'");
+    b.value.ConvertFrom(*t);
+  }
+}
+
 LrSchedule::LrSchedule(LrScheduleOptions options) : options_(std::move(options)) {
   const auto& o = options_;
   static const char* kPolicies[] = {"fixed", "step", "multistep", "cosine", "poly"};

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/checkpoint.h"
 #include "engine/layer.h"
 
 namespace cortado {
@@ -23,7 +24,7 @@ struct SgdOptions {
   bool no_decay_bn_bias = false;  // no weight decay on batch-norm parameters and biases
 };
 
-class SgdSolver {
+class SgdSolver : public CheckpointState {
  public:
   SgdSolver(std::vector<Param*> params, SgdOptions options);
   // Applies one update with learning rate lr; gradients are multiplied by grad_scale first
@@ -32,6 +33,10 @@ class SgdSolver {
   std::vector<Param*>& params() { return params_; }
   // Momentum buffers, one per parameter, named "<param>.momentum".
   std::vector<Buffer>& state() { return momentum_; }
+
+  // Checkpoint state: "momentum/<param>.momentum" per parameter.
+  void SaveState(Checkpoint& checkpoint) const override;
+  void LoadState(const Checkpoint& checkpoint, const std::string& path) override;
 
  private:
   std::vector<Param*> params_;

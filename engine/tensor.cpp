@@ -73,8 +73,14 @@ void Tensor::Resize(const Shape& shape, DType dtype) {
   if (allocator_ == nullptr) allocator_ = CpuAllocator();
   int64_t n = ShapeNumel(shape);
   size_t bytes = static_cast<size_t>(n) * DTypeSize(dtype);
-  if (!storage_ || storage_->bytes() < bytes) {
+  // A view keeps its place in the block unless it outgrows it (or is re-typed off alignment).
+  const size_t offset_bytes = static_cast<size_t>(offset_) * DTypeSize(dtype_);
+  if (!storage_ || offset_bytes % DTypeSize(dtype) != 0 ||
+      storage_->bytes() < offset_bytes + bytes) {
     storage_ = std::make_shared<Storage>(std::max<size_t>(bytes, 1), allocator_);
+    offset_ = 0;
+  } else {
+    offset_ = static_cast<int64_t>(offset_bytes / DTypeSize(dtype));
   }
   shape_ = shape;
   numel_ = n;
@@ -86,6 +92,17 @@ Tensor Tensor::View(const Shape& shape) const {
                 ShapeString(shape));
   Tensor t = *this;
   t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::View(const Shape& shape, int64_t offset) const {
+  const int64_t n = ShapeNumel(shape);
+  CORTADO_CHECK(offset >= 0 && offset + n <= numel_, "cannot view elements [", offset, ", ",
+                offset + n, ") of ", ToString());
+  Tensor t = *this;
+  t.shape_ = shape;
+  t.numel_ = n;
+  t.offset_ = offset_ + offset;
   return t;
 }
 

@@ -7,6 +7,10 @@
 //
 // Layout is dense row-major (NCHW for images). Resize keeps the storage when it is big enough,
 // so per-batch reshapes do not reallocate.
+//
+// Views: View(shape, offset) is a tensor over elements [offset, offset + numel) of the same
+// storage. The data-parallel glue seats every parameter gradient as such a view into one flat
+// block, so a gradient bucket is a contiguous range (no packing copy, one registration).
 #pragma once
 
 #include <cstdint>
@@ -88,13 +92,24 @@ class Tensor {
     CheckType(DTypeOf<T>::value);
     return static_cast<const T*>(raw_data());
   }
-  void* raw_data() const { return storage_ ? storage_->data() : nullptr; }
+  void* raw_data() const {
+    return storage_ ? static_cast<char*>(storage_->data()) + offset_ * DTypeSize(dtype_) : nullptr;
+  }
+  // Element offset of this tensor's first element in its storage (non-zero only for views).
+  int64_t storage_offset() const { return offset_; }
+  // True when both tensors use the same storage block.
+  bool SharesStorageWith(const Tensor& other) const {
+    return storage_ != nullptr && storage_ == other.storage_;
+  }
 
-  // Changes the shape (and dtype, if given); reallocates only when the storage is too small.
+  // Changes the shape (and dtype, if given); reallocates only when the storage (from this
+  // tensor's offset) is too small, which detaches a view from its block.
   void Resize(const Shape& shape);
   void Resize(const Shape& shape, DType dtype);
   // Same storage, new shape with the same element count.
   Tensor View(const Shape& shape) const;
+  // Same storage, elements [offset, offset + numel(shape)) of this tensor, as `shape`.
+  Tensor View(const Shape& shape, int64_t offset) const;
   void Zero();
   void Fill(double value);
   Tensor Clone() const;
@@ -110,6 +125,7 @@ class Tensor {
 
   Shape shape_;
   int64_t numel_ = 0;
+  int64_t offset_ = 0;  // in elements, from the start of storage_
   DType dtype_ = DType::kF32;
   Allocator* allocator_ = nullptr;
   std::shared_ptr<Storage> storage_;

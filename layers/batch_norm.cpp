@@ -1,5 +1,6 @@
 #include "layers/batch_norm.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/thread_pool.h"
@@ -12,6 +13,8 @@ void BatchNormLayer::LayerSetUp(const std::vector<Blob*>& bottom, const std::vec
   momentum_ = settings().GetFloat("momentum", 0.1);
   affine_ = settings().GetBool("affine", true);
   const bool zero_init = settings().GetBool("zero_init", false);
+  has_sync_setting_ = settings().Has("sync");
+  sync_setting_ = settings().GetBool("sync", false);
   has_global_setting_ = settings().Has("use_global_stats");
   use_global_stats_ = settings().GetBool("use_global_stats", false);
   if (!(eps_ > 0)) Fail(Describe(), ": key 'eps' must be positive, got ", eps_);
@@ -33,6 +36,11 @@ void BatchNormLayer::LayerSetUp(const std::vector<Blob*>& bottom, const std::vec
   AddBuffer("running_var", {channels_}, x.dtype()).value.Fill(1.0);
   mean_.assign(channels_, 0.0);
   invstd_.assign(channels_, 1.0);
+}
+
+BatchStatsReducer* BatchNormLayer::Reducer() const {
+  const bool sync = has_sync_setting_ ? sync_setting_ : context().sync_batch_norm;
+  return sync ? context().batch_stats : nullptr;
 }
 
 bool BatchNormLayer::UseGlobalStats() const {
@@ -88,23 +96,22 @@ void BatchNormLayer::ForwardT(const Tensor& xt, Tensor& yt) {
       }
     });
     double count = static_cast<double>(n * s);
-    if (context().all_reduce_sum) {
+    BatchStatsReducer* reducer = Reducer();
+    if (reducer != nullptr) {
+      // One call for [sum x, sum x^2, count]: the count makes unequal per-rank batches weigh
+      // by their size.
       reduce_buf_.resize(2 * c_n + 1);
-      for (int64_t c = 0; c < c_n; ++c) {
-        reduce_buf_[c] = static_cast<float>(s1[c]);
-        reduce_buf_[c_n + c] = static_cast<float>(s2[c]);
-      }
-      reduce_buf_[2 * c_n] = static_cast<float>(count);
-      context().all_reduce_sum(reduce_buf_.data(), 2 * c_n + 1);
-      for (int64_t c = 0; c < c_n; ++c) {
-        s1[c] = reduce_buf_[c];
-        s2[c] = reduce_buf_[c_n + c];
-      }
+      std::copy(s1.begin(), s1.end(), reduce_buf_.begin());
+      std::copy(s2.begin(), s2.end(), reduce_buf_.begin() + c_n);
+      reduce_buf_[2 * c_n] = count;
+      reducer->AllReduceSum(reduce_buf_.data(), 2 * c_n + 1);
+      std::copy(reduce_buf_.begin(), reduce_buf_.begin() + c_n, s1.begin());
+      std::copy(reduce_buf_.begin() + c_n, reduce_buf_.begin() + 2 * c_n, s2.begin());
       count = reduce_buf_[2 * c_n];
     }
     if (count <= 1) {
       Fail(Describe(), ": training needs more than one value per channel, got input ",
-           xt.ToString(), context().all_reduce_sum ? " (across all ranks)" : "");
+           xt.ToString(), reducer != nullptr ? " (across the batch-norm group's ranks)" : "");
     }
     count_ = count;
     for (int64_t c = 0; c < c_n; ++c) {
@@ -181,17 +188,13 @@ void BatchNormLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propaga
   if (last_used_batch_stats_) {
     // dx = gamma invstd (dy - mean(dy) - xhat mean(dy xhat)), means over the global batch.
     double count = count_;
-    if (context().all_reduce_sum) {
+    if (BatchStatsReducer* reducer = Reducer()) {
       reduce_buf_.resize(2 * c_n);
-      for (int64_t c = 0; c < c_n; ++c) {
-        reduce_buf_[c] = static_cast<float>(sdy[c]);
-        reduce_buf_[c_n + c] = static_cast<float>(sdyx[c] * invstd_[c]);  // sum dy * xhat
-      }
-      context().all_reduce_sum(reduce_buf_.data(), 2 * c_n);
-      for (int64_t c = 0; c < c_n; ++c) {
-        sdy[c] = reduce_buf_[c];
-        sdyx[c] = reduce_buf_[c_n + c] / invstd_[c];
-      }
+      std::copy(sdy.begin(), sdy.end(), reduce_buf_.begin());
+      std::copy(sdyx.begin(), sdyx.end(), reduce_buf_.begin() + c_n);  // sum dy * (x - mean)
+      reducer->AllReduceSum(reduce_buf_.data(), 2 * c_n);
+      std::copy(reduce_buf_.begin(), reduce_buf_.begin() + c_n, sdy.begin());
+      std::copy(reduce_buf_.begin() + c_n, reduce_buf_.end(), sdyx.begin());
     }
     for (int64_t c = 0; c < c_n; ++c) {
       const double g = gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0;

@@ -3,7 +3,8 @@
 //
 // Settings: eps (1e-5), momentum (0.1: the weight of the new batch, PyTorch's convention),
 // affine (true), zero_init (false; true starts gamma at 0, for the last BN of a residual
-// block), use_global_stats (default: true in the test phase, false in training).
+// block), use_global_stats (default: true in the test phase, false in training), sync
+// (synchronized statistics; default: the net-wide setting).
 // Shapes: bottom (N, C, *) (e.g. (N, C, H, W) or (N, C)); top has the same shape.
 // Params (affine only): <name>.weight (gamma, init 1) and <name>.bias (beta, init 0), both
 // ParamKind::kNorm. Buffers: <name>.running_mean (init 0), <name>.running_var (init 1).
@@ -14,16 +15,18 @@
 //   running_var  <- (1 - momentum) running_var  + momentum var * n / (n - 1) (unbiased).
 // With use_global_stats the running statistics are used instead and are not updated.
 //
-// Synchronized BN: when context().all_reduce_sum is set, forward all-reduces the per-channel
-// [sum, sum of squares, count] in one call and backward the per-channel [sum dy,
-// sum dy * xhat] in one call (fp32), so the statistics and the input gradient are those of
-// the global batch. Parameter gradients stay local (the data-parallel all-reduce sums them
-// like every other gradient), as in torch.nn.SyncBatchNorm. The all-reduce is called from
-// Forward/Backward's own thread, never from inside a pool task.
+// Synchronized BN (setting `sync`, default: the net-wide distributed.sync_bn): with a
+// reducer in the context (LayerContext::batch_stats, the data-parallel glue's), forward sums
+// the per-channel [sum x, sum x^2, count] over the batch-norm group in one call and backward the
+// per-channel [sum dy, sum dy (x - mean)] in one call, so statistics and input gradients are
+// those of the group's combined batch, weighted by each rank's count (a short batch weighs
+// less). Parameter gradients stay local (the data-parallel all-reduce averages them like every
+// other gradient), as in torch.nn.SyncBatchNorm. Reductions run on Forward/Backward's own
+// thread, never inside a pool task.
 //
 // Numerics: the per-channel sums are accumulated in double (as PyTorch's CPU kernels do), so
-// var = E[x^2] - E[x]^2 does not cancel when |mean| >> std; synchronized, they travel as fp32,
-// which limits the variance's relative precision to about 1e-7 (mean^2 + var) / var.
+// var = E[x^2] - E[x]^2 does not cancel when |mean| >> std; synchronized, they travel as f64
+// too, so the group's statistics equal a single process's on the combined batch to rounding.
 // Threads: ParallelFor over channels (statistics) and over planes (elementwise passes).
 #pragma once
 
@@ -46,6 +49,8 @@ class BatchNormLayer : public Layer {
 
  private:
   bool UseGlobalStats() const;
+  // The reducer this layer synchronizes through, or null for per-rank statistics.
+  BatchStatsReducer* Reducer() const;
   template <typename T>
   void ForwardT(const Tensor& x, Tensor& y);
   template <typename T>
@@ -54,6 +59,8 @@ class BatchNormLayer : public Layer {
   double eps_ = 1e-5;
   double momentum_ = 0.1;
   bool affine_ = true;
+  bool has_sync_setting_ = false;
+  bool sync_setting_ = false;
   bool has_global_setting_ = false;
   bool use_global_stats_ = false;
   int64_t channels_ = 0;
@@ -63,7 +70,7 @@ class BatchNormLayer : public Layer {
   bool last_used_batch_stats_ = false;
   std::vector<double> mean_, invstd_;
   double count_ = 0;
-  std::vector<float> reduce_buf_;  // all-reduce staging
+  std::vector<double> reduce_buf_;  // all-reduce staging
 };
 
 }  // namespace cortado

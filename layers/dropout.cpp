@@ -52,9 +52,21 @@ void DropoutLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<B
     const T scale = static_cast<T>(1.0 / (1.0 - ratio_));
     const double ratio = ratio_;
     uint8_t* mask = mask_.data<uint8_t>();
+    // Element f of local sample j is element f of global sample sample_base + j * stride, so
+    // W ranks draw the masks one process draws for the combined batch.
+    const int64_t samples = std::max<int64_t>(1, bottom[0]->data.ndim() > 0 ? bottom[0]->data.dim(0) : 1);
+    const int64_t per_sample = n / samples;
+    const int64_t sample_base = context().sample_base, stride = context().sample_stride;
     ParallelFor(n, kDropoutChunk, [&](int64_t begin, int64_t end) {
+      int64_t j = per_sample > 0 ? begin / per_sample : 0;
+      int64_t f = begin - j * per_sample;
       for (int64_t i = begin; i < end; ++i) {
-        mask[i] = KeyToUniform(HashCombine(base, static_cast<uint64_t>(i))) >= ratio ? 1 : 0;
+        const int64_t global = (sample_base + j * stride) * per_sample + f;
+        mask[i] = KeyToUniform(HashCombine(base, static_cast<uint64_t>(global))) >= ratio ? 1 : 0;
+        if (++f == per_sample) {
+          f = 0;
+          ++j;
+        }
       }
       MaskKernel(mask + begin, scale, x + begin, y + begin, end - begin);
     });

@@ -4,10 +4,13 @@
 // Settings: ratio (0.5; 0 <= ratio < 1).
 // Shapes: any; top has bottom's shape.
 // Randomness: counter-based. Element i is dropped when
-//   KeyToUniform(HashCombine(HashCombine(HashCombine(seed, HashString(name)), iteration), i))
-// is below `ratio`, with seed and iteration from the layer context. The mask therefore depends
-// only on (run seed, layer name, iteration, element index): a resumed run draws the same masks
-// as an uninterrupted one, and the result does not depend on the thread count.
+//   KeyToUniform(HashCombine(HashCombine(HashCombine(seed, HashString(name)), iteration), g))
+// is below `ratio`, with seed and iteration from the layer context and g the element's index in
+// the global batch (element f of local sample j is element f of global sample
+// context.sample_base + j * context.sample_stride; g = i in a single process). The mask
+// therefore depends only on (run seed, layer name, iteration, global element index): a resumed
+// run draws the same masks as an uninterrupted one, W data-parallel ranks draw the masks one
+// process draws for the combined batch, and the result does not depend on the thread count.
 // Threads: ParallelFor over contiguous element ranges.
 #pragma once
 

@@ -1,14 +1,18 @@
 // `cortado bench train --config F [--iters N] [--warmup W] [--json] [--profile]`: training
 // throughput of the config's model and data, without evaluation or checkpoints. --profile
-// adds the per-layer forward/backward time, to see where a step goes.
+// adds the per-layer forward/backward time, to see where a step goes. Under `cortado launch`
+// (or mpirun, srun) it measures data-parallel training: global images/s, and how much of each
+// step was spent waiting for gradients (the exposed communication).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
 
+#include "engine/log.h"
 #include "engine/thread_pool.h"
 #include "tools/commands.h"
 #include "tools/trainer.h"
+#include "tools/world.h"
 
 namespace cortado::tools {
 
@@ -26,73 +30,85 @@ void AddBenchTrainCommand(CLI::App& bench) {
   cmd->add_option("--set", args->sets, "Override a config key");
   cmd->add_option("--iters", args->iters, "Timed iterations")->check(CLI::PositiveNumber);
   cmd->add_option("--warmup", args->warmup, "Untimed iterations first")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--threads", args->threads, "Thread budget");
+  cmd->add_option("--threads", args->threads, "Thread budget per rank");
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->add_flag("--profile", args->profile, "Per-layer time");
   cmd->callback([args] {
     RunConfig config = LoadRunConfig(args->config, args->sets);
-    ApplyThreadBudget(args->threads);
-    std::unique_ptr<BatchSource> source = MakeTrainSource(config.data, ShardSpec{}, config.seed);
-    NetSpec spec = MakeNetSpec(config, source->sample_shape(), source->num_classes(),
-                               config.data.batch_size);
-    Net net(spec, config.seed);
-    SgdSolver solver(net.params(), config.solver.sgd);
-    Batch batch;
+    // Long enough for any run length: the schedule plays no part in a throughput measurement.
+    config.solver.epoch_based = false;
+    config.solver.max_iter = args->warmup + args->iters + 1;
+    World world = JoinWorld(config.distributed);
+    JoinAsRank(world);
+    ApplyThreadBudget(args->threads, world.local_size);
+    Trainer trainer(config, std::move(world));
+    trainer.Start("");
     std::map<std::string, std::pair<double, double>> per_layer;  // name -> (fwd, bwd) seconds
     std::vector<std::string> order;
-    double data_s = 0;
-    auto step = [&](int64_t it, bool timed) {
-      auto t0 = std::chrono::steady_clock::now();
-      source->Next(batch);
-      if (timed) data_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      net.input("data") = batch.images;
-      net.input("label") = batch.labels;
-      net.set_iteration(it);
-      net.Forward();
-      net.Backward();
-      solver.Step(config.solver.schedule.base_lr);
-      if (timed && args->profile) {
-        for (const auto& t : net.layer_times()) {
-          if (!per_layer.count(t.name)) order.push_back(t.name);
-          per_layer[t.name].first += t.forward_s;
-          per_layer[t.name].second += t.backward_s;
+    for (int64_t i = 0; i < args->warmup; ++i) trainer.Step();
+    trainer.net().set_profiling(args->profile);
+    StepTimes sum;
+    std::vector<double> step_s;
+    auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < args->iters; ++i) {
+      auto s0 = std::chrono::steady_clock::now();
+      StepTimes t = trainer.Step();
+      step_s.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count());
+      sum.data_wait += t.data_wait;
+      sum.compute += t.compute;
+      sum.comm_wait += t.comm_wait;
+      sum.sync_bn += t.sync_bn;
+      if (args->profile) {
+        for (const auto& l : trainer.net().layer_times()) {
+          if (!per_layer.count(l.name)) order.push_back(l.name);
+          per_layer[l.name].first += l.forward_s;
+          per_layer[l.name].second += l.backward_s;
         }
       }
-    };
-    source->Start(0, 0);
-    for (int64_t i = 0; i < args->warmup; ++i) step(i, false);
-    net.set_profiling(args->profile);
-    auto t0 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < args->iters; ++i) step(args->warmup + i, true);
+    }
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    double img_per_s = args->iters * config.data.batch_size / seconds;
+    if (trainer.world().rank != 0) return SetExitCode(0);
+    std::sort(step_s.begin(), step_s.end());
+    const double median = step_s[step_s.size() / 2];
+    const double n = static_cast<double>(args->iters);
+    const double img_per_s = n * static_cast<double>(trainer.global_batch()) / seconds;
     std::string model = config.model.builder.empty() ? "graph" : config.model.builder;
+    const int ranks = trainer.world().size;
     if (args->json) {
-      std::printf("{\"model\":\"%s\",\"batch\":%lld,\"threads\":%d,\"iters\":%lld,"
-                  "\"img_per_s\":%.2f,\"ms_per_iter\":%.3f,\"data_ms_per_iter\":%.3f",
-                  model.c_str(), static_cast<long long>(config.data.batch_size), NumThreads(),
-                  static_cast<long long>(args->iters), img_per_s, 1000 * seconds / args->iters,
-                  1000 * data_s / args->iters);
+      std::printf("{\"model\":\"%s\",\"batch\":%lld,\"ranks\":%d,\"threads\":%d,\"iters\":%lld,"
+                  "\"overlap\":%s,\"img_per_s\":%.2f,\"ms_per_iter\":%.3f,"
+                  "\"step_ms_median\":%.3f,\"step_ms_min\":%.3f,\"step_ms_max\":%.3f,"
+                  "\"compute_ms\":%.3f,\"comm_wait_ms\":%.3f,\"sync_bn_ms\":%.3f,"
+                  "\"data_ms_per_iter\":%.3f",
+                  model.c_str(), static_cast<long long>(config.data.batch_size), ranks,
+                  NumThreads(), static_cast<long long>(args->iters),
+                  config.distributed.overlap ? "true" : "false", img_per_s,
+                  1000 * seconds / n, 1000 * median, 1000 * step_s.front(),
+                  1000 * step_s.back(), 1000 * sum.compute / n, 1000 * sum.comm_wait / n,
+                  1000 * sum.sync_bn / n, 1000 * sum.data_wait / n);
       if (args->profile) {
         std::printf(",\"layers\":[");
         for (size_t i = 0; i < order.size(); ++i) {
           auto [f, b] = per_layer[order[i]];
           std::printf("%s{\"name\":\"%s\",\"forward_ms\":%.3f,\"backward_ms\":%.3f}", i ? "," : "",
-                      order[i].c_str(), 1000 * f / args->iters, 1000 * b / args->iters);
+                      order[i].c_str(), 1000 * f / n, 1000 * b / n);
         }
         std::printf("]");
       }
       std::printf("}\n");
     } else {
-      std::printf("%s: batch %lld, %d thread(s): %.1f img/s (%.2f ms/iter, data %.2f ms/iter)\n",
-                  model.c_str(), static_cast<long long>(config.data.batch_size), NumThreads(),
-                  img_per_s, 1000 * seconds / args->iters, 1000 * data_s / args->iters);
+      std::printf("%s: batch %lld x %d rank(s), %d thread(s) each: %.1f img/s (%.2f ms/iter: "
+                  "compute %.2f, comm wait %.2f, data %.2f)\n",
+                  model.c_str(), static_cast<long long>(config.data.batch_size), ranks,
+                  NumThreads(), img_per_s, 1000 * seconds / n, 1000 * sum.compute / n,
+                  1000 * sum.comm_wait / n, 1000 * sum.data_wait / n);
       if (args->profile) {
         std::printf("%-26s %10s %10s %7s\n", "layer", "fwd ms", "bwd ms", "share");
         for (const std::string& name : order) {
           auto [f, b] = per_layer[name];
-          std::printf("%-26s %10.3f %10.3f %6.1f%%\n", name.c_str(), 1000 * f / args->iters,
-                      1000 * b / args->iters, 100 * (f + b) / seconds);
+          std::printf("%-26s %10.3f %10.3f %6.1f%%\n", name.c_str(), 1000 * f / n,
+                      1000 * b / n, 100 * (f + b) / seconds);
         }
       }
     }

@@ -5,12 +5,20 @@
 
 #include <CLI/CLI.hpp>
 
+namespace cortado {
+struct World;
+}
+
 namespace cortado::tools {
 
 void SetExitCode(int code);
-// Sets the engine's thread budget: threads > 0, else CORTADO_NUM_THREADS, else all cores.
-void ApplyThreadBudget(int threads);
+// Sets the engine's thread budget: threads > 0, else CORTADO_NUM_THREADS, else the cores
+// divided among the local_ranks ranks of a job that share this machine.
+void ApplyThreadBudget(int threads, int local_ranks = 1);
 int ExitCode();
+// A rank of a multi-rank job: its log lines carry its rank, and ranks other than 0 log only
+// warnings and errors (unless CORTADO_LOG_LEVEL says otherwise).
+void JoinAsRank(const World& world);
 
 void AddTrainCommand(CLI::App& app);
 void AddEvalCommand(CLI::App& app);

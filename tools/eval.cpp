@@ -1,4 +1,5 @@
-// `cortado eval --config F --checkpoint PATH [--json] [--set k=v]...`
+// `cortado eval --config F --checkpoint PATH [--json] [--set k=v]...`; under `cortado launch`,
+// mpirun or srun the ranks split the validation set and rank 0 prints the totals.
 #include <cstdio>
 
 #include "engine/checkpoint.h"
@@ -6,6 +7,7 @@
 #include "engine/thread_pool.h"
 #include "tools/commands.h"
 #include "tools/trainer.h"
+#include "tools/world.h"
 
 namespace cortado::tools {
 
@@ -22,20 +24,24 @@ void AddEvalCommand(CLI::App& app) {
   cmd->add_option("--checkpoint", args->checkpoint, "Checkpoint file")->required();
   cmd->add_option("--set", args->sets, "Override a config key");
   cmd->add_flag("--json", args->json, "Print one JSON object");
-  cmd->add_option("--threads", args->threads, "Thread budget");
+  cmd->add_option("--threads", args->threads, "Thread budget per rank");
   cmd->callback([args] {
     RunConfig config = LoadRunConfig(args->config, args->sets);
     CORTADO_CHECK(!config.data.val.empty() || config.data.type == "synthetic",
                   args->config, ": data.val is not set; there is nothing to evaluate on");
-    ApplyThreadBudget(args->threads);
+    World world = JoinWorld(config.distributed);
+    JoinAsRank(world);
+    ApplyThreadBudget(args->threads, world.local_size);
     Checkpoint ckpt = LoadCheckpoint(args->checkpoint);
-    std::unique_ptr<BatchSource> val = MakeEvalSource(config.data, ShardSpec{});
+    std::unique_ptr<BatchSource> val =
+        MakeEvalSource(config.data, ShardSpec{world.rank, world.size});
     int64_t batch = config.data.val_batch_size > 0 ? config.data.val_batch_size
                                                    : config.data.batch_size;
     NetSpec spec = MakeNetSpec(config, val->sample_shape(), val->num_classes(), batch);
-    Net net(spec, config.seed);
-    LoadWeights(net, ckpt, args->checkpoint);
-    EvalResult r = Evaluate(net, *val);
+    Net net(spec, config.seed, config.precision.compute);
+    net.LoadState(ckpt, args->checkpoint);
+    EvalResult r = Evaluate(net, *val, world.comm.get());
+    if (world.rank != 0) return SetExitCode(0);
     if (args->json) {
       std::printf("{\"top1\":%.6f,\"top5\":%.6f,\"loss\":%.6f,\"images\":%lld}\n", r.top1, r.top5,
                   r.loss, static_cast<long long>(r.images));

@@ -26,7 +26,7 @@ void AddInspectCommand(CLI::App& app) {
       std::unique_ptr<BatchSource> source = MakeTrainSource(config.data, ShardSpec{}, config.seed);
       NetSpec spec = MakeNetSpec(config, source->sample_shape(), source->num_classes(),
                                  config.data.batch_size);
-      Net net(spec, config.seed);
+      Net net(spec, config.seed, config.precision.compute);
       std::printf("%s", net.Summary().c_str());
       std::printf("data: %lld samples, %lld batches of %lld per epoch, sample %s\n",
                   static_cast<long long>(source->samples_per_epoch()),

@@ -40,11 +40,10 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  } catch (const cortado::Error& e) {
-    std::fprintf(stderr, "cortado %s: error: %s\n", command.c_str(), e.what());
-    return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "cortado %s: error: %s\n", command.c_str(), e.what());
+    // In a multi-rank job the prefix says which rank is speaking ("rank 1: ").
+    std::fprintf(stderr, "cortado %s: error: %s%s\n", command.c_str(),
+                 cortado::LogPrefix().c_str(), e.what());
     return 1;
   }
   return ExitCode();

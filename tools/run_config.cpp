@@ -209,6 +209,35 @@ RunConfig ParseRunConfig(YamlConfig& yaml) {
   Require(c.checkpoint.keep >= 1, k, "keep", "must be >= 1");
   k.Finish();
 
+  YamlSection dd = root.Section("distributed");
+  DistributedConfig& dc = c.distributed;
+  dc.backend = dd.String("backend", "");
+  Require(dc.backend.empty() || dc.backend == "tcp" || dc.backend == "mpi", dd, "backend",
+          "must be tcp or mpi, got '" + dc.backend + "'");
+  dc.bucket_mb = dd.Float("bucket_mb", dc.bucket_mb);
+  Require(dc.bucket_mb > 0 && dc.bucket_mb <= 4096, dd, "bucket_mb", "must be in (0, 4096]");
+  dc.first_bucket_mb = dd.Float("first_bucket_mb", dc.first_bucket_mb);
+  Require(dc.first_bucket_mb > 0 && dc.first_bucket_mb <= 4096, dd, "first_bucket_mb",
+          "must be in (0, 4096]");
+  dc.overlap = dd.Bool("overlap", dc.overlap);
+  dc.timeout_s = dd.Float("timeout_s", 0.0);
+  Require(dc.timeout_s >= 0, dd, "timeout_s", "must be >= 0 (0: CORTADO_TIMEOUT_S, else 300)");
+  dc.connect_timeout_s = dd.Float("connect_timeout_s", 0.0);
+  Require(dc.connect_timeout_s >= 0, dd, "connect_timeout_s",
+          "must be >= 0 (0: CORTADO_CONNECT_TIMEOUT_S, else timeout_s)");
+  dc.sync_bn = dd.Bool("sync_bn", dc.sync_bn);
+  const int64_t group = dd.Int("sync_bn_group", 0);
+  Require(group >= 0 && group <= 1 << 20, dd, "sync_bn_group",
+          "must be >= 1 (ranks per batch-norm group) or 0 (all ranks)");
+  dc.sync_bn_group = static_cast<int>(group);
+  dd.Finish();
+
+  YamlSection pr = root.Section("precision");
+  const std::string compute = pr.String("compute", "fp32");
+  Require(compute == "fp32" || compute == "fp64", pr, "compute", "must be fp32 or fp64, got '" + compute + "'");
+  c.precision.compute = compute == "fp64" ? DType::kF64 : DType::kF32;
+  pr.Finish();
+
   YamlSection l = root.Section("log");
   c.log_interval = l.Int("interval", 50);
   Require(c.log_interval >= 1, l, "interval", "must be >= 1");

@@ -38,6 +38,26 @@ struct CheckpointConfig {
   int keep = 3;
 };
 
+// The `distributed:` section: how ranks talk and how gradients and batch-norm statistics are
+// combined. Rank and world size come from the launcher (tools/world.h).
+struct DistributedConfig {
+  std::string backend;             // tcp | mpi; "": CORTADO_BACKEND, else tcp
+  double bucket_mb = 25;           // gradient bucket size
+  double first_bucket_mb = 1;      // the first bucket (the last layers), so comm starts early
+  bool overlap = true;             // all-reduce buckets during backward
+  double timeout_s = 0;            // deadline of every collective; 0: CORTADO_TIMEOUT_S or 300
+  double connect_timeout_s = 0;    // rendezvous deadline; 0: CORTADO_CONNECT_TIMEOUT_S or timeout
+  bool sync_bn = false;            // synchronized batch norm, net-wide (a layer's `sync` wins)
+  int sync_bn_group = 0;           // ranks per batch-norm group; 0: all ranks
+};
+
+// The `precision:` section. fp64 computes every layer, gradient and update in double: about
+// 2-4x slower, for numerical reference runs (the data-parallel equivalence tests compare in it,
+// where f32 rounding would flip single ReLUs between runs and hide what is being compared).
+struct PrecisionConfig {
+  DType compute = DType::kF32;     // fp32 | fp64
+};
+
 struct RunConfig {
   std::string file;
   uint64_t seed = 1;
@@ -45,6 +65,8 @@ struct RunConfig {
   DataOptions data;
   SolverConfig solver;
   CheckpointConfig checkpoint;
+  DistributedConfig distributed;
+  PrecisionConfig precision;
   int64_t log_interval = 50;
   std::string resolved_yaml;       // the document with overrides applied
 };

@@ -2,10 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
+#include <sstream>
 
 #include "engine/error.h"
 #include "engine/log.h"
@@ -16,33 +17,8 @@ namespace cortado {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-std::string JsonNumber(double v) {
-  if (!std::isfinite(v)) return "null";
-  char buf[40];
-  std::snprintf(buf, sizeof(buf), "%.17g", v);
-  return buf;
-}
-
-std::string Fixed(double v, int digits) {
-  char buf[40];
-  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
-  return buf;
-}
-
-std::string FormatDuration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "?";
-  int64_t s = static_cast<int64_t>(seconds + 0.5);
-  char buf[32];
-  if (s >= 3600) {
-    std::snprintf(buf, sizeof(buf), "%lld:%02lld:%02lld", static_cast<long long>(s / 3600),
-                  static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
-  } else {
-    std::snprintf(buf, sizeof(buf), "%lld:%02lld", static_cast<long long>(s / 60),
-                  static_cast<long long>(s % 60));
-  }
-  return buf;
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
 }
 
 // Points the net's inputs at the batch (no copy: the net reads them during this step only).
@@ -57,13 +33,23 @@ void FeedBatch(Net& net, const Batch& batch) {
                 "data source produced images ", batch.images.ToString(),
                 " but the net expects [N, ", data.dim(1), ", ", data.dim(2), ", ", data.dim(3),
                 "]");
-  data = batch.images;
+  if (data.dtype() == DType::kF32) {
+    data = batch.images;
+  } else {
+    // An f64 net (precision.compute: fp64) gets a converted copy in its own input tensor.
+    data.Resize(batch.images.shape(), data.dtype());
+    data.ConvertFrom(batch.images);
+  }
   net.input("label") = batch.labels;
 }
 
 double BlobValue(Net& net, const std::string& name) {
   if (!net.has_blob(name)) return NAN;
   return ElementAsDouble(net.blob(name)->data, 0);
+}
+
+std::string Bytes(double bytes) {
+  return bytes < 1048576.0 ? Fixed(bytes / 1024.0, 0) + " KB" : Fixed(bytes / 1048576.0, 1) + " MB";
 }
 
 }  // namespace
@@ -95,58 +81,91 @@ NetSpec MakeNetSpec(const RunConfig& config, const Shape& sample_shape, int64_t 
   return spec;
 }
 
-EvalResult Evaluate(Net& net, BatchSource& source) {
+EvalResult Evaluate(Net& net, BatchSource& source, dist::Communicator* comm) {
   Phase previous = net.phase();
   net.set_phase(Phase::kTest);
-  EvalResult r;
-  double top1 = 0, top5 = 0, loss = 0;
+  // Sums: correct top-1 and top-5 images (whole numbers: the accuracy layers give fractions of
+  // the batch), loss times images, images.
+  double sums[4] = {0, 0, 0, 0};
   Batch batch;
   source.Start(0, 0);
   while (source.Next(batch)) {
     FeedBatch(net, batch);
-    double l = net.Forward();
-    double n = static_cast<double>(batch.size);
-    loss += l * n;
-    top1 += BlobValue(net, "top1") * n;
-    top5 += BlobValue(net, "top5") * n;
-    r.images += batch.size;
+    const double loss = net.Forward();
+    const double n = static_cast<double>(batch.size);
+    sums[0] += std::round(BlobValue(net, "top1") * n);
+    sums[1] += std::round(BlobValue(net, "top5") * n);
+    sums[2] += loss * n;
+    sums[3] += n;
   }
   net.set_phase(previous);
+  if (comm != nullptr && comm->size() > 1) {
+    comm->AllReduce(sums, 4, dist::DataType::kF64, dist::ReduceOp::kSum);
+  }
+  EvalResult r;
+  r.images = static_cast<int64_t>(sums[3]);
   if (r.images > 0) {
-    r.top1 = top1 / r.images;
-    r.top5 = top5 / r.images;
-    r.loss = loss / r.images;
+    r.top1 = sums[0] / sums[3];
+    r.top5 = sums[1] / sums[3];
+    r.loss = sums[2] / sums[3];
   }
   return r;
 }
 
-void LoadWeights(Net& net, const Checkpoint& ckpt, const std::string& path) {
-  auto load = [&](const std::string& key, Tensor& into, const std::string& what) {
-    const Tensor* t = ckpt.Find(key);
-    CORTADO_CHECK(t != nullptr, "checkpoint '", path, "' has no ", what,
-                  " (was it written for another model?)");
-    CORTADO_CHECK(t->shape() == into.shape(), "checkpoint '", path, "': ", what, " has shape ",
-                  ShapeString(t->shape()), ", the model wants ", ShapeString(into.shape()));
-    into.ConvertFrom(*t);
-  };
-  for (Param* p : net.params()) load("param/" + p->name, p->value, "parameter '" + p->name + "'");
-  for (Buffer* b : net.buffers()) load("buffer/" + b->name, b->value, "buffer '" + b->name + "'");
-}
-
-Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
+Trainer::Trainer(RunConfig config, World world)
+    : config_(std::move(config)), world_(std::move(world)) {
   const uint64_t seed = config_.seed;
-  train_source_ = MakeTrainSource(config_.data, ShardSpec{}, seed);
+  const ShardSpec shard{world_.rank, world_.size};
+  train_source_ = MakeTrainSource(config_.data, shard, seed);
   if (!config_.data.val.empty() || config_.data.type == "synthetic") {
-    val_source_ = MakeEvalSource(config_.data, ShardSpec{});
+    val_source_ = MakeEvalSource(config_.data, shard);
   }
   NetSpec spec = MakeNetSpec(config_, train_source_->sample_shape(),
                              train_source_->num_classes(), config_.data.batch_size);
-  net_ = std::make_unique<Net>(spec, seed);
+  net_ = std::make_unique<Net>(spec, seed, config_.precision.compute);
   solver_ = std::make_unique<SgdSolver>(net_->params(), config_.solver.sgd);
   schedule_ = std::make_unique<LrSchedule>(config_.solver.schedule);
   batches_per_epoch_ = train_source_->batches_per_epoch();
   max_iter_ = config_.solver.epoch_based ? config_.solver.max_epochs * batches_per_epoch_
                                          : config_.solver.max_iter;
+  if (world_.size == 1) return;
+
+  CORTADO_CHECK(world_.comm != nullptr, "a ", world_.size, "-rank job without a communicator");
+  // Sample j of this rank is sample rank + j * W of the global batch (EpochSharder).
+  net_->context().sample_base = world_.rank;
+  net_->context().sample_stride = world_.size;
+  const DistributedConfig& d = config_.distributed;
+  const int group = d.sync_bn_group == 0 ? world_.size : d.sync_bn_group;
+  CORTADO_CHECK(world_.size % group == 0, "distributed.sync_bn_group is ", group,
+                ", which does not divide the world size ", world_.size,
+                " (groups are consecutive ranks; use a divisor, or 0 for all ranks)");
+  // Batch-norm statistics get a communicator of their own, so that a layer's all-reduce inside
+  // backward never queues behind the gradient buckets on the job's communicator. Split is
+  // collective: every rank makes it, even where groups are of one.
+  std::unique_ptr<dist::Communicator> bn_comm =
+      world_.comm->Split(world_.rank / group, world_.rank);
+  if (group > 1) {
+    sync_bn_ = std::make_unique<SyncBatchNormReducer>(std::move(bn_comm));
+    net_->context().batch_stats = sync_bn_.get();
+    net_->context().sync_batch_norm = d.sync_bn;
+  }
+  dp_ = std::make_unique<DataParallel>(
+      *net_, *world_.comm, DataParallelOptions{d.bucket_mb, d.first_bucket_mb, d.overlap});
+  dp_->VerifySameJob(JobDescription());
+}
+
+Trainer::~Trainer() = default;
+
+std::string Trainer::JobDescription() const {
+  std::ostringstream out;
+  std::istringstream config(config_.resolved_yaml);
+  for (std::string line; std::getline(config, line);) out << "config: " << line << "\n";
+  for (Param* p : net_->params()) out << "model: " << p->name << " " << p->value.ToString() << "\n";
+  for (Buffer* b : net_->buffers()) out << "model: " << b->name << " " << b->value.ToString() << "\n";
+  out << "data: " << batches_per_epoch_ << " batches per epoch of samples "
+      << ShapeString(train_source_->sample_shape()) << ", " << train_source_->num_classes()
+      << " classes\n";
+  return out.str();
 }
 
 double Trainer::Progress(int64_t iteration) const {
@@ -161,17 +180,62 @@ bool Trainer::Crossed(double interval, int64_t iteration) const {
   return std::floor(b + 1e-9) > std::floor(a + 1e-9);
 }
 
-void Trainer::ClearProgressBar() {
-  if (!progress_bar_) return;
-  // The bar lives on stdout and log lines on stderr: erase and flush before a log line.
-  std::printf("\r\033[K");
-  std::fflush(stdout);
+void Trainer::SaveState(Checkpoint& ckpt) const {
+  ckpt.meta["format"] = "cortado-train";
+  ckpt.meta["iteration"] = std::to_string(iteration_);
+  ckpt.meta["epoch"] = std::to_string(iteration_ / batches_per_epoch_);
+  ckpt.meta["batch_in_epoch"] = std::to_string(iteration_ % batches_per_epoch_);
+  ckpt.meta["batches_per_epoch"] = std::to_string(batches_per_epoch_);
+  ckpt.meta["seed"] = std::to_string(config_.seed);
+  // All randomness during training is counter-based on (seed, epoch, iteration, index), so
+  // the generator state is fully described by the seed and the position above.
+  ckpt.meta["rng"] = "counter-based(seed, epoch, iteration)";
+  ckpt.meta["config"] = config_.resolved_yaml;
+  ckpt.meta["world_size"] = std::to_string(world_.size);
+  ckpt.meta["batch_per_rank"] = std::to_string(config_.data.batch_size);
+  ckpt.meta["global_batch"] = std::to_string(global_batch());
 }
 
-void Trainer::WriteMetric(const std::string& json) {
-  if (!metrics_.is_open()) return;
-  metrics_ << json << "\n";
-  metrics_.flush();
+void Trainer::LoadState(const Checkpoint& ckpt, const std::string& path) {
+  const int64_t iteration = ckpt.MetaInt("iteration");
+  CORTADO_CHECK(iteration >= 0 && iteration <= max_iter_, "checkpoint '", path,
+                "' is at iteration ", iteration, ", beyond this run's ", max_iter_);
+  if (ckpt.meta.count("global_batch")) {
+    // The data order and the schedule follow the global batch, not the rank count.
+    const int64_t saved = ckpt.MetaInt("global_batch");
+    if (saved != global_batch()) {
+      const int64_t ranks = ckpt.MetaInt("world_size");
+      std::string fix =
+          saved % world_.size == 0
+              ? StrCat("resume with --set data.batch_size=", saved / world_.size, " on ",
+                       world_.size, " rank(s)")
+              : StrCat("no per-rank batch gives ", saved, " on ", world_.size,
+                       " rank(s); resume on a rank count that divides it");
+      Fail("checkpoint '", path, "' was written with a global batch of ", saved, " (", ranks,
+           " rank(s) x ", ckpt.MetaInt("batch_per_rank"), "), this run's is ", global_batch(),
+           " (", world_.size, " x ", config_.data.batch_size, "); ", fix,
+           ", or start a new run in another checkpoint.dir");
+    }
+  }
+  const int64_t saved_bpe = ckpt.MetaInt("batches_per_epoch");
+  CORTADO_CHECK(saved_bpe == batches_per_epoch_, "checkpoint '", path, "' was written with ",
+                saved_bpe, " batches per epoch, this run has ", batches_per_epoch_,
+                " (batch size or data changed)");
+  iteration_ = iteration;
+}
+
+Checkpoint Trainer::CollectState() const {
+  Checkpoint ckpt;
+  SaveState(ckpt);
+  net_->SaveState(ckpt);
+  solver_->SaveState(ckpt);
+  return ckpt;
+}
+
+void Trainer::LoadAllState(const Checkpoint& ckpt, const std::string& path) {
+  net_->LoadState(ckpt, path);
+  solver_->LoadState(ckpt, path);
+  LoadState(ckpt, path);
 }
 
 void Trainer::Resume(const std::string& what) {
@@ -195,162 +259,261 @@ void Trainer::Resume(const std::string& what) {
   } else {
     ckpt = LoadCheckpoint(path);
   }
-  LoadWeights(*net_, ckpt, path);
-  std::vector<Buffer>& momentum = solver_->state();
-  for (Buffer& b : momentum) {
-    const Tensor* t = ckpt.Find("momentum/" + b.name);
-    CORTADO_CHECK(t != nullptr && t->shape() == b.value.shape(), "checkpoint '", path,
-                  "' has no matching solver state for '", b.name, "'");
-    b.value.ConvertFrom(*t);
-  }
-  iteration_ = ckpt.MetaInt("iteration");
-  CORTADO_CHECK(iteration_ >= 0 && iteration_ <= max_iter_, "checkpoint '", path,
-                "' is at iteration ", iteration_, ", beyond this run's ", max_iter_);
-  int64_t saved_bpe = ckpt.MetaInt("batches_per_epoch");
-  CORTADO_CHECK(saved_bpe == batches_per_epoch_, "checkpoint '", path, "' was written with ",
-                saved_bpe, " batches per epoch, this run has ", batches_per_epoch_,
-                " (batch size or data changed)");
+  LoadAllState(ckpt, path);
   LogInfo("resumed from '", path, "' at iteration ", iteration_, " (epoch ",
           iteration_ / batches_per_epoch_, ")");
 }
 
+void Trainer::Start(const std::string& resume) {
+  if (world_.size == 1) {
+    if (!resume.empty()) Resume(resume);
+    return;
+  }
+  // Rank 0 resumes (or keeps its fresh initialization) and sends its whole state; a failure
+  // there reaches every rank as the same error instead of a lost connection.
+  std::string blob;
+  if (is_root()) {
+    try {
+      if (!resume.empty()) Resume(resume);
+      blob = "S" + SerializeCheckpoint(CollectState());
+    } catch (const Error& e) {
+      blob = std::string("E") + e.what();
+    }
+  }
+  BroadcastBytes(*world_.comm, &blob);
+  CORTADO_CHECK(!blob.empty(), "rank 0 sent no starting state");
+  if (blob[0] == 'E') Fail(blob.substr(1));
+  if (!is_root()) LoadAllState(ParseCheckpoint(blob.substr(1), "rank 0's state"), "rank 0's state");
+}
+
 std::string Trainer::SaveCheckpointNow() {
-  Checkpoint ckpt;
-  ckpt.meta["format"] = "cortado-train";
-  ckpt.meta["iteration"] = std::to_string(iteration_);
-  ckpt.meta["epoch"] = std::to_string(iteration_ / batches_per_epoch_);
-  ckpt.meta["batch_in_epoch"] = std::to_string(iteration_ % batches_per_epoch_);
-  ckpt.meta["batches_per_epoch"] = std::to_string(batches_per_epoch_);
-  ckpt.meta["seed"] = std::to_string(config_.seed);
-  // All randomness during training is counter-based on (seed, epoch, iteration, index), so
-  // the generator state is fully described by the seed and the position above.
-  ckpt.meta["rng"] = "counter-based(seed, epoch, iteration)";
-  ckpt.meta["config"] = config_.resolved_yaml;
-  for (Param* p : net_->params()) ckpt.Add("param/" + p->name, p->value);
-  for (Buffer* b : net_->buffers()) ckpt.Add("buffer/" + b->name, b->value);
-  for (Buffer& b : solver_->state()) ckpt.Add("momentum/" + b.name, b.value);
   std::string path =
       (std::filesystem::path(config_.checkpoint.dir) / CheckpointFileName(iteration_)).string();
-  SaveCheckpoint(ckpt, path);
+  SaveCheckpoint(CollectState(), path);
   PruneCheckpoints(config_.checkpoint.dir, config_.checkpoint.keep);
   return path;
 }
 
-void Trainer::TrainStep() {
-  auto t0 = Clock::now();
+StepTimes Trainer::Step(const std::atomic<bool>* stop) {
+  StepTimes times;
+  const auto t0 = Clock::now();
   train_source_->Next(batch_);
-  wait_seconds_ += Since(t0);
+  const auto t1 = Clock::now();
+  times.data_wait = Seconds(t0, t1);
   FeedBatch(*net_, batch_);
   net_->set_phase(Phase::kTrain);
   net_->set_iteration(iteration_);
-  last_loss_ = net_->Forward();
-  CORTADO_CHECK(std::isfinite(last_loss_), "the loss became ", last_loss_, " at iteration ",
-                iteration_, " (try a lower solver.base_lr or a warmup)");
+  if (dp_) dp_->BeginStep();
+  double loss = net_->Forward();
+  if (dp_) {
+    // A signal that arrived by now stops the job after this very step.
+    dp_->SetControl(loss, stop != nullptr && stop->load());
+  } else {
+    CORTADO_CHECK(std::isfinite(loss), "the loss became ", loss, " at iteration ", iteration_,
+                  " (try a lower solver.base_lr or a warmup)");
+  }
   net_->Backward();
+  const auto t2 = Clock::now();
+  if (dp_) {
+    DataParallel::StepResult r = dp_->FinishStep();
+    times.comm_wait = dp_->last_wait_seconds();
+    stop_agreed_ = r.stop;
+    loss = r.loss;
+    // Every rank sees the same mean loss, so all of them stop here together.
+    CORTADO_CHECK(std::isfinite(loss), "the loss became ", loss, " at iteration ", iteration_,
+                  " (averaged over ", world_.size,
+                  " ranks; try a lower solver.base_lr or a warmup)");
+  }
+  const auto t3 = Clock::now();
+  last_loss_ = loss;
   last_lr_ = schedule_->At(Progress(iteration_));
   solver_->Step(last_lr_);
+  const auto t4 = Clock::now();
+  times.compute = Seconds(t1, t2) + Seconds(t3, t4);
+  if (sync_bn_) times.sync_bn = sync_bn_->TakeSeconds();
+  if (trace_ && iteration_ < trace_until_) TraceStep(times, t0, t3, t4);
   ++iteration_;
+  if (trace_ && iteration_ == trace_until_) FinishTrace();
+  return times;
+}
+
+void Trainer::TraceStep(const StepTimes& times, Clock::time_point t0, Clock::time_point t_update0,
+                        Clock::time_point t_update1) {
+  Trace& trace = *trace_;
+  const double it = static_cast<double>(iteration_);
+  trace.Add(TraceTrack::kCompute, "data wait", "data", t0,
+            t0 + std::chrono::duration_cast<Clock::duration>(
+                     std::chrono::duration<double>(times.data_wait)),
+            {{"iteration", it}});
+  for (const Net::LayerTime& l : net_->layer_times()) {
+    auto dur = [](double s) {
+      return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+    };
+    trace.Add(TraceTrack::kCompute, l.name, "forward", l.forward_start,
+              l.forward_start + dur(l.forward_s));
+    if (l.backward_s > 0 && l.backward_start >= l.forward_start) {
+      trace.Add(TraceTrack::kCompute, l.name, "backward", l.backward_start,
+                l.backward_start + dur(l.backward_s));
+    }
+  }
+  trace.Add(TraceTrack::kCompute, "update", "solver", t_update0, t_update1, {{"iteration", it}});
+}
+
+void Trainer::FinishTrace() {
+  if (!trace_) return;
+  net_->set_profiling(false);
+  if (dp_) dp_->set_trace(nullptr);
+  if (sync_bn_) sync_bn_->set_trace(nullptr);
+  trace_->Write(trace_path_);
+  LogInfo("trace of iterations ", first_iteration_, "-", iteration_ - 1, " written to '",
+          trace_path_, "' (", trace_->size(), " events; open in Perfetto or chrome://tracing)");
+  trace_.reset();
 }
 
 void Trainer::RunEval() {
   if (!val_source_) return;
   auto t0 = Clock::now();
-  last_eval_ = Evaluate(*net_, *val_source_);
-  double epoch = Progress(iteration_) * (config_.solver.epoch_based ? 1.0 : 1.0 / batches_per_epoch_);
-  ClearProgressBar();
+  last_eval_ = Evaluate(*net_, *val_source_, world_.comm.get());
+  if (!is_root()) return;
+  double epoch = static_cast<double>(iteration_) / batches_per_epoch_;
+  progress_.Clear();
   LogInfo("eval  iter ", iteration_, "  epoch ", Fixed(epoch, 2), "  top1 ",
           Fixed(last_eval_.top1 * 100, 2), "%  top5 ", Fixed(last_eval_.top5 * 100, 2),
           "%  loss ", Fixed(last_eval_.loss, 4), "  (", last_eval_.images, " images, ",
-          Fixed(Since(t0), 1), " s)");
-  WriteMetric(StrCat("{\"event\":\"eval\",\"iter\":", iteration_, ",\"epoch\":", JsonNumber(epoch),
-                     ",\"top1\":", JsonNumber(last_eval_.top1), ",\"top5\":",
-                     JsonNumber(last_eval_.top5), ",\"loss\":", JsonNumber(last_eval_.loss),
-                     ",\"images\":", last_eval_.images, "}"));
+          Fixed(Seconds(t0, Clock::now()), 1), " s)");
+  nlohmann::ordered_json m;
+  m["event"] = "eval";
+  m["iter"] = iteration_;
+  m["epoch"] = epoch;
+  m["top1"] = last_eval_.top1;
+  m["top5"] = last_eval_.top5;
+  m["loss"] = last_eval_.loss;
+  m["images"] = last_eval_.images;
+  metrics_.Write(m);
+}
+
+void Trainer::LogInterval() {
+  const IntervalStats& s = interval_;
+  const double seconds = s.Seconds();
+  const double steps = static_cast<double>(s.steps);
+  const double images = steps * static_cast<double>(global_batch());
+  const double img_per_s = images / std::max(seconds, 1e-9);
+  const double epoch = static_cast<double>(iteration_) / batches_per_epoch_;
+  const double eta = static_cast<double>(max_iter_ - iteration_) * seconds / steps;
+  const double loss = s.loss_sum / steps;
+  progress_.Clear();
+  std::string comm;
+  if (dp_) {
+    comm = StrCat(", comm wait ", Fixed(1000 * s.time.comm_wait / steps, 1));
+    if (s.time.sync_bn > 0) {
+      comm += StrCat(" (+ sync BN ", Fixed(1000 * s.time.sync_bn / steps, 1), " in compute)");
+    }
+  }
+  LogInfo("train iter ", iteration_, "/", max_iter_, "  epoch ", Fixed(epoch, 2), "  loss ",
+          Fixed(loss, 4), "  lr ", last_lr_, "  ", static_cast<int64_t>(img_per_s),
+          " img/s  ms/step: compute ", Fixed(1000 * s.time.compute / steps, 1), comm, ", data ",
+          Fixed(1000 * s.time.data_wait / steps, 1), "  ETA ", FormatDuration(eta));
+  nlohmann::ordered_json m;
+  m["event"] = "train";
+  m["iter"] = iteration_;
+  m["epoch"] = epoch;
+  m["loss"] = loss;
+  m["lr"] = last_lr_;
+  m["img_per_s"] = img_per_s;
+  m["data_wait_s"] = s.time.data_wait;
+  m["compute_s"] = s.time.compute;
+  m["comm_wait_s"] = s.time.comm_wait;
+  m["sync_bn_s"] = s.time.sync_bn;
+  metrics_.Write(m);
+}
+
+void Trainer::StopHere(const char* why) {
+  if (trace_) FinishTrace();
+  if (is_root()) {
+    std::string path = SaveCheckpointNow();
+    progress_.Clear();
+    LogWarning(why, " at iteration ", iteration_, "; checkpoint saved to '", path,
+               "'. Resume with: cortado train --config ", config_.file, " --resume auto");
+  }
+  // Nobody leaves before rank 0's checkpoint is on disk: a launcher stops the other ranks as
+  // soon as one exits non-zero.
+  if (world_.comm) world_.comm->Barrier();
 }
 
 int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
-  progress_bar_ = options.progress_bar;
-  if (!options.resume.empty()) Resume(options.resume);
-  if (!options.metrics_path.empty()) {
-    std::filesystem::path parent = std::filesystem::path(options.metrics_path).parent_path();
-    std::error_code ec;
-    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    auto mode = std::ios::out | (iteration_ > 0 ? std::ios::app : std::ios::trunc);
-    metrics_.open(options.metrics_path, mode);
-    CORTADO_CHECK(metrics_.good(), "cannot write metrics file '", options.metrics_path, "'");
+  Start(options.resume);
+  if (is_root()) {
+    progress_ = ProgressBar(options.progress_bar);
+    metrics_.Open(options.metrics_path, iteration_ > 0);
+  }
+  first_iteration_ = iteration_;
+  if (!options.trace_path.empty()) {
+    trace_ = std::make_unique<Trace>(world_.rank);
+    trace_path_ = TracePathForRank(options.trace_path, world_.rank, world_.size);
+    trace_until_ = options.trace_iters > 0 ? iteration_ + options.trace_iters : max_iter_;
+    net_->set_profiling(true);
+    if (dp_) dp_->set_trace(trace_.get());
+    if (sync_bn_) sync_bn_->set_trace(trace_.get());
   }
   LogInfo("model: ", net_->num_parameters(), " parameters; data: ",
           train_source_->samples_per_epoch(), " training samples, ", batches_per_epoch_,
           " batches of ", config_.data.batch_size, " per epoch; ", NumThreads(), " thread(s)");
+  if (dp_) {
+    const auto& buckets = dp_->buckets();
+    std::string sizes;
+    for (const auto& b : buckets) {
+      if (!sizes.empty()) sizes += " + ";
+      sizes += Bytes(static_cast<double>(b.end - b.begin) *
+                     static_cast<double>(DTypeSize(dp_->gradient_block().dtype())));
+    }
+    LogInfo("data-parallel: ", world_.size, " ranks (", world_.backend, "), global batch ",
+            global_batch(), " (", world_.size, " x ", config_.data.batch_size,
+            "), learning rate ", config_.solver.schedule.base_lr,
+            " (solver.base_lr, not scaled with the global batch)");
+    LogInfo("gradients: ", buckets.size(), " bucket(s) of ", sizes, ", overlap ",
+            dp_->options().overlap ? "on" : "off", "; batch norm: ",
+            sync_bn_ ? (config_.distributed.sync_bn
+                            ? StrCat("synchronized over groups of ", sync_bn_->group_size())
+                            : std::string("per rank (sync_bn: false)"))
+                     : std::string("per rank"));
+  }
   LogInfo("training to iteration ", max_iter_, " (",
           Fixed(static_cast<double>(max_iter_) / batches_per_epoch_, 2),
           " epochs); checkpoints in '", config_.checkpoint.dir, "'");
   train_source_->Start(iteration_ / batches_per_epoch_, iteration_ % batches_per_epoch_);
 
-  double sum_loss = 0;
-  int64_t steps = 0;
-  wait_seconds_ = 0;
-  auto interval_start = Clock::now();
-  auto bar_time = Clock::now();
-  const auto run_start = Clock::now();
-  const int64_t first_iteration = iteration_;
+  interval_.Reset();
+  stop_agreed_ = false;
   while (iteration_ < max_iter_) {
-    bool stop_here = options.stop_at > 0 && iteration_ >= options.stop_at;
-    if (stop_here || (stop != nullptr && stop->load())) {
-      std::string path = SaveCheckpointNow();
-      ClearProgressBar();
-      LogWarning(stop_here ? "stopped" : "interrupted", " at iteration ", iteration_, "; checkpoint saved to '", path,
-                 "'. Resume with: cortado train --config ", config_.file, " --resume auto");
+    if (options.stop_at > 0 && iteration_ >= options.stop_at) {
+      StopHere("stopped");
       return 130;
     }
-    TrainStep();
-    sum_loss += last_loss_;
-    ++steps;
-    bool log_now = iteration_ % config_.log_interval == 0 || iteration_ == max_iter_;
-    if (log_now) {
-      double seconds = Since(interval_start);
-      double images = static_cast<double>(steps * config_.data.batch_size);
-      double img_per_s = images / std::max(seconds, 1e-9);
-      double epoch = static_cast<double>(iteration_) / batches_per_epoch_;
-      double eta = (max_iter_ - iteration_) * seconds / steps;
-      ClearProgressBar();
-      LogInfo("train iter ", iteration_, "/", max_iter_, "  epoch ", Fixed(epoch, 2), "  loss ",
-              Fixed(sum_loss / steps, 4), "  lr ", last_lr_, "  ",
-              static_cast<int64_t>(img_per_s), " img/s  data_wait ", Fixed(wait_seconds_, 3),
-              " s  ETA ", FormatDuration(eta));
-      WriteMetric(StrCat("{\"event\":\"train\",\"iter\":", iteration_, ",\"epoch\":",
-                         JsonNumber(epoch), ",\"loss\":", JsonNumber(sum_loss / steps),
-                         ",\"lr\":", JsonNumber(last_lr_), ",\"img_per_s\":",
-                         JsonNumber(img_per_s), ",\"data_wait_s\":", JsonNumber(wait_seconds_),
-                         "}"));
-      sum_loss = 0;
-      steps = 0;
-      wait_seconds_ = 0;
-      interval_start = Clock::now();
+    // One process stops as soon as it sees the signal; ranks stop after the step in which
+    // one of them voted, which all of them learn together.
+    if (dp_ ? stop_agreed_ : stop != nullptr && stop->load()) {
+      StopHere("interrupted");
+      return 130;
     }
-    if (progress_bar_ && std::chrono::duration<double>(Clock::now() - bar_time).count() > 0.25) {
-      bar_time = Clock::now();
-      const int width = 30;
-      int filled = static_cast<int>(width * iteration_ / max_iter_);
-      std::string bar(filled, '#');
-      bar.resize(width, '.');
-      double rate = static_cast<double>(iteration_ - first_iteration) /
-                    std::max(1e-9, Since(run_start));
-      std::printf("\r[%s] %5.1f%%  iter %lld/%lld  loss %.4f  ETA %s", bar.c_str(),
-                  100.0 * iteration_ / max_iter_, static_cast<long long>(iteration_),
-                  static_cast<long long>(max_iter_), last_loss_,
-                  FormatDuration((max_iter_ - iteration_) / std::max(rate, 1e-9)).c_str());
-      std::fflush(stdout);
+    StepTimes times = Step(stop);
+    interval_.Add(last_loss_, times);
+    const bool last = iteration_ == max_iter_;
+    if (iteration_ % config_.log_interval == 0 || last) {
+      if (is_root()) LogInterval();
+      interval_.Reset();
     }
-    bool last = iteration_ == max_iter_;
+    if (is_root()) progress_.Update(iteration_, max_iter_, first_iteration_, last_loss_);
     if (Crossed(config_.solver.eval_interval, iteration_) || (last && val_source_)) RunEval();
     if (Crossed(config_.checkpoint.every, iteration_) || last) {
-      std::string path = SaveCheckpointNow();
-      ClearProgressBar();
-      LogInfo("checkpoint saved to '", path, "'");
+      if (is_root()) {
+        std::string path = SaveCheckpointNow();
+        progress_.Clear();
+        LogInfo("checkpoint saved to '", path, "'");
+      }
     }
   }
-  ClearProgressBar();
+  if (trace_) FinishTrace();
+  progress_.Clear();
   SourceStats stats = train_source_->stats();
   if (stats.skipped_records > 0) {
     LogWarning(stats.skipped_records, " corrupt record(s) were skipped during training");

@@ -1,19 +1,30 @@
 // Trainer: the training loop behind `cortado train` (and the pieces `cortado eval` and
-// `cortado bench train` share): data source -> net forward/backward -> SGD step, with
-// logging, metrics (JSON lines), evaluation, checkpoints, resume and clean interruption.
+// `cortado bench train` share): data source -> net forward/backward -> gradient all-reduce ->
+// SGD step, with logging, metrics, evaluation, checkpoints, resume and clean interruption.
+//
+// Data parallelism: with W ranks (tools/world.h) each rank reads its shard of every epoch
+// (rank r of W), the DataParallel glue (engine/data_parallel.h) averages gradients in buckets
+// overlapped with backward, synchronized batch norm combines statistics over its group, and
+// evaluation sums every rank's counts. Rank 0 is the only one that reads a checkpoint to
+// resume (everyone else receives rank 0's state), writes checkpoints, metrics and the progress
+// bar; all ranks stop together (Ctrl-C, --stop-at-iter) at the same step.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
-#include <fstream>
 #include <memory>
 #include <string>
 
 #include "data/batch_source.h"
 #include "engine/checkpoint.h"
+#include "engine/data_parallel.h"
 #include "engine/net.h"
 #include "engine/solver.h"
+#include "engine/sync_batch_norm.h"
+#include "engine/trace.h"
+#include "tools/metrics.h"
 #include "tools/run_config.h"
+#include "tools/world.h"
 
 namespace cortado {
 
@@ -22,62 +33,96 @@ NetSpec MakeNetSpec(const RunConfig& config, const Shape& sample_shape, int64_t 
                     int64_t batch_size);
 
 struct EvalResult {
-  double top1 = 0, top5 = 0, loss = 0;
+  double top1 = 0, top5 = 0, loss = 0;  // fractions in [0, 1]; mean loss per image
   int64_t images = 0;
 };
 
-// Runs the net in test phase over one pass of `source`; restores the previous phase.
-EvalResult Evaluate(Net& net, BatchSource& source);
-
-// Copies the net's parameters and buffers from a checkpoint; throws naming the first
-// parameter that is missing or has another shape.
-void LoadWeights(Net& net, const Checkpoint& checkpoint, const std::string& path);
+// Runs the net in test phase over one pass of `source` and restores the previous phase. With a
+// communicator, every rank passes its own shard and all get the totals of all shards (counts
+// of correct images are integers, so they equal a one-process evaluation exactly).
+EvalResult Evaluate(Net& net, BatchSource& source, dist::Communicator* comm = nullptr);
 
 struct TrainOptions {
-  std::string resume;        // "", "auto" or a checkpoint path
-  std::string metrics_path;  // JSON lines; "" for none
-  bool progress_bar = false; // live bar (when stdout is a terminal)
-  int64_t stop_at = 0;       // > 0: stop there as if interrupted (for job time limits, tests)
+  std::string resume;         // "", "auto" or a checkpoint path
+  std::string metrics_path;   // JSON lines; "" for none
+  bool progress_bar = false;  // live bar (when stdout is a terminal)
+  int64_t stop_at = 0;        // > 0: stop there as if interrupted (for job time limits, tests)
+  std::string trace_path;     // Chrome trace of the first trace_iters iterations; "" for none
+  int64_t trace_iters = 20;   // 0: every iteration
 };
 
-class Trainer {
+class Trainer : public CheckpointState {
  public:
-  explicit Trainer(RunConfig config);
-  // Trains to the end (returns 0) or until `stop` becomes true (checkpoint, returns 130).
+  // Builds sources (this rank's shard), net, solver and, with several ranks, the data-parallel
+  // glue; checks that every rank runs the same job. Collective when world.size > 1.
+  explicit Trainer(RunConfig config, World world = World{});
+  ~Trainer() override;
+
+  // Trains to the end (returns 0) or until `stop` becomes true on any rank or stop_at is
+  // reached (checkpoint, returns 130).
   int Run(const TrainOptions& options, const std::atomic<bool>* stop = nullptr);
+
+  // Puts every rank in the same starting state: rank 0 resumes from `resume` ("", "auto" or a
+  // path) and sends its weights, buffers, solver state and position to the others.
+  void Start(const std::string& resume);
+  // One training step on the next batch. With several ranks, a `stop` that is true once
+  // forward has run is this rank's vote to stop after the step (see stop_agreed()).
+  StepTimes Step(const std::atomic<bool>* stop = nullptr);
+  // True when some rank voted to stop during the last step.
+  bool stop_agreed() const { return stop_agreed_; }
 
   Net& net() { return *net_; }
   int64_t iteration() const { return iteration_; }
   int64_t max_iter() const { return max_iter_; }
+  int64_t global_batch() const { return config_.data.batch_size * world_.size; }
+  const World& world() const { return world_; }
   const EvalResult& last_eval() const { return last_eval_; }
+  double last_loss() const { return last_loss_; }
+
+  // Checkpoint state of the run itself: position in the data, seed, config, world shape.
+  void SaveState(Checkpoint& checkpoint) const override;
+  void LoadState(const Checkpoint& checkpoint, const std::string& path) override;
 
  private:
+  std::string JobDescription() const;
+  Checkpoint CollectState() const;
+  void LoadAllState(const Checkpoint& checkpoint, const std::string& path);
   void Resume(const std::string& what);
   std::string SaveCheckpointNow();
-  void TrainStep();
-  void Log(double interval_loss, double interval_images, double interval_seconds,
-           double interval_wait, bool to_log);
+  void StopHere(const char* why);
+  void LogInterval();
   void RunEval();
+  void TraceStep(const StepTimes& times, Trace::Clock::time_point t0,
+                 Trace::Clock::time_point t_update0, Trace::Clock::time_point t_update1);
+  void FinishTrace();
   double Progress(int64_t iteration) const;  // in schedule units
   bool Crossed(double interval, int64_t iteration) const;
-  void WriteMetric(const std::string& json);
-  void ClearProgressBar();
+  bool is_root() const { return world_.rank == 0; }
 
   RunConfig config_;
+  World world_;
   std::unique_ptr<BatchSource> train_source_;
   std::unique_ptr<BatchSource> val_source_;
   std::unique_ptr<Net> net_;
   std::unique_ptr<SgdSolver> solver_;
   std::unique_ptr<LrSchedule> schedule_;
+  std::unique_ptr<SyncBatchNormReducer> sync_bn_;
+  std::unique_ptr<DataParallel> dp_;
   Batch batch_;
   int64_t iteration_ = 0;
   int64_t max_iter_ = 0;
   int64_t batches_per_epoch_ = 1;
   double last_loss_ = 0, last_lr_ = 0;
-  double wait_seconds_ = 0;
+  bool stop_agreed_ = false;
   EvalResult last_eval_;
-  std::ofstream metrics_;
-  bool progress_bar_ = false;
+  IntervalStats interval_;
+  MetricsFile metrics_;
+  ProgressBar progress_{false};
+  int64_t first_iteration_ = 0;
+  // Tracing (--trace): the trace, where it goes, and the last iteration it records.
+  std::unique_ptr<Trace> trace_;
+  std::string trace_path_;
+  int64_t trace_until_ = 0;
 };
 
 }  // namespace cortado

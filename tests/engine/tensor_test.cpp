@@ -48,6 +48,38 @@ TEST(Tensor, ViewNeedsSameCount) {
   EXPECT_THROW(a.View({5}), Error);
 }
 
+TEST(Tensor, OffsetViewsShareTheBlock) {
+  Tensor block({10});
+  for (int i = 0; i < 10; ++i) block.data<float>()[i] = static_cast<float>(i);
+  Tensor v = block.View({2, 2}, 3);  // elements 3..6
+  EXPECT_EQ(v.numel(), 4);
+  EXPECT_EQ(v.storage_offset(), 3);
+  EXPECT_TRUE(v.SharesStorageWith(block));
+  EXPECT_EQ(v.data<float>()[0], 3.0f);
+  v.data<float>()[3] = -1;
+  EXPECT_EQ(block.data<float>()[6], -1.0f);
+  // A view of a view adds offsets; a resize that fits keeps the view in place.
+  Tensor w = v.View({2}, 2);
+  EXPECT_EQ(w.data<float>()[0], 5.0f);
+  v.Resize({4});
+  EXPECT_TRUE(v.SharesStorageWith(block));
+  EXPECT_EQ(v.data<float>()[0], 3.0f);
+  v.Zero();
+  EXPECT_EQ(block.data<float>()[2], 2.0f);
+  EXPECT_EQ(block.data<float>()[3], 0.0f);
+  EXPECT_EQ(block.data<float>()[7], 7.0f);
+  // Growing past the block detaches the view instead of writing beyond it.
+  v.Resize({8});
+  EXPECT_FALSE(v.SharesStorageWith(block));
+  EXPECT_EQ(v.storage_offset(), 0);
+  EXPECT_THROW(block.View({4}, 7), Error);
+  EXPECT_THROW(block.View({1}, -1), Error);
+  // Clone copies only the view's elements.
+  Tensor c = block.View({3}, 1).Clone();
+  EXPECT_EQ(c.numel(), 3);
+  EXPECT_EQ(c.data<float>()[0], 1.0f);
+}
+
 TEST(Tensor, ConvertBetweenFloatTypes) {
   Tensor a({3}, DType::kF64);
   a.data<double>()[0] = 1.5;

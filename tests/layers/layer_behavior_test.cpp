@@ -6,6 +6,7 @@
 #include <barrier>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <thread>
 
 #include "engine/net.h"
@@ -269,76 +270,145 @@ TEST(BatchNorm, LargeMeanKeepsPrecisionInF32) {
   EXPECT_LT(max_diff, 2e-3);
 }
 
-// Two ranks, each with half the batch, all-reducing through a shared buffer, must match one
-// layer on the whole batch: outputs, input gradients and running statistics; parameter
-// gradients summed over ranks equal the full-batch ones.
-TEST(BatchNorm, SynchronizedAcrossRanksEqualsFullBatch) {
-  const Shape full_shape{6, 3, 2, 3};
+// Ranks as threads summing through a shared buffer, in rank order (so every rank gets the
+// same doubles, as the communicator guarantees).
+class ThreadStatsReducer : public BatchStatsReducer {
+ public:
+  struct Shared {
+    explicit Shared(int n) : sync(n) {}
+    std::barrier<> sync;
+    std::vector<double> sums;
+    int calls = 0;
+  };
+  ThreadStatsReducer(Shared* shared, int rank, int size)
+      : shared_(shared), rank_(rank), size_(size) {}
+  void AllReduceSum(double* values, int64_t count) override {
+    if (rank_ == 0) {
+      shared_->sums.assign(count, 0.0);
+      ++shared_->calls;
+    }
+    shared_->sync.arrive_and_wait();
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) {
+        for (int64_t i = 0; i < count; ++i) shared_->sums[i] += values[i];
+      }
+      shared_->sync.arrive_and_wait();
+    }
+    std::copy(shared_->sums.begin(), shared_->sums.end(), values);
+    shared_->sync.arrive_and_wait();
+  }
+  int group_size() const override { return size_; }
+
+ private:
+  Shared* shared_;
+  int rank_, size_;
+};
+
+// Splits the batch of x (and dy) into per-rank slices of the given sizes, runs one layer per
+// rank on threads with synchronized statistics, and checks them against one layer on the whole
+// batch: outputs, input gradients and running statistics; parameter gradients summed over ranks
+// equal the full-batch ones. Returns how many all-reduce calls the ranks made.
+int CheckSynchronizedEqualsFullBatch(const std::vector<int64_t>& slices, Settings settings) {
+  const int64_t total = std::accumulate(slices.begin(), slices.end(), int64_t{0});
+  const Shape full_shape{total, 3, 2, 3};
+  const int64_t per_sample = 3 * 2 * 3;
   Tensor x = RandomTensor(full_shape, kF64, 11, 2.0);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<double>()[i] += 5.0;  // |mean| > std
   Tensor dy = RandomTensor(full_shape, kF64, 12);
-  LayerHarness full("BatchNorm", Settings(), {x.Clone()}, 1, Phase::kTrain, "bn");
+  LayerHarness full("BatchNorm", settings, {x.Clone()}, 1, Phase::kTrain, "bn");
   full.Forward();
   full.Backward({dy});
 
-  const int64_t half = ShapeNumel(full_shape) / 2;
-  const Shape half_shape{3, 3, 2, 3};
-  std::vector<double> shared;
-  std::barrier sync(2);
-  auto all_reduce = [&](int rank, float* values, int64_t count) {
-    if (rank == 0) shared.assign(count, 0.0);
-    sync.arrive_and_wait();
-    // Sum in rank order so both ranks see the same floats.
-    for (int r = 0; r < 2; ++r) {
-      if (r == rank) {
-        for (int64_t i = 0; i < count; ++i) shared[i] += values[i];
-      }
-      sync.arrive_and_wait();
-    }
-    for (int64_t i = 0; i < count; ++i) values[i] = static_cast<float>(shared[i]);
-    sync.arrive_and_wait();
-  };
-  std::vector<std::unique_ptr<LayerHarness>> ranks(2);
-  for (int r = 0; r < 2; ++r) {
-    Tensor xr(half_shape, kF64);
-    std::copy(x.data<double>() + r * half, x.data<double>() + (r + 1) * half, xr.data<double>());
-    ranks[r] = std::make_unique<LayerHarness>("BatchNorm", Settings(), std::vector<Tensor>{xr}, 1,
-                                              Phase::kTrain, "bn");
-    ranks[r]->context().all_reduce_sum = [&, r](float* v, int64_t n) { all_reduce(r, v, n); };
+  const int n = static_cast<int>(slices.size());
+  ThreadStatsReducer::Shared shared(n);
+  std::vector<std::unique_ptr<ThreadStatsReducer>> reducers;
+  std::vector<std::unique_ptr<LayerHarness>> ranks;
+  std::vector<int64_t> begin;
+  int64_t at = 0;
+  for (int r = 0; r < n; ++r) {
+    begin.push_back(at);
+    Tensor xr({slices[r], 3, 2, 3}, kF64);
+    std::copy(x.data<double>() + at * per_sample,
+              x.data<double>() + (at + slices[r]) * per_sample, xr.data<double>());
+    at += slices[r];
+    reducers.push_back(std::make_unique<ThreadStatsReducer>(&shared, r, n));
+    ranks.push_back(std::make_unique<LayerHarness>("BatchNorm", settings, std::vector<Tensor>{xr},
+                                                   1, Phase::kTrain, "bn"));
+    ranks[r]->context().batch_stats = reducers[r].get();
+    ranks[r]->context().sync_batch_norm = true;
   }
   std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      Tensor dyr(half_shape, kF64);
-      std::copy(dy.data<double>() + r * half, dy.data<double>() + (r + 1) * half,
-                dyr.data<double>());
+      Tensor dyr({slices[r], 3, 2, 3}, kF64);
+      std::copy(dy.data<double>() + begin[r] * per_sample,
+                dy.data<double>() + (begin[r] + slices[r]) * per_sample, dyr.data<double>());
       ranks[r]->Forward();
       ranks[r]->Backward({dyr});
     });
   }
   for (auto& t : threads) t.join();
-  // The all-reduce carries fp32 sums: tolerance at float precision.
-  const double tol = 2e-6;
-  for (int r = 0; r < 2; ++r) {
-    for (int64_t i = 0; i < half; ++i) {
+  // The sums travel in f64: agreement to double rounding.
+  const double tol = 1e-12;
+  for (int r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < slices[r] * per_sample; ++i) {
       EXPECT_NEAR(ranks[r]->top()[0]->data.data<double>()[i],
-                  full.top()[0]->data.data<double>()[r * half + i], tol);
+                  full.top()[0]->data.data<double>()[begin[r] * per_sample + i], tol);
       EXPECT_NEAR(ranks[r]->bottom()[0]->grad.data<double>()[i],
-                  full.bottom()[0]->grad.data<double>()[r * half + i], tol);
+                  full.bottom()[0]->grad.data<double>()[begin[r] * per_sample + i], tol);
     }
     for (int b = 0; b < 2; ++b) {
       for (int c = 0; c < 3; ++c) {
         EXPECT_NEAR(ranks[r]->layer().buffers()[b].value.data<double>()[c],
                     full.layer().buffers()[b].value.data<double>()[c], tol);
+        // Running statistics end bitwise identical on every rank of the group.
+        EXPECT_EQ(ranks[r]->layer().buffers()[b].value.data<double>()[c],
+                  ranks[0]->layer().buffers()[b].value.data<double>()[c]);
       }
     }
   }
   for (int p = 0; p < 2; ++p) {
     for (int c = 0; c < 3; ++c) {
-      const double sum = ranks[0]->layer().params()[p].grad.data<double>()[c] +
-                         ranks[1]->layer().params()[p].grad.data<double>()[c];
-      EXPECT_NEAR(sum, full.layer().params()[p].grad.data<double>()[c], 1e-6);
+      double sum = 0;
+      for (int r = 0; r < n; ++r) sum += ranks[r]->layer().params()[p].grad.data<double>()[c];
+      EXPECT_NEAR(sum, full.layer().params()[p].grad.data<double>()[c], 1e-10);
     }
   }
+  return shared.calls;
+}
+
+TEST(BatchNorm, SynchronizedAcrossRanksEqualsFullBatch) {
+  EXPECT_EQ(CheckSynchronizedEqualsFullBatch({3, 3}, Settings()), 2);  // forward + backward
+  EXPECT_EQ(CheckSynchronizedEqualsFullBatch({2, 2, 2}, Settings()), 2);
+}
+
+// A short last batch on one rank weighs by its size, not as much as a full one.
+TEST(BatchNorm, SynchronizedWeighsUnequalBatchesBySize) {
+  EXPECT_EQ(CheckSynchronizedEqualsFullBatch({5, 1}, Settings()), 2);
+  EXPECT_EQ(CheckSynchronizedEqualsFullBatch({4, 2, 3}, Settings()), 2);
+}
+
+// `sync: false` on a layer keeps per-rank statistics even when the net-wide default is on;
+// `sync: true` with no reducer (a single process) is simply local.
+TEST(BatchNorm, PerLayerSyncSettingOverridesTheNetDefault) {
+  Settings off;
+  off.Set("sync", false);
+  Tensor x = RandomTensor({4, 2, 3}, kF64, 5);
+  ThreadStatsReducer::Shared shared(1);
+  ThreadStatsReducer reducer(&shared, 0, 1);
+  LayerHarness h("BatchNorm", off, {x}, 1, Phase::kTrain, "bn");
+  h.context().batch_stats = &reducer;
+  h.context().sync_batch_norm = true;
+  h.Forward();
+  EXPECT_EQ(shared.calls, 0);
+  Settings on;
+  on.Set("sync", true);
+  LayerHarness h2("BatchNorm", on, {x}, 1, Phase::kTrain, "bn");
+  h2.context().batch_stats = &reducer;
+  h2.Forward();
+  EXPECT_EQ(shared.calls, 1);
+  LayerHarness h3("BatchNorm", on, {x}, 1, Phase::kTrain, "bn");
+  h3.Forward();  // no reducer: local statistics, no error
 }
 
 // Counts how many elements the layer zeroed; returns the top data.

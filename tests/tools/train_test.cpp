@@ -13,7 +13,7 @@
 #include <regex>
 #include <sstream>
 
-#include "data/idx_source.h"
+#include "tests/tools/fashion_slice.h"
 #include "engine/checkpoint.h"
 #include "engine/error.h"
 #include "tools/run_config.h"
@@ -23,35 +23,7 @@ namespace cortado {
 namespace {
 
 namespace fs = std::filesystem;
-const char* kFashion = "/usr/share/datasets/fashion-mnist/";
-
-void WriteGz(const fs::path& path, const std::vector<uint8_t>& bytes) {
-  gzFile f = gzopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr);
-  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())),
-            static_cast<int>(bytes.size()));
-  gzclose(f);
-}
-
-void PutBE(std::vector<uint8_t>& out, uint32_t v) {
-  for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<uint8_t>(v >> s));
-}
-
-// Writes the first n images of a Fashion-MNIST split as <dir>/<prefix>-images-idx3-ubyte.gz.
-void WriteSlice(const fs::path& dir, const std::string& prefix, int64_t n) {
-  IdxDataset d = ReadIdxDataset(std::string(kFashion) + prefix + "-images-idx3-ubyte.gz");
-  std::vector<uint8_t> img, lab;
-  PutBE(img, 0x803);
-  PutBE(img, static_cast<uint32_t>(n));
-  PutBE(img, 28);
-  PutBE(img, 28);
-  img.insert(img.end(), d.pixels.begin(), d.pixels.begin() + n * 784);
-  PutBE(lab, 0x801);
-  PutBE(lab, static_cast<uint32_t>(n));
-  lab.insert(lab.end(), d.labels.begin(), d.labels.begin() + n);
-  WriteGz(dir / (prefix + "-images-idx3-ubyte.gz"), img);
-  WriteGz(dir / (prefix + "-labels-idx1-ubyte.gz"), lab);
-}
+using tooltest::WriteFashionSlice;
 
 class TrainTest : public ::testing::Test {
  protected:
@@ -61,8 +33,8 @@ class TrainTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    WriteSlice(dir_, "train", 320);
-    WriteSlice(dir_, "t10k", 100);
+    WriteFashionSlice(dir_, "train", 320);
+    WriteFashionSlice(dir_, "t10k", 100);
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -134,6 +106,15 @@ TEST_F(TrainTest, BadConfigsStopWithTheKeyAndPlace) {
 
   m = ErrorOf(Config(), {"solver.max_iter=100"});
   EXPECT_NE(m.find("exactly one of max_epochs or max_iter"), std::string::npos) << m;
+
+  m = ErrorOf(Config(), {"precision.compute=fp8"});
+  EXPECT_NE(m.find("precision.compute: must be fp32 or fp64, got 'fp8'"), std::string::npos) << m;
+
+  m = ErrorOf(Config(), {"distributed.bucket_mb=0"});
+  EXPECT_NE(m.find("distributed.bucket_mb: must be in (0, 4096]"), std::string::npos) << m;
+
+  m = ErrorOf(Config(), {"distributed.backend=nccl"});
+  EXPECT_NE(m.find("distributed.backend: must be tcp or mpi, got 'nccl'"), std::string::npos) << m;
 }
 
 TEST_F(TrainTest, BadLayerSettingNamesLayerAndLine) {
@@ -158,7 +139,7 @@ std::vector<std::string> Lines(const fs::path& p) {
 
 // Timing fields differ from run to run; everything else must be identical.
 std::string WithoutTiming(const std::string& line) {
-  static const std::regex timing(",\"(img_per_s|data_wait_s)\":[^,}]*");
+  static const std::regex timing(",\"(img_per_s|data_wait_s|compute_s|comm_wait_s|sync_bn_s)\":[^,}]*");
   return std::regex_replace(line, timing, "");
 }
 

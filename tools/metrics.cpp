@@ -1,0 +1,88 @@
+#include "tools/metrics.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "engine/error.h"
+
+namespace cortado {
+
+void IntervalStats::Add(double loss, const StepTimes& t) {
+  ++steps;
+  loss_sum += loss;
+  time.data_wait += t.data_wait;
+  time.compute += t.compute;
+  time.comm_wait += t.comm_wait;
+  time.sync_bn += t.sync_bn;
+}
+
+double IntervalStats::Seconds() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void MetricsFile::Open(const std::string& path, bool append) {
+  if (path.empty()) return;
+  path_ = path;
+  std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  out_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
+  CORTADO_CHECK(out_.good(), "cannot write metrics file '", path, "'");
+}
+
+void MetricsFile::Write(const nlohmann::ordered_json& record) {
+  if (!out_.is_open()) return;
+  out_ << record.dump() << "\n";
+  out_.flush();
+  CORTADO_CHECK(out_.good(), "writing metrics file '", path_, "' failed (disk full?)");
+}
+
+void ProgressBar::Update(int64_t iteration, int64_t max_iter, int64_t first_iteration,
+                         double loss) {
+  if (!enabled_ || max_iter <= 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (std::chrono::duration<double>(now - last_draw_).count() < 0.25) return;
+  last_draw_ = now;
+  const int width = 30;
+  const int filled = static_cast<int>(width * iteration / max_iter);
+  std::string bar(static_cast<size_t>(filled), '#');
+  bar.resize(width, '.');
+  const double elapsed = std::chrono::duration<double>(now - run_start_).count();
+  const double rate = static_cast<double>(iteration - first_iteration) / std::max(1e-9, elapsed);
+  std::printf("\r[%s] %5.1f%%  iter %lld/%lld  loss %.4f  ETA %s", bar.c_str(),
+              100.0 * static_cast<double>(iteration) / static_cast<double>(max_iter),
+              static_cast<long long>(iteration), static_cast<long long>(max_iter), loss,
+              FormatDuration(static_cast<double>(max_iter - iteration) / std::max(rate, 1e-9))
+                  .c_str());
+  std::fflush(stdout);
+}
+
+void ProgressBar::Clear() {
+  if (!enabled_) return;
+  // The bar lives on stdout and log lines on stderr: erase and flush before a log line.
+  std::printf("\r\033[K");
+  std::fflush(stdout);
+}
+
+std::string FormatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600) {
+    std::snprintf(buf, sizeof(buf), "%lld:%02lld:%02lld", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%lld:%02lld", static_cast<long long>(s / 60),
+                  static_cast<long long>(s % 60));
+  }
+  return buf;
+}
+
+std::string Fixed(double v, int digits) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+}  // namespace cortado

@@ -1,0 +1,67 @@
+// What a training run reports while it runs: the JSON-lines metrics file (--metrics), the live
+// progress bar on a terminal, and the per-interval step accounting behind the log lines.
+// Only rank 0 of a data-parallel job writes them.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace cortado {
+
+// Where one training step's time went, in seconds.
+struct StepTimes {
+  double data_wait = 0;  // waiting for the batch
+  double compute = 0;    // forward, backward (including synchronized batch norm) and update
+  double comm_wait = 0;  // waiting for gradient buckets after backward (exposed communication)
+  double sync_bn = 0;    // synchronized batch-norm all-reduces (part of compute)
+  double Total() const { return data_wait + compute + comm_wait; }
+};
+
+// Sums over a log interval.
+struct IntervalStats {
+  int64_t steps = 0;
+  double loss_sum = 0;
+  StepTimes time;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+
+  void Add(double loss, const StepTimes& t);
+  double Seconds() const;  // wall time since start
+  void Reset() { *this = IntervalStats{}; }
+};
+
+// One JSON object per line, flushed per record so a crash loses nothing written.
+class MetricsFile {
+ public:
+  // path "": no file. append: a resumed run continues the file; otherwise it starts afresh.
+  void Open(const std::string& path, bool append);
+  void Write(const nlohmann::ordered_json& record);
+  bool is_open() const { return out_.is_open(); }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+// A one-line bar on stdout ("[#####.....]  42.0%  iter 420/1000  loss 0.53  ETA 1:02"),
+// redrawn at most four times a second; log lines go to stderr, so Clear() before each.
+class ProgressBar {
+ public:
+  explicit ProgressBar(bool enabled) : enabled_(enabled) {}
+  void Update(int64_t iteration, int64_t max_iter, int64_t first_iteration, double loss);
+  void Clear();
+
+ private:
+  bool enabled_;
+  std::chrono::steady_clock::time_point last_draw_{};
+  std::chrono::steady_clock::time_point run_start_ = std::chrono::steady_clock::now();
+};
+
+// "1:02" or "3:04:05"; "?" when unknown.
+std::string FormatDuration(double seconds);
+// A number with `digits` decimals, for log lines.
+std::string Fixed(double v, int digits);
+
+}  // namespace cortado

@@ -1,0 +1,58 @@
+#include "tools/world.h"
+
+#include "cortado/dist/env.h"
+#include "engine/error.h"
+
+namespace cortado {
+
+World JoinWorld(const DistributedConfig& config) {
+  dist::CommOptions options = dist::CommOptions::FromEnv();
+  if (!config.backend.empty()) {
+    options.backend = config.backend == "mpi" ? dist::Backend::kMpi : dist::Backend::kTcp;
+  }
+  if (config.timeout_s > 0) {
+    options.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.timeout_s * 1000));
+  }
+  if (config.connect_timeout_s > 0) {
+    options.connect_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(config.connect_timeout_s * 1000));
+  }
+  World world;
+  if (options.backend == dist::Backend::kMpi) {
+    CORTADO_CHECK(dist::HasMpiBackend(), "distributed.backend is mpi, but this build has no MPI "
+                  "backend (install openmpi-bin and libopenmpi-dev, then reconfigure)");
+    dist::CommConfig c;
+    c.options = options;
+    world.comm = dist::CreateCommunicator(c);
+    world.rank = world.comm->rank();
+    world.size = world.comm->size();
+    // mpirun also says how many ranks share this machine.
+    const dist::EnvLookup env = dist::ProcessEnv();
+    if (auto n = env("OMPI_COMM_WORLD_LOCAL_SIZE")) world.local_size = std::max(1, std::atoi(n->c_str()));
+    if (auto r = env("OMPI_COMM_WORLD_LOCAL_RANK")) world.local_rank = std::atoi(r->c_str());
+    if (world.size == 1) world.comm.reset();
+    world.backend = world.comm ? "mpi" : "local";
+    return world;
+  }
+  dist::LaunchInfo info = dist::DiscoverLaunchInfo();
+  world.rank = info.rank;
+  world.size = info.world_size;
+  world.local_rank = info.local_rank;
+  world.local_size = std::max(1, info.local_world_size);
+  if (world.size == 1) return world;
+  dist::CommConfig c;
+  c.rank = info.rank;
+  c.world_size = info.world_size;
+  c.master_addr = info.master_addr;
+  c.master_port = info.master_port;
+  c.store_fd = info.store_fd;
+  c.job_token = info.job_token;
+  c.options = options;
+  // No config fingerprint in the handshake: the trainer compares configs itself after
+  // connecting, so a mismatch can say what differs (DataParallel::VerifySameJob).
+  world.comm = dist::CreateCommunicator(c);
+  world.backend = world.comm->backend();
+  return world;
+}
+
+}  // namespace cortado
