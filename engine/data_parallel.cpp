@@ -55,9 +55,11 @@ dist::DataType WireTypeOf(DType dtype, const std::string& what) {
 
 DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptions options)
     : net_(net), comm_(comm), options_(options) {
-  CORTADO_CHECK(options_.bucket_mb > 0 && options_.first_bucket_mb > 0,
+  CORTADO_CHECK(options_.bucket_mb > 0 && options_.first_bucket_mb > 0 &&
+                    options_.last_bucket_mb > 0,
                 "gradient bucket sizes must be positive (distributed.bucket_mb ",
-                options_.bucket_mb, ", first_bucket_mb ", options_.first_bucket_mb, ")");
+                options_.bucket_mb, ", first_bucket_mb ", options_.first_bucket_mb,
+                ", last_bucket_mb ", options_.last_bucket_mb, ")");
   // Parameters in the order backward finishes them: layers in reverse.
   std::vector<Param*> order;
   for (auto it = net_.layers().rbegin(); it != net_.layers().rend(); ++it) {
@@ -73,26 +75,50 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
   wire_type_ = WireTypeOf(dtype, "gradient of '" + order.front()->name + "'");
   const int64_t esize = static_cast<int64_t>(DTypeSize(dtype));
 
-  // Offsets in the block, and bucket boundaries between whole parameters.
-  std::vector<int64_t> offset(order.size());
-  int64_t at = 0;
-  const auto cap = [&](size_t bucket) {
-    const double mb = bucket == 0 ? options_.first_bucket_mb : options_.bucket_mb;
+  // Bucket boundaries, between whole parameters: bucket 0 (the net's last layers, ready first)
+  // up to first_bucket_mb, so communication starts early; the last bucket (the first layers,
+  // ready only when backward ends, so its whole all-reduce is exposed) up to last_bucket_mb;
+  // bucket_mb for those between.
+  const auto elements = [&](double mb) {
     return std::max<int64_t>(1, static_cast<int64_t>(mb * 1048576.0 / esize));
   };
-  for (size_t i = 0; i < order.size(); ++i) {
-    offset[i] = at;
-    const int64_t n = order[i]->grad.numel();
-    if (buckets_.empty() || (at + n - buckets_.back().begin > cap(buckets_.size() - 1) &&
-                             buckets_.back().params > 0)) {
-      if (!buckets_.empty()) buckets_.back().end = at;
-      buckets_.push_back(Bucket{at, at, 0, order[i]->name, order[i]->name});
+  // Bucket 0 first, then the last bucket from what remains, then the middle.
+  std::vector<size_t> starts{0};
+  size_t head = 0;  // bucket 0 is order[0, head)
+  for (int64_t n = 0; head < order.size(); ++head) {
+    n += order[head]->grad.numel();
+    if (n > elements(options_.first_bucket_mb) && head > 0) break;
+  }
+  size_t tail = order.size();  // the last bucket is order[tail, end)
+  for (int64_t n = 0; tail > head;) {
+    n += order[tail - 1]->grad.numel();
+    if (n > elements(options_.last_bucket_mb) && tail < order.size()) break;
+    --tail;
+  }
+  for (size_t i = head, n = 0; i < tail; ++i) {
+    const int64_t numel = order[i]->grad.numel();
+    if (i == head || static_cast<int64_t>(n) + numel > elements(options_.bucket_mb)) {
+      starts.push_back(i);
+      n = 0;
     }
-    Bucket& b = buckets_.back();
-    b.params += 1;
-    b.last = order[i]->name;
-    bucket_of_[order[i]] = buckets_.size() - 1;
-    at = AlignUp(at + n, esize);
+    n += static_cast<size_t>(numel);
+  }
+  if (tail < order.size()) starts.push_back(tail);
+
+  // Offsets in the block: each gradient on a cache line.
+  int64_t at = 0;
+  std::vector<int64_t> offset(order.size());
+  for (size_t b = 0; b < starts.size(); ++b) {
+    const size_t end = b + 1 < starts.size() ? starts[b + 1] : order.size();
+    Bucket bucket{at, at, static_cast<int>(end - starts[b]), order[starts[b]]->name,
+                  order[end - 1]->name};
+    for (size_t i = starts[b]; i < end; ++i) {
+      offset[i] = at;
+      bucket_of_[order[i]] = b;
+      at = AlignUp(at + order[i]->grad.numel(), esize);
+    }
+    bucket.end = at;
+    buckets_.push_back(bucket);
   }
   control_index_ = at;
   buckets_.back().end = control_index_ + 2;  // the control words ride in the last bucket

@@ -3,7 +3,9 @@
 // Flat gradients. At construction every parameter gradient of the net is seated as a view into
 // one block, in reverse layer order (the order in which backward finishes them), each starting
 // on a 64-byte boundary. The block is cut into buckets of whole parameters: a small first
-// bucket (first_bucket_mb) so that communication starts early in backward, then bucket_mb each.
+// bucket (first_bucket_mb) so that communication starts early in backward, bucket_mb each
+// after it, and a small last bucket (last_bucket_mb): the net's first layers finish backward
+// last, so nothing hides their all-reduce, and the less it carries the less is exposed.
 // A bucket is a contiguous range of the block: it is all-reduced in place, with no packing copy,
 // and a transport that registers memory registers the block once. Block and bucket table are
 // allocated once, not per step.
@@ -45,6 +47,7 @@ namespace cortado {
 struct DataParallelOptions {
   double bucket_mb = 25;       // bucket size, MB (2^20 bytes) of gradients
   double first_bucket_mb = 1;  // the first bucket (the last layers' gradients)
+  double last_bucket_mb = 1;   // the last bucket (the first layers'; its all-reduce is exposed)
   bool overlap = true;         // all-reduce buckets during backward (false: after it)
 };
 

@@ -219,6 +219,9 @@ RunConfig ParseRunConfig(YamlConfig& yaml) {
   dc.first_bucket_mb = dd.Float("first_bucket_mb", dc.first_bucket_mb);
   Require(dc.first_bucket_mb > 0 && dc.first_bucket_mb <= 4096, dd, "first_bucket_mb",
           "must be in (0, 4096]");
+  dc.last_bucket_mb = dd.Float("last_bucket_mb", dc.last_bucket_mb);
+  Require(dc.last_bucket_mb > 0 && dc.last_bucket_mb <= 4096, dd, "last_bucket_mb",
+          "must be in (0, 4096]");
   dc.overlap = dd.Bool("overlap", dc.overlap);
   dc.timeout_s = dd.Float("timeout_s", 0.0);
   Require(dc.timeout_s >= 0, dd, "timeout_s", "must be >= 0 (0: CORTADO_TIMEOUT_S, else 300)");

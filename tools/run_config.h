@@ -44,6 +44,7 @@ struct DistributedConfig {
   std::string backend;             // tcp | mpi; "": CORTADO_BACKEND, else tcp
   double bucket_mb = 25;           // gradient bucket size
   double first_bucket_mb = 1;      // the first bucket (the last layers), so comm starts early
+  double last_bucket_mb = 1;       // the last bucket (the first layers): all of it is exposed
   bool overlap = true;             // all-reduce buckets during backward
   double timeout_s = 0;            // deadline of every collective; 0: CORTADO_TIMEOUT_S or 300
   double connect_timeout_s = 0;    // rendezvous deadline; 0: CORTADO_CONNECT_TIMEOUT_S or timeout

@@ -149,8 +149,12 @@ Trainer::Trainer(RunConfig config, World world)
     net_->context().batch_stats = sync_bn_.get();
     net_->context().sync_batch_norm = d.sync_bn;
   }
-  dp_ = std::make_unique<DataParallel>(
-      *net_, *world_.comm, DataParallelOptions{d.bucket_mb, d.first_bucket_mb, d.overlap});
+  DataParallelOptions options;
+  options.bucket_mb = d.bucket_mb;
+  options.first_bucket_mb = d.first_bucket_mb;
+  options.last_bucket_mb = d.last_bucket_mb;
+  options.overlap = d.overlap;
+  dp_ = std::make_unique<DataParallel>(*net_, *world_.comm, options);
   dp_->VerifySameJob(JobDescription());
 }
 

@@ -1,0 +1,172 @@
+// DataParallel's layout and single-rank behaviour: gradients seated as views in one block in
+// reverse layer order, buckets of whole parameters with a small first and last bucket, and a
+// step with one rank that leaves the gradients exactly as backward wrote them. (Several ranks:
+// tests/tools/data_parallel_test.cpp, as processes.)
+#include "engine/data_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <set>
+
+#include "engine/random.h"
+#include "models/builders.h"
+
+namespace cortado {
+namespace {
+
+std::unique_ptr<dist::Communicator> OneRank() { return dist::CreateCommunicator(dist::CommConfig{}); }
+
+NetSpec Model(const std::string& name, int64_t side, int64_t channels, int64_t batch) {
+  ModelOptions o;
+  o.num_classes = name == "resnet50" ? 1000 : 10;
+  o.in_channels = channels;
+  o.height = o.width = side;
+  o.batch_size = batch;
+  return BuildModel(name, o);
+}
+
+// Checks the invariants of a layout and returns the bucket sizes in bytes.
+std::vector<double> CheckLayout(Net& net, const DataParallel& dp, const DataParallelOptions& o) {
+  const auto& buckets = dp.buckets();
+  const Tensor& block = dp.gradient_block();
+  EXPECT_FALSE(buckets.empty());
+  // Parameters in reverse layer order, each a view in the block at increasing, aligned offsets.
+  std::vector<Param*> order;
+  for (auto it = net.layers().rbegin(); it != net.layers().rend(); ++it) {
+    for (Param& p : (*it)->params()) order.push_back(&p);
+  }
+  int64_t last = -1;
+  size_t b = 0;
+  std::vector<int> seen(buckets.size(), 0);
+  for (Param* p : order) {
+    EXPECT_TRUE(p->grad.SharesStorageWith(block)) << p->name;
+    const int64_t at = p->grad.storage_offset();
+    EXPECT_GT(at, last) << p->name;
+    EXPECT_EQ(at * 4 % 64, 0) << p->name << " is not on a cache line";
+    last = at + p->grad.numel() - 1;
+    while (b < buckets.size() && at >= buckets[b].end) ++b;
+    EXPECT_LT(b, buckets.size()) << p->name;
+    EXPECT_GE(at, buckets[b].begin) << p->name;
+    EXPECT_LE(at + p->grad.numel(), buckets[b].end) << p->name;
+    ++seen[b];
+  }
+  std::vector<double> mb;
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    EXPECT_EQ(seen[i], buckets[i].params) << "bucket " << i;
+    if (i > 0) EXPECT_EQ(buckets[i].begin, buckets[i - 1].end);
+    const double bytes = 4.0 * static_cast<double>(buckets[i].end - buckets[i].begin);
+    mb.push_back(bytes / 1048576.0);
+    const double cap = i == 0 ? o.first_bucket_mb
+                       : i + 1 == buckets.size() ? o.last_bucket_mb
+                                                 : o.bucket_mb;
+    // A bucket may exceed its cap only by holding a single parameter (padding aside).
+    if (buckets[i].params > 1) EXPECT_LE(mb.back(), cap * 1.01) << "bucket " << i;
+  }
+  EXPECT_EQ(buckets.front().begin, 0);
+  EXPECT_EQ(buckets.back().end, block.numel());
+  return mb;
+}
+
+TEST(DataParallel, ResNet50BucketsFollowReverseLayerOrderWithSmallEnds) {
+  auto comm = OneRank();
+  Net net(Model("resnet50", 32, 3, 1), 1);
+  DataParallelOptions o;  // 25 MB, first and last 1 MB
+  DataParallel dp(net, *comm, o);
+  std::vector<double> mb = CheckLayout(net, dp, o);
+  // fc (8 MB, one parameter) alone first; the stem and first stage last, in at most 1 MB.
+  EXPECT_EQ(dp.buckets().front().first, "logits.weight");
+  EXPECT_EQ(dp.buckets().front().params, 1);
+  EXPECT_EQ(dp.buckets().back().last, "conv1.weight");
+  EXPECT_LE(mb.back(), 1.0);
+  double total = 0;
+  for (double m : mb) total += m;
+  EXPECT_NEAR(total, 25557032 * 4 / 1048576.0, 0.5);  // every parameter, plus padding
+  EXPECT_GE(mb.size(), 6u);
+}
+
+TEST(DataParallel, BucketSizesFollowTheOptions) {
+  auto comm = OneRank();
+  Net net(Model("resnet20", 28, 1, 1), 1);
+  for (double size : {0.01, 0.1, 25.0}) {
+    SCOPED_TRACE(size);
+    DataParallelOptions o;
+    o.bucket_mb = size;
+    o.first_bucket_mb = size / 4;
+    o.last_bucket_mb = size / 2;
+    DataParallel dp(net, *comm, o);
+    std::vector<double> mb = CheckLayout(net, dp, o);
+    if (size == 25.0) EXPECT_EQ(mb.size(), 1u);  // the first bucket holds the whole net
+    if (size == 0.01) EXPECT_GT(mb.size(), 20u);
+  }
+  DataParallelOptions bad;
+  bad.last_bucket_mb = 0;
+  EXPECT_THROW(DataParallel(net, *comm, bad), Error);
+}
+
+// A net with one parameter has one bucket.
+TEST(DataParallel, OneParameterOneBucket) {
+  auto comm = OneRank();
+  NetSpec spec;
+  spec.name = "tiny";
+  spec.inputs = {{"data", {2, 3}, DType::kF32}, {"label", {2}, DType::kI32}};
+  LayerSpec fc;
+  fc.name = "fc";
+  fc.type = "InnerProduct";
+  fc.inputs = {"data"};
+  fc.outputs = {"logits"};
+  fc.settings.Set("num_output", int64_t{4}).Set("bias", false);
+  LayerSpec loss;
+  loss.name = "loss";
+  loss.type = "SoftmaxWithLoss";
+  loss.inputs = {"logits", "label"};
+  loss.outputs = {"loss"};
+  spec.layers = {fc, loss};
+  Net net(spec, 1);
+  DataParallelOptions o;
+  DataParallel dp(net, *comm, o);
+  ASSERT_EQ(dp.buckets().size(), 1u);
+  EXPECT_EQ(dp.buckets()[0].params, 1);
+}
+
+// With one rank the all-reduce averages over one: the gradients stay bit for bit what
+// backward wrote, step after step (the views survive every Reshape), and the loss and stop
+// vote come back through the control words.
+TEST(DataParallel, OneRankLeavesGradientsAsBackwardWroteThem) {
+  auto comm = OneRank();
+  const NetSpec spec = Model("resnet20", 12, 1, 3);
+  Net plain(spec, 7), glued(spec, 7);
+  DataParallelOptions o;
+  o.bucket_mb = 0.02;  // many buckets, issued during backward
+  o.first_bucket_mb = o.last_bucket_mb = 0.005;
+  DataParallel dp(glued, *comm, o);
+  ASSERT_GT(dp.buckets().size(), 5u);
+  for (int step = 0; step < 3; ++step) {
+    for (Net* net : {&plain, &glued}) {
+      Rng rng(100 + step);
+      Tensor& x = net->input("data");
+      for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(rng.Normal(0, 1));
+      for (int64_t i = 0; i < 3; ++i) net->input("label").data<int32_t>()[i] = (step + i) % 10;
+    }
+    const double loss_plain = plain.Forward();
+    plain.Backward();
+    dp.BeginStep();
+    const double loss = glued.Forward();
+    dp.SetControl(loss, step == 2);
+    glued.Backward();
+    DataParallel::StepResult r = dp.FinishStep();
+    EXPECT_EQ(loss, loss_plain);
+    EXPECT_FLOAT_EQ(r.loss, loss);
+    EXPECT_EQ(r.stop, step == 2);
+    std::vector<Param*> a = plain.params(), b = glued.params();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_TRUE(b[i]->grad.SharesStorageWith(dp.gradient_block())) << b[i]->name;
+      EXPECT_EQ(std::memcmp(a[i]->grad.raw_data(), b[i]->grad.raw_data(), a[i]->grad.nbytes()), 0)
+          << b[i]->name << " at step " << step;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cortado
