@@ -1,0 +1,255 @@
+#!/usr/bin/env bash
+# The scaling experiment: data-parallel training over a rate-limited network, W = 2 ranks of one
+# thread each, in two network namespaces joined by a veth pair (scripts/netem/), so that all
+# gradient traffic crosses a link of known rate. For each model, rate and overlap mode it trains
+# on synthetic data and reads rank 0's metrics: step time, exposed communication (the time the
+# solver waits for gradient buckets after backward) and
+#
+#   scaling efficiency = throughput of W ranks / (W x throughput of one rank training alone
+#                        with the same thread count and per-rank batch)
+#   hidden             = 1 - exposed communication with overlap on / with overlap off
+#
+# and, as a control, two single-rank trainings side by side without communication: what two
+# ranks sharing this machine's cores and memory cost before any byte is sent.
+#
+# (with overlap off every bucket is all-reduced after backward, so its exposed time is the whole
+# communication time). The peer, measured in the same rounds over the same link: PyTorch 1.13
+# DistributedDataParallel with Gloo (scripts/bench/scaling/ddp_torch.py: the same models, batch,
+# thread count and synthetic data; DDP always overlaps, with its default 25 MB buckets).
+#
+# Every configuration runs --rounds times, interleaved (round 1 of everything, then round 2...),
+# and each figure is the median over the rounds with min and max. Raw metrics and a summary go
+# to runs/bench-scaling-<time>/ (summary.md is the table for BENCHMARKS.md).
+#
+#   scripts/bench/scaling.sh [--models resnet20,resnet50] [--rates 100mbit,1gbit,10gbit]
+#       [--rounds 3] [--steps resnet20=30,resnet50=4] [--warmup resnet20=5,resnet50=2]
+#       [--batch resnet20=64,resnet50=16] [--no-torch] [--build DIR] [--prefix cortado-scale]
+#
+# Needs root (network namespaces and tc), iproute2, cmake and a C++ toolchain (it builds
+# `cortado` in DIR, default build/), and for the peer /usr/bin/python3 with torch and
+# torchvision (scripts/setup.sh --bench). Uses about 7 GB of memory per ResNet-50 rank. The
+# namespaces are removed at the end, also on failure or Ctrl-C.
+set -euo pipefail
+
+me=scaling.sh
+root=$(cd "$(dirname "$0")/../.." && pwd)
+models=resnet20,resnet50
+rates=100mbit,1gbit,10gbit
+rounds=3
+steps_spec=resnet20=30,resnet50=4
+warmup_spec=resnet20=5,resnet50=2
+batch_spec=resnet20=64,resnet50=16
+torch=1
+build=""
+prefix=cortado-scale
+subnet=10.232.0
+port=29611
+
+usage() { echo "$me: $*  (see --help)" >&2; exit 2; }
+while (($#)); do
+  case "$1" in
+    --models|--rates|--rounds|--steps|--warmup|--batch|--build|--prefix)
+      (($# >= 2)) || usage "$1 needs a value"
+      case "$1" in
+        --models) models=$2 ;;
+        --rates) rates=$2 ;;
+        --rounds) rounds=$2 ;;
+        --steps) steps_spec=$2 ;;
+        --warmup) warmup_spec=$2 ;;
+        --batch) batch_spec=$2 ;;
+        --build) build=$2 ;;
+        --prefix) prefix=$2 ;;
+      esac
+      shift 2 ;;
+    --no-torch) torch=0; shift ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    *) usage "unknown argument '$1'" ;;
+  esac
+done
+
+# lookup SPEC MODEL: the value of MODEL in "a=1,b=2".
+lookup() {
+  local item
+  IFS=, read -ra items <<<"$1"
+  for item in "${items[@]}"; do
+    [[ ${item%%=*} == "$2" ]] && { echo "${item#*=}"; return; }
+  done
+  usage "no value for model '$2' in '$1'"
+}
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || usage "--rounds '$rounds': want a positive integer"
+IFS=, read -ra model_list <<<"$models"
+IFS=, read -ra rate_list <<<"$rates"
+for m in "${model_list[@]}"; do
+  case "$m" in resnet20|resnet50) ;; *) usage "--models: unknown model '$m' (resnet20, resnet50)" ;; esac
+  for spec in "$steps_spec" "$warmup_spec" "$batch_spec"; do
+    v=$(lookup "$spec" "$m")
+    [[ $v =~ ^[0-9]+$ ]] || usage "'$spec': '$m=$v' is not a whole number"
+  done
+done
+
+((EUID == 0)) || { echo "$me: must run as root (network namespaces and tc need it)" >&2; exit 1; }
+if ((torch)); then
+  /usr/bin/python3 -c 'import torch.distributed, torchvision' 2>/dev/null ||
+    { echo "$me: /usr/bin/python3 cannot import torch and torchvision; run scripts/setup.sh" \
+        "--bench, or pass --no-torch" >&2; exit 1; }
+fi
+
+# The cortado binary, built (incrementally) from the current source.
+build=${build:-$root/build}
+if [[ ! -f "$build/CMakeCache.txt" ]]; then
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+fi
+echo "$me: building cortado in $build" >&2
+cmake --build "$build" -j "$(nproc)" --target cortado >"$build/scaling-bench-build.log" 2>&1 ||
+  { echo "$me: building cortado failed (see $build/scaling-bench-build.log)" >&2; exit 1; }
+cortado=$build/tools/cortado
+
+out=$root/runs/bench-scaling-$(date +%Y%m%d-%H%M%S)
+mkdir -p "$out"
+netem=$root/scripts/netem
+cleanup() {
+  local rc=$?
+  kill $(jobs -p) 2>/dev/null || true
+  "$netem/down.sh" --prefix "$prefix" || true
+  rm -rf "$out/checkpoints"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+{
+  echo "# $(date -Is) $(uname -srm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(free -g | awk '/Mem:/ {print $2}') GiB"
+  echo "# commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+  echo "# models $models; rates $rates; rounds $rounds; steps $steps_spec; warmup $warmup_spec; batch $batch_spec"
+  ((torch)) && echo "# peer: torch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') DistributedDataParallel, gloo"
+  echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+} | tee "$out/info.txt"
+
+# config MODEL WORLD: a synthetic-data training config for the model at its per-rank batch, with
+# one metrics record per step and as many samples as one global batch (so the final evaluation
+# is a single batch).
+config() {
+  local model=$1 world=$2 batch steps warmup shape classes
+  batch=$(lookup "$batch_spec" "$model")
+  steps=$(lookup "$steps_spec" "$model")
+  warmup=$(lookup "$warmup_spec" "$model")
+  if [[ $model == resnet50 ]]; then shape="[3, 224, 224]" classes=1000; else shape="[3, 32, 32]" classes=10; fi
+  local file=$out/$model.w$world.yaml
+  cat >"$file" <<YAML
+model: {builder: $model}
+data:
+  type: synthetic
+  batch_size: $batch
+  synthetic: {shape: $shape, classes: $classes, samples: $((batch * world))}
+solver: {base_lr: 0.01, momentum: 0.9, max_iter: $((steps + warmup)), eval_interval: 0}
+checkpoint: {every: 0, keep: 1}
+log: {interval: 1}
+YAML
+  echo "$file"
+}
+
+# One rank alone, one thread: the denominator of the efficiency.
+run_single() {  # MODEL ROUND
+  local model=$1 round=$2 tag=$1.single.r$2
+  local cfg; cfg=$(config "$model" 1)
+  echo "== round $round: $model, 1 rank alone" >&2
+  "$cortado" train --config "$cfg" --threads 1 --no-progress --metrics "$out/$tag.jsonl" \
+    --set checkpoint.dir="$out/checkpoints/$tag" >"$out/$tag.log" 2>&1 ||
+    { echo "$me: $tag failed:" >&2; tail -5 "$out/$tag.log" >&2; exit 1; }
+  rm -rf "$out/checkpoints/$tag"
+}
+
+# Two single-rank trainings at once, without communication: what sharing the machine alone
+# costs (memory bandwidth, caches), the ceiling of a 2-rank run on it.
+run_alone_pair() {  # MODEL ROUND
+  local model=$1 round=$2 side pids=()
+  local cfg; cfg=$(config "$model" 1)
+  echo "== round $round: $model, 2 single ranks side by side (no communication)" >&2
+  for side in a b; do
+    local tag=$model.none.alone-$side.r$round
+    "$cortado" train --config "$cfg" --threads 1 --no-progress --metrics "$out/$tag.jsonl" \
+      --set checkpoint.dir="$out/checkpoints/$tag" >"$out/$tag.log" 2>&1 &
+    pids+=($!)
+  done
+  local failed=0
+  for p in "${pids[@]}"; do wait "$p" || failed=1; done
+  ((failed == 0)) || { echo "$me: $model side by side failed:" >&2; tail -5 "$out/$model".none.alone-*.r"$round".log >&2; exit 1; }
+  rm -rf "$out"/checkpoints/"$model".none.alone-*
+}
+
+# Two ranks, one per namespace, one launcher each (node 0 in a hosts the store).
+run_pair() {  # MODEL RATE OVERLAP ROUND
+  local model=$1 rate=$2 overlap=$3 round=$4 tag=$1.$2.overlap-$3.r$4
+  local cfg; cfg=$(config "$model" 2)
+  echo "== round $round: $model, 2 ranks at $rate, overlap $overlap" >&2
+  local token; token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  local pids=() side node
+  for side in a b; do
+    node=$([[ $side == a ]] && echo 0 || echo 1)
+    CORTADO_JOB_TOKEN=$token "$netem/exec.sh" "$side" --prefix "$prefix" -- \
+      "$cortado" launch --nnodes 2 --node-rank "$node" --nproc 1 --master "$subnet.1:$port" -- \
+      "$cortado" train --config "$cfg" --threads 1 --no-progress --metrics "$out/$tag.jsonl" \
+      --set checkpoint.dir="$out/checkpoints/$tag" --set distributed.overlap="$overlap" \
+      >"$out/$tag.node$node.log" 2>&1 &
+    pids+=($!)
+  done
+  local failed=0
+  for p in "${pids[@]}"; do wait "$p" || failed=1; done
+  if ((failed)); then
+    echo "$me: $tag failed:" >&2
+    tail -5 "$out/$tag".node*.log >&2
+    exit 1
+  fi
+  rm -rf "$out/checkpoints/$tag"
+}
+
+# The peer: PyTorch DDP over the same link (world 2), and alone (world 1).
+run_torch() {  # MODEL RATE|single ROUND
+  local model=$1 rate=$2 round=$3 tag=$1.$2.torch.r$3
+  local batch steps warmup
+  batch=$(lookup "$batch_spec" "$model"); steps=$(lookup "$steps_spec" "$model")
+  warmup=$(lookup "$warmup_spec" "$model")
+  local args=(--model "$model" --batch "$batch" --steps "$steps" --warmup "$warmup")
+  echo "== round $round: $model, PyTorch DDP ${rate/single/1 rank alone}" >&2
+  if [[ $rate == single ]]; then
+    OMP_NUM_THREADS=1 /usr/bin/python3 "$root/scripts/bench/scaling/ddp_torch.py" "${args[@]}" \
+      >"$out/$tag.jsonl" 2>"$out/$tag.log" ||
+      { echo "$me: $tag failed:" >&2; tail -5 "$out/$tag.log" >&2; exit 1; }
+    return
+  fi
+  local pids=() side rank
+  for side in a b; do
+    rank=$([[ $side == a ]] && echo 0 || echo 1)
+    RANK=$rank WORLD_SIZE=2 MASTER_ADDR=$subnet.1 MASTER_PORT=$((port + 1)) OMP_NUM_THREADS=1 \
+      GLOO_SOCKET_IFNAME=veth-$side "$netem/exec.sh" "$side" --prefix "$prefix" -- \
+      /usr/bin/python3 "$root/scripts/bench/scaling/ddp_torch.py" "${args[@]}" \
+      >"$out/$tag.rank$rank.jsonl" 2>"$out/$tag.rank$rank.log" &
+    pids+=($!)
+  done
+  local failed=0
+  for p in "${pids[@]}"; do wait "$p" || failed=1; done
+  ((failed == 0)) || { echo "$me: $tag failed:" >&2; tail -5 "$out/$tag".rank*.log >&2; exit 1; }
+  mv "$out/$tag.rank0.jsonl" "$out/$tag.jsonl"
+}
+
+for round in $(seq 1 "$rounds"); do
+  for model in "${model_list[@]}"; do
+    run_single "$model" "$round"
+    run_alone_pair "$model" "$round"
+    ((torch)) && run_torch "$model" single "$round"
+  done
+  for rate in "${rate_list[@]}"; do
+    "$netem/up.sh" --rate "$rate" --prefix "$prefix" --subnet "$subnet" --replace >&2
+    for model in "${model_list[@]}"; do
+      for overlap in false true; do run_pair "$model" "$rate" "$overlap" "$round"; done
+      ((torch)) && run_torch "$model" "$rate" "$round"
+    done
+  done
+  "$netem/down.sh" --prefix "$prefix"
+done
+echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/info.txt"
+
+/usr/bin/python3 "$root/scripts/bench/scaling/summarize.py" "$out" --warmup "$warmup_spec" \
+  --batch "$batch_spec" | tee "$out/summary.md"
+echo "$me: raw metrics and summary in $out" >&2

@@ -1,0 +1,167 @@
+#!/usr/bin/python3
+"""Summary of scripts/bench/scaling.sh: reads the run folder's metrics and prints a Markdown
+table, each figure the median over rounds with [min, max].
+
+Cortado runs: <model>.single.r<k>.jsonl (one rank alone) and
+<model>.<rate>.overlap-<true|false>.r<k>.jsonl (rank 0's metrics of 2 ranks): the train records
+after the warmup steps (one record per step) give step time, compute, exposed communication and
+data wait. PyTorch runs: <model>.<single|rate>.torch.r<k>.jsonl with the measured step times.
+Efficiency and hidden fraction are computed per round (against the same round's single-rank run
+and overlap-off run), then summarized."""
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+W = 2  # ranks in every multi-rank run
+
+
+def spec(text):
+    return {k: int(v) for k, v in (item.split("=") for item in text.split(","))}
+
+
+def cortado_run(path, warmup):
+    """Per-step means over the measured steps: step, compute, comm_wait, data_wait seconds."""
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    rows = [r for r in rows if r.get("event") == "train" and r["iter"] > warmup]
+    if not rows:
+        raise SystemExit(f"summarize.py: {path} has no train records after {warmup} warmup steps")
+    n = len(rows)
+    return {
+        "img_s": None,  # set by the caller (needs the global batch)
+        "step_s_list": rows,
+        "compute": sum(r["compute_s"] for r in rows) / n,
+        "comm_wait": sum(r["comm_wait_s"] for r in rows) / n,
+        "data_wait": sum(r["data_wait_s"] for r in rows) / n,
+    }
+
+
+def fmt(values, digits=2, pct=False):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    k = 100.0 if pct else 1.0
+    med, lo, hi = statistics.median(values) * k, min(values) * k, max(values) * k
+    unit = "%" if pct else ""
+    if len(values) == 1:
+        return f"{med:.{digits}f}{unit}"
+    return f"{med:.{digits}f}{unit} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def rate_bits(rate):
+    m = re.fullmatch(r"([0-9.]+)(k|m|g)?bit", rate.lower())
+    if not m:
+        return None
+    return float(m.group(1)) * {None: 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--warmup", required=True)
+    ap.add_argument("--batch", required=True)
+    args = ap.parse_args()
+    warmup, batch = spec(args.warmup), spec(args.batch)
+    out = args.out
+
+    # runs[(model, rate, mode)][round] = figures; rate "single" for one rank alone.
+    runs = {}
+    params = {}
+    for path in sorted(glob.glob(os.path.join(out, "*.jsonl"))):
+        name = os.path.basename(path)[: -len(".jsonl")]
+        # <model>.single.r<k>, <model>.single.torch.r<k>, <model>.<rate>.overlap-<x>.r<k>,
+        # <model>.<rate>.torch.r<k>
+        parts = name.split(".")
+        if len(parts) < 3 or not re.fullmatch(r"r\d+", parts[-1]):
+            continue
+        model, rnd, middle = parts[0], int(parts[-1][1:]), parts[1:-1]
+        if middle == ["single"]:
+            rate, mode = "single", "cortado"
+        elif len(middle) >= 2 and middle[-1] in ("torch", "overlap-true", "overlap-false",
+                                                 "alone-a", "alone-b"):
+            rate, mode = ".".join(middle[:-1]), middle[-1]
+        else:
+            continue
+        if mode == "torch":
+            d = json.loads(open(path).read())
+            step = statistics.mean(d["step_s"])
+            fig = {"step": step, "img_s": d["world"] * d["batch"] / step}
+        else:
+            world = 1 if rate in ("single", "none") else W
+            fig = cortado_run(path, warmup[model])
+            rows = fig.pop("step_s_list")
+            images = len(rows) * world * batch[model]
+            seconds = sum(world * batch[model] / r["img_per_s"] for r in rows)
+            fig["img_s"] = images / seconds
+            fig["step"] = seconds / len(rows)
+            if rate == "single" and model not in params:
+                log = path[: -len(".jsonl")] + ".log"
+                if os.path.exists(log):
+                    p = re.search(r"model: (\d+) parameters", open(log).read())
+                    if p:
+                        params[model] = int(p.group(1))
+        runs.setdefault((model, rate, mode), {})[rnd] = fig
+
+    models = sorted({k[0] for k in runs})
+    rates = sorted({k[1] for k in runs if k[1] not in ("single", "none")},
+                   key=lambda r: rate_bits(r) or 0)
+    print("| model | network | mode | step s | compute s | exposed comm s | efficiency | hidden |")
+    print("|---|---|---|---|---|---|---|---|")
+    for model in models:
+        single = runs.get((model, "single", "cortado"), {})
+        tsingle = runs.get((model, "single", "torch"), {})
+        print(f"| {model} | none | Cortado, 1 rank alone | {fmt([f['step'] for f in single.values()])} "
+              f"| {fmt([f['compute'] for f in single.values()])} | - | - | - |")
+        a, b = runs.get((model, "none", "alone-a"), {}), runs.get((model, "none", "alone-b"), {})
+        both = [k for k in a if k in b and k in single]
+        if both:
+            eff = [(a[k]["img_s"] + b[k]["img_s"]) / (W * single[k]["img_s"]) for k in both]
+            print(f"| {model} | none | Cortado, 2 single ranks side by side | "
+                  f"{fmt([(a[k]['step'] + b[k]['step']) / 2 for k in both])} | "
+                  f"{fmt([(a[k]['compute'] + b[k]['compute']) / 2 for k in both])} | - | "
+                  f"{fmt(eff, 1, pct=True)} | - |")
+        if tsingle:
+            print(f"| {model} | none | PyTorch, 1 rank alone | "
+                  f"{fmt([f['step'] for f in tsingle.values()])} | - | - | - | - |")
+        for rate in rates:
+            off = runs.get((model, rate, "overlap-false"), {})
+            for mode, label in (("overlap-false", "Cortado, overlap off"),
+                                ("overlap-true", "Cortado, overlap on"),
+                                ("torch", "PyTorch DDP (overlap)")):
+                r = runs.get((model, rate, mode), {})
+                if not r:
+                    continue
+                base = tsingle if mode == "torch" else single
+                eff = [f["img_s"] / (W * base[k]["img_s"]) for k, f in r.items() if k in base]
+                hidden = []
+                if mode == "overlap-true":
+                    hidden = [1 - f["comm_wait"] / off[k]["comm_wait"] for k, f in r.items()
+                              if k in off and off[k]["comm_wait"] > 0]
+                cortado = mode != "torch"
+                print(f"| {model} | {rate} | {label} | {fmt([f['step'] for f in r.values()])} | "
+                      f"{fmt([f['compute'] for f in r.values()]) if cortado else '-'} | "
+                      f"{fmt([f['comm_wait'] for f in r.values()]) if cortado else '-'} | "
+                      f"{fmt(eff, 1, pct=True)} | "
+                      f"{fmt(hidden, 0, pct=True) if hidden else '-'} |")
+    print()
+    for model in models:
+        if model in params:
+            mb = params[model] * 4 / 1e6
+            line = f"{model}: {params[model]:,} parameters, {mb:.1f} MB of f32 gradients; a 2-rank ring sends {mb:.1f} MB each way per step"
+            times = []
+            for rate in rates:
+                bits = rate_bits(rate)
+                if bits:
+                    # TCP goodput at MTU 1500 is 1448/1514 of the link rate (scripts/netem/up.sh).
+                    times.append(f"{rate} {mb * 1e6 * 8 / (bits * 1448 / 1514):.2f} s")
+            if times:
+                line += " (at line rate: " + ", ".join(times) + ")"
+            print(line + ".")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
