@@ -3,6 +3,7 @@
 # Idempotent: packages already present are skipped quickly.
 #   scripts/setup.sh          build + test dependencies, Fashion-MNIST, sample photos
 #   scripts/setup.sh --bench  also the peers the benchmarks compare against (PyTorch, PIL, iperf3)
+#                             and iproute2 (ip, tc) for the scaling experiment
 set -euo pipefail
 
 want_bench=0
@@ -23,11 +24,11 @@ packages=(
   libprotobuf-dev protobuf-compiler python3-protobuf
   libibverbs-dev rdma-core
   openmpi-bin libopenmpi-dev
-  zlib1g-dev
+  zlib1g-dev nlohmann-json3-dev
   dataset-fashion-mnist opencv-doc
 )
 if [[ $want_bench == 1 ]]; then
-  packages+=(python3-torch python3-torchvision python3-pil python3-numpy iperf3)
+  packages+=(python3-torch python3-torchvision python3-pil python3-numpy iperf3 iproute2)
 fi
 
 missing=()
