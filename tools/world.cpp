@@ -21,9 +21,7 @@ World JoinWorld(const DistributedConfig& config) {
   if (options.backend == dist::Backend::kMpi) {
     CORTADO_CHECK(dist::HasMpiBackend(), "distributed.backend is mpi, but this build has no MPI "
                   "backend (install openmpi-bin and libopenmpi-dev, then reconfigure)");
-    dist::CommConfig c;
-    c.options = options;
-    world.comm = dist::CreateCommunicator(c);
+    world.comm = dist::CreateCommunicator(dist::CommConfigFor(dist::LaunchInfo{}, options));
     world.rank = world.comm->rank();
     world.size = world.comm->size();
     // mpirun also says how many ranks share this machine.
@@ -40,17 +38,9 @@ World JoinWorld(const DistributedConfig& config) {
   world.local_rank = info.local_rank;
   world.local_size = std::max(1, info.local_world_size);
   if (world.size == 1) return world;
-  dist::CommConfig c;
-  c.rank = info.rank;
-  c.world_size = info.world_size;
-  c.master_addr = info.master_addr;
-  c.master_port = info.master_port;
-  c.store_fd = info.store_fd;
-  c.job_token = info.job_token;
-  c.options = options;
   // No config fingerprint in the handshake: the trainer compares configs itself after
   // connecting, so a mismatch can say what differs (DataParallel::VerifySameJob).
-  world.comm = dist::CreateCommunicator(c);
+  world.comm = dist::CreateCommunicator(dist::CommConfigFor(info, options));
   world.backend = world.comm->backend();
   return world;
 }

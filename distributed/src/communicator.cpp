@@ -254,18 +254,25 @@ std::unique_ptr<Communicator> CreateCommunicator(const CommConfig& config) {
   return internal::CreateTransportCommunicator(config);
 }
 
-std::unique_ptr<Communicator> CreateCommunicatorFromEnv(uint64_t fingerprint) {
+CommConfig CommConfigFor(const LaunchInfo& info, const CommOptions& options) {
   CommConfig config;
-  config.options = CommOptions::FromEnv();
-  config.fingerprint = fingerprint;
-  if (config.options.backend == Backend::kMpi) return CreateCommunicator(config);
-  LaunchInfo info = DiscoverLaunchInfo();
   config.rank = info.rank;
   config.world_size = info.world_size;
   config.master_addr = info.master_addr;
   config.master_port = info.master_port;
   config.store_fd = info.store_fd;
   config.job_token = info.job_token;
+  config.options = options;
+  return config;
+}
+
+std::unique_ptr<Communicator> CreateCommunicatorFromEnv(uint64_t fingerprint) {
+  const CommOptions options = CommOptions::FromEnv();
+  // MPI knows rank and size itself.
+  CommConfig config = options.backend == Backend::kMpi
+                          ? CommConfigFor(LaunchInfo{}, options)
+                          : CommConfigFor(DiscoverLaunchInfo(), options);
+  config.fingerprint = fingerprint;
   return CreateCommunicator(config);
 }
 

@@ -49,6 +49,28 @@ LauncherOptions Shell(int nproc, const std::string& script, const TempFile& out)
   return o;
 }
 
+// Waits (up to 4 s) until both ranks of a 2-rank launcher have printed "ready".
+void WaitUntilBothReady(const TempFile& out) {
+  for (int i = 0; i < 200; ++i) {
+    std::string t = out.Read();
+    if (t.find("[0] ready") != std::string::npos && t.find("[1] ready") != std::string::npos) {
+      return;
+    }
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+}
+
+// Waits up to 5 s for the launcher process to exit; kills it and returns false if it does not.
+bool WaitExited(pid_t pid, int* status) {
+  for (int i = 0; i < 250; ++i) {
+    if (::waitpid(pid, status, WNOHANG) == pid) return true;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, status, 0);
+  return false;
+}
+
 TEST(Launcher, EveryRankGetsItsEnvironmentAndPrefixedOutput) {
   TempFile out;
   int code = RunLauncher(
@@ -111,23 +133,10 @@ TEST(Launcher, ForwardsSigtermToTheRanks) {
     ::_exit(RunLauncher(o));
   }
   // Wait until both ranks are up, then signal the launcher only.
-  for (int i = 0; i < 200; ++i) {
-    std::string t = out.Read();
-    if (t.find("[0] ready") != std::string::npos && t.find("[1] ready") != std::string::npos) break;
-    std::this_thread::sleep_for(milliseconds(20));
-  }
+  WaitUntilBothReady(out);
   ::kill(pid, SIGTERM);
   int status = 0;
-  bool exited = false;
-  for (int i = 0; i < 250 && !exited; ++i) {
-    exited = ::waitpid(pid, &status, WNOHANG) == pid;
-    if (!exited) std::this_thread::sleep_for(milliseconds(20));
-  }
-  if (!exited) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &status, 0);
-    FAIL() << "launcher did not exit after SIGTERM\n" << out.Read();
-  }
+  if (!WaitExited(pid, &status)) FAIL() << "launcher did not exit after SIGTERM\n" << out.Read();
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
   std::string text = out.Read();
@@ -149,29 +158,14 @@ TEST(Launcher, ForwardedSignalsWaitForTheRanksAndASecondOneKills) {
       o.grace = milliseconds(100);
       ::_exit(RunLauncher(o));
     }
-    for (int i = 0; i < 200; ++i) {
-      std::string t = out.Read();
-      if (t.find("[0] ready") != std::string::npos && t.find("[1] ready") != std::string::npos) {
-        break;
-      }
-      std::this_thread::sleep_for(milliseconds(20));
-    }
+    WaitUntilBothReady(out);
     ::kill(pid, SIGTERM);
     if (twice) {
       std::this_thread::sleep_for(milliseconds(200));
       ::kill(pid, SIGTERM);
     }
     int status = 0;
-    bool exited = false;
-    for (int i = 0; i < 250 && !exited; ++i) {
-      exited = ::waitpid(pid, &status, WNOHANG) == pid;
-      if (!exited) std::this_thread::sleep_for(milliseconds(20));
-    }
-    if (!exited) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      FAIL() << "launcher did not exit after SIGTERM\n" << out.Read();
-    }
+    if (!WaitExited(pid, &status)) FAIL() << "launcher did not exit after SIGTERM\n" << out.Read();
     ASSERT_TRUE(WIFEXITED(status));
     EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
     std::string text = out.Read();

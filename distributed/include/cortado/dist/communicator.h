@@ -168,6 +168,9 @@ struct CommConfig {
   CommOptions options;
 };
 
+// The rendezvous fields of a CommConfig from a discovered launch (rank, size, rank 0's store,
+// the job token), with these options.
+CommConfig CommConfigFor(const LaunchInfo& info, const CommOptions& options);
 // Builds the communicator of options.backend (the MPI backend ignores the rendezvous fields).
 std::unique_ptr<Communicator> CreateCommunicator(const CommConfig& config);
 // DiscoverLaunchInfo() + CommOptions::FromEnv() + CreateCommunicator.
