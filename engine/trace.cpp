@@ -21,7 +21,9 @@ const char* TrackName(TraceTrack track) {
 
 }  // namespace
 
-Trace::Trace(int rank) : rank_(rank), origin_(Clock::now()) {}
+// Times count from the steady clock's epoch (on Linux, boot), which every process of one
+// machine shares, so the traces of its ranks line up without any exchange.
+Trace::Trace(int rank) : rank_(rank), origin_() {}
 
 void Trace::Add(TraceTrack track, std::string name, const char* category, Clock::time_point begin,
                 Clock::time_point end, Args args) {

@@ -1,9 +1,10 @@
 // Trace: a Chrome trace of one rank's training, in the Trace Event Format that chrome://tracing
 // and Perfetto open (a JSON object with a "traceEvents" array).
 //
-// Events are complete spans ("ph": "X") with begin and duration in microseconds since the
-// trace was created, on a few named tracks (Chrome's threads) of one process named after the
-// rank, so the files of several ranks can be loaded together and lined up. Tracks:
+// Events are complete spans ("ph": "X") with begin and duration in microseconds of the steady
+// clock (shared by the processes of one machine), on a few named tracks (Chrome's threads) of
+// one process named after the rank, so the files of several ranks can be loaded together and
+// line up. Tracks:
 //   compute    forward and backward per layer, data wait, the solver's wait, the update
 //   gradients  each gradient bucket's all-reduce, from enqueue to done
 //   batchnorm  synchronized batch-norm all-reduces

@@ -414,7 +414,7 @@ void Trainer::LogInterval() {
     }
   }
   LogInfo("train iter ", iteration_, "/", max_iter_, "  epoch ", Fixed(epoch, 2), "  loss ",
-          Fixed(loss, 4), "  lr ", last_lr_, "  ", static_cast<int64_t>(img_per_s),
+          Fixed(loss, 4), "  lr ", last_lr_, "  ", Fixed(img_per_s, img_per_s < 100 ? 1 : 0),
           " img/s  ms/step: compute ", Fixed(1000 * s.time.compute / steps, 1), comm, ", data ",
           Fixed(1000 * s.time.data_wait / steps, 1), "  ETA ", FormatDuration(eta));
   nlohmann::ordered_json m;

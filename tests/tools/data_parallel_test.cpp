@@ -31,6 +31,8 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/checkpoint.h"
 #include "tests/tools/fashion_slice.h"
 
@@ -337,6 +339,48 @@ TEST_F(DataParallelTest, MpirunAndSrunRunTheSameJobAsCortadoLaunch) {
   ASSERT_EQ(RunShell("timeout 120 sh -c '" + srun + "wait'", nullptr, &err), 0) << err;
   EXPECT_NE(err.find("data-parallel: 2 ranks (tcp)"), std::string::npos) << err;
   ExpectClose(final_checkpoint("srun"), launched, 1e-12, true);
+}
+
+// --trace: one Chrome trace per rank with every layer's forward and backward, the buckets'
+// all-reduces, the solver's wait, the data wait, the update and synchronized batch norm, on
+// one clock (the ranks' iterations overlap in time).
+TEST_F(DataParallelTest, TraceRecordsEveryRanksStepsOnOneClock) {
+  const std::string config = Config(
+      kGraph, "distributed: {sync_bn: true, bucket_mb: 0.001, first_bucket_mb: 0.001, "
+              "last_bucket_mb: 0.001}\n");
+  Train(config, 2, 4, "run", "--trace " + (dir_ / "t.json").string() + " --trace-iters 3");
+  EXPECT_FALSE(fs::exists(dir_ / "t.json"));
+  double first_begin[2] = {0, 0}, last_end[2] = {0, 0};
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(r);
+    const fs::path path = dir_ / ("t.rank" + std::to_string(r) + ".json");
+    ASSERT_TRUE(fs::exists(path));
+    nlohmann::json doc = nlohmann::json::parse(ReadFile(path));
+    std::map<std::string, int> count;  // "category/name"
+    first_begin[r] = 1e300;
+    for (const auto& e : doc["traceEvents"]) {
+      if (e["ph"] != "X") continue;
+      count[e["cat"].get<std::string>() + "/" + e["name"].get<std::string>()] += 1;
+      first_begin[r] = std::min(first_begin[r], e["ts"].get<double>());
+      last_end[r] = std::max(last_end[r], e["ts"].get<double>() + e["dur"].get<double>());
+      EXPECT_EQ(e["pid"], r);
+    }
+    for (const char* layer : {"conv", "bn", "relu", "pool", "drop", "logits", "loss"}) {
+      EXPECT_EQ(count[std::string("forward/") + layer], 3) << layer;
+    }
+    for (const char* layer : {"conv", "bn", "logits"}) {
+      EXPECT_EQ(count[std::string("backward/") + layer], 3) << layer;
+    }
+    EXPECT_EQ(count["data/data wait"], 3);
+    EXPECT_EQ(count["solver/update"], 3);
+    EXPECT_EQ(count["comm/wait for gradients"], 3);
+    EXPECT_EQ(count["comm/batch-norm statistics"], 6);  // forward and backward, each step
+    // Tiny buckets: several all-reduces per step, each recorded once per step.
+    EXPECT_EQ(count["comm/all-reduce bucket 0"], 3);
+    EXPECT_EQ(count["comm/all-reduce bucket 1"], 3);
+  }
+  // The two ranks ran the same steps at the same time: their spans overlap.
+  EXPECT_LT(std::max(first_begin[0], first_begin[1]), std::min(last_end[0], last_end[1]));
 }
 
 // Parses the JSON line that `cortado eval --json` prints (after the launcher's "[0] ").
