@@ -13,7 +13,8 @@
 # ranks sharing this machine's cores and memory cost before any byte is sent.
 #
 # (with overlap off every bucket is all-reduced after backward, so its exposed time is the whole
-# communication time). The peer, measured in the same rounds over the same link: PyTorch 1.13
+# communication time), and the machine's CPU time per step by kind (user, system, softirq, idle:
+# both ends of the emulated link run on this machine's cores). The peer, measured in the same rounds over the same link: PyTorch 1.13
 # DistributedDataParallel with Gloo (scripts/bench/scaling/ddp_torch.py: the same models, batch,
 # thread count and synthetic data; DDP always overlaps, with its default 25 MB buckets).
 #
@@ -149,11 +150,34 @@ YAML
   echo "$file"
 }
 
+# sample_cpu METRICS WARMUP STEPS OUT: the machine's CPU time over the measured steps, from
+# /proc/stat when the metrics file shows WARMUP steps done and again at WARMUP + STEPS, as
+# "user system softirq idle" in seconds (user includes nice; system includes irq). Runs in the
+# background beside a training; gives up quietly if the run ends first.
+sample_cpu() {
+  local metrics=$1 from=$2 to=$(($2 + $3)) out=$4 a="" b=""
+  snapshot() { awk '/^cpu / { printf "%d %d %d %d\n", $2 + $3, $4 + $7, $8, $5 }' /proc/stat; }
+  steps_done() { grep -c '"event":"train"' "$metrics" 2>/dev/null || true; }
+  for ((i = 0; i < 36000; i++)); do
+    local n; n=$(steps_done); n=${n:-0}
+    if [[ -z $a ]] && ((n >= from)); then a=$(snapshot); fi
+    if [[ -n $a ]] && ((n >= to)); then b=$(snapshot); break; fi
+    sleep 0.1
+  done
+  [[ -n $a && -n $b ]] || return 0
+  local hz; hz=$(getconf CLK_TCK)
+  read -r u1 s1 q1 i1 <<<"$a"; read -r u2 s2 q2 i2 <<<"$b"
+  awk -v hz="$hz" -v u=$((u2 - u1)) -v s=$((s2 - s1)) -v q=$((q2 - q1)) -v i=$((i2 - i1)) \
+    'BEGIN { printf "{\"user_s\":%.2f,\"system_s\":%.2f,\"softirq_s\":%.2f,\"idle_s\":%.2f}\n", u/hz, s/hz, q/hz, i/hz }' >"$out"
+}
+
 # One rank alone, one thread: the denominator of the efficiency.
 run_single() {  # MODEL ROUND
   local model=$1 round=$2 tag=$1.single.r$2
   local cfg; cfg=$(config "$model" 1)
   echo "== round $round: $model, 1 rank alone" >&2
+  sample_cpu "$out/$tag.jsonl" "$(lookup "$warmup_spec" "$model")" "$(lookup "$steps_spec" "$model")" \
+    "$out/$tag.cpu.json" &
   "$cortado" train --config "$cfg" --threads 1 --no-progress --metrics "$out/$tag.jsonl" \
     --set checkpoint.dir="$out/checkpoints/$tag" >"$out/$tag.log" 2>&1 ||
     { echo "$me: $tag failed:" >&2; tail -5 "$out/$tag.log" >&2; exit 1; }
@@ -185,6 +209,8 @@ run_pair() {  # MODEL RATE OVERLAP ROUND
   echo "== round $round: $model, 2 ranks at $rate, overlap $overlap" >&2
   local token; token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
   local pids=() side node
+  sample_cpu "$out/$tag.jsonl" "$(lookup "$warmup_spec" "$model")" "$(lookup "$steps_spec" "$model")" \
+    "$out/$tag.cpu.json" &
   for side in a b; do
     node=$([[ $side == a ]] && echo 0 || echo 1)
     CORTADO_JOB_TOKEN=$token "$netem/exec.sh" "$side" --prefix "$prefix" -- \

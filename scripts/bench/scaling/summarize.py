@@ -28,7 +28,9 @@ def cortado_run(path, warmup):
     rows = [json.loads(line) for line in open(path) if line.strip()]
     rows = [r for r in rows if r.get("event") == "train" and r["iter"] > warmup]
     if not rows:
-        raise SystemExit(f"summarize.py: {path} has no train records after {warmup} warmup steps")
+        print(f"summarize.py: skipping {path}: no train records after {warmup} warmup steps",
+              file=sys.stderr)
+        return None
     n = len(rows)
     return {
         "img_s": None,  # set by the caller (needs the global batch)
@@ -92,6 +94,8 @@ def main():
         else:
             world = 1 if rate in ("single", "none") else W
             fig = cortado_run(path, warmup[model])
+            if fig is None:
+                continue
             rows = fig.pop("step_s_list")
             images = len(rows) * world * batch[model]
             seconds = sum(world * batch[model] / r["img_per_s"] for r in rows)
@@ -103,6 +107,10 @@ def main():
                     p = re.search(r"model: (\d+) parameters", open(log).read())
                     if p:
                         params[model] = int(p.group(1))
+        cpu = path[: -len(".jsonl")] + ".cpu.json"
+        if os.path.exists(cpu) and mode != "torch":
+            steps = len(rows)
+            fig["cpu"] = {k: v / steps for k, v in json.loads(open(cpu).read()).items()}
         runs.setdefault((model, rate, mode), {})[rnd] = fig
 
     models = sorted({k[0] for k in runs})
@@ -147,6 +155,26 @@ def main():
                       f"{fmt(eff, 1, pct=True)} | "
                       f"{fmt(hidden, 0, pct=True) if hidden else '-'} |")
     print()
+    # CPU time of the whole machine per step, while the measured steps ran.
+    cpu_rows = []
+    for model in models:
+        for rate in ["single"] + rates:
+            for mode in ("cortado", "overlap-false", "overlap-true"):
+                r = runs.get((model, rate, mode), {})
+                with_cpu = [f["cpu"] for f in r.values() if "cpu" in f]
+                if not with_cpu:
+                    continue
+                label = "1 rank alone" if rate == "single" else f"{rate}, {mode.replace('-', ' ')}"
+                cells = " | ".join(fmt([c[k] for c in with_cpu]) for k in
+                                   ("user_s", "system_s", "softirq_s", "idle_s"))
+                cpu_rows.append(f"| {model} | {label} | {cells} |")
+    if cpu_rows:
+        print("CPU seconds per step, whole machine (both ends of the link run on its cores):")
+        print()
+        print("| model | run | user | system | softirq | idle |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(cpu_rows))
+        print()
     for model in models:
         if model in params:
             mb = params[model] * 4 / 1e6
