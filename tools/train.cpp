@@ -3,22 +3,18 @@
 // data-parallel job.
 #include <unistd.h>
 
-#include <atomic>
-#include <csignal>
 #include <cstdlib>
 #include <thread>
 
 #include "engine/log.h"
 #include "engine/thread_pool.h"
 #include "tools/commands.h"
+#include "tools/stop_signals.h"
 #include "tools/trainer.h"
 #include "tools/world.h"
 
 namespace cortado::tools {
 namespace {
-
-std::atomic<bool> g_stop{false};
-extern "C" void OnStopSignal(int) { g_stop = true; }
 
 struct TrainArgs {
   std::string config;
@@ -72,6 +68,9 @@ void AddTrainCommand(CLI::App& app) {
                   "Iterations the trace records (default 20; 0: all)")
       ->check(CLI::NonNegativeNumber);
   cmd->callback([args] {
+    // SIGINT/SIGTERM finish the current step, save a checkpoint and exit non-zero. Set up
+    // first: the threads started below must inherit the blocked signals (stop_signals.h).
+    StopSignals stop;
     RunConfig config = LoadRunConfig(args->config, args->sets);
     World world = JoinWorld(config.distributed);
     JoinAsRank(world);
@@ -84,12 +83,7 @@ void AddTrainCommand(CLI::App& app) {
     options.stop_at = args->stop_at;
     options.trace_path = args->trace;
     options.trace_iters = args->trace_iters;
-    // SIGINT/SIGTERM finish the current step, save a checkpoint and exit non-zero.
-    struct sigaction sa {};
-    sa.sa_handler = OnStopSignal;
-    sigaction(SIGINT, &sa, nullptr);
-    sigaction(SIGTERM, &sa, nullptr);
-    int code = trainer.Run(options, &g_stop);
+    int code = trainer.Run(options, stop.flag());
     if (code == 0 && trainer.world().rank == 0) {
       const EvalResult& e = trainer.last_eval();
       if (e.images > 0) {
