@@ -79,6 +79,18 @@ void Trace::Write(const std::string& path) const {
   }
 }
 
+void CheckTraceWritable(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path target(path);
+  std::error_code ec;
+  if (target.has_parent_path()) fs::create_directories(target.parent_path(), ec);
+  const std::string tmp = path + ".tmp";
+  bool ok = std::ofstream(tmp, std::ios::trunc).good();
+  fs::remove(tmp, ec);
+  CORTADO_CHECK(ok, "--trace: cannot write trace file '", path,
+                "' (does its folder exist and allow writing?)");
+}
+
 std::string TracePathForRank(const std::string& path, int rank, int world_size) {
   if (world_size <= 1) return path;
   namespace fs = std::filesystem;

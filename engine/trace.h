@@ -50,6 +50,9 @@ class Trace {
   std::vector<Event> events_;
 };
 
+// Throws naming the path when a trace could not be written there (its folder is created).
+void CheckTraceWritable(const std::string& path);
+
 // The file a rank writes for --trace PATH: PATH itself in a single process, else PATH with
 // ".rank<r>" before its extension ("t.json" -> "t.rank1.json").
 std::string TracePathForRank(const std::string& path, int rank, int world_size);

@@ -368,9 +368,14 @@ void Trainer::FinishTrace() {
   net_->set_profiling(false);
   if (dp_) dp_->set_trace(nullptr);
   if (sync_bn_) sync_bn_->set_trace(nullptr);
-  trace_->Write(trace_path_);
-  LogInfo("trace of iterations ", first_iteration_, "-", iteration_ - 1, " written to '",
-          trace_path_, "' (", trace_->size(), " events; open in Perfetto or chrome://tracing)");
+  // Losing the trace (disk full) is no reason to stop training.
+  try {
+    trace_->Write(trace_path_);
+    LogInfo("trace of iterations ", first_iteration_, "-", iteration_ - 1, " written to '",
+            trace_path_, "' (", trace_->size(), " events; open in Perfetto or chrome://tracing)");
+  } catch (const Error& e) {
+    LogWarning("no trace: ", e.what());
+  }
   trace_.reset();
 }
 
@@ -454,6 +459,7 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
   if (!options.trace_path.empty()) {
     trace_ = std::make_unique<Trace>(world_.rank);
     trace_path_ = TracePathForRank(options.trace_path, world_.rank, world_.size);
+    CheckTraceWritable(trace_path_);  // a bad --trace path stops before training, not after
     trace_until_ = options.trace_iters > 0 ? iteration_ + options.trace_iters : max_iter_;
     net_->set_profiling(true);
     if (dp_) dp_->set_trace(trace_.get());

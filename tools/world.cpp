@@ -24,6 +24,13 @@ World JoinWorld(const DistributedConfig& config) {
     world.comm = dist::CreateCommunicator(dist::CommConfigFor(dist::LaunchInfo{}, options));
     world.rank = world.comm->rank();
     world.size = world.comm->size();
+    // Started by another launcher (cortado launch, torchrun), each process is an MPI job of
+    // its own: W independent trainings into one folder. Refuse.
+    const dist::LaunchInfo launched = dist::DiscoverLaunchInfo();
+    CORTADO_CHECK(world.size > 1 || launched.world_size == 1, "distributed.backend is mpi, but "
+                  "this process is a 1-rank MPI job while its launcher (", launched.source,
+                  ") started ", launched.world_size, " ranks; run under mpirun, or use "
+                  "distributed.backend: tcp");
     // mpirun also says how many ranks share this machine.
     const dist::EnvLookup env = dist::ProcessEnv();
     if (auto n = env("OMPI_COMM_WORLD_LOCAL_SIZE")) world.local_size = std::max(1, std::atoi(n->c_str()));

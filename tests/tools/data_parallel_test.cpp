@@ -324,6 +324,19 @@ TEST_F(DataParallelTest, MpirunAndSrunRunTheSameJobAsCortadoLaunch) {
         << err;
     ExpectClose(final_checkpoint(name), launched, 1e-12, true);
   }
+  // The MPI backend outside mpirun would make each process a job of one: refused.
+  {
+    std::string err;
+    EXPECT_NE(RunShell("timeout 60 " + CortadoBinary() + " launch --nproc 2 -- " +
+                           train("launch_mpi", "--set distributed.backend=mpi"),
+                       nullptr, &err),
+              0);
+    EXPECT_NE(err.find("this process is a 1-rank MPI job while its launcher (cortado) started 2 "
+                       "ranks"),
+              std::string::npos)
+        << err;
+    EXPECT_TRUE(ListCheckpoints((dir_ / "launch_mpi").string()).empty());
+  }
   // srun sets these for every task; rank 0's store is on the first node of the list (the port
   // Cortado would derive from the job id could be taken on a shared machine: pick a free one).
   const int port = FreePort();
@@ -381,6 +394,16 @@ TEST_F(DataParallelTest, TraceRecordsEveryRanksStepsOnOneClock) {
   }
   // The two ranks ran the same steps at the same time: their spans overlap.
   EXPECT_LT(std::max(first_begin[0], first_begin[1]), std::min(last_end[0], last_end[1]));
+  // A trace that cannot be written stops the run before training, naming the path.
+  std::string err;
+  EXPECT_NE(RunShell("timeout 60 " + CortadoBinary() + " train --no-progress --config " + config +
+                         " --set checkpoint.dir=" + (dir_ / "bad").string() +
+                         " --trace /proc/no/t.json",
+                     nullptr, &err),
+            0);
+  EXPECT_NE(err.find("--trace: cannot write trace file '/proc/no/t.json'"), std::string::npos)
+      << err;
+  EXPECT_EQ(err.find("train iter"), std::string::npos) << err;
 }
 
 // Parses the JSON line that `cortado eval --json` prints (after the launcher's "[0] ").
