@@ -27,4 +27,9 @@ void ParallelFor(int64_t n, int64_t min_chunk, const std::function<void(int64_t,
 // Runs fn(t) for t in [0, tasks) on the pool, one task per thread; tasks <= NumThreads().
 void ParallelTasks(int tasks, const std::function<void(int)>& fn);
 
+// Tests only: hook(worker) is called by each pool worker after it has taken a job and before it
+// reads that job's task data, the window where a preempted worker once ran a task of the next
+// job twice. A test sleeps there to make that interleaving happen; nullptr (the default) is off.
+void SetWorkerHookForTesting(void (*hook)(int worker));
+
 }  // namespace cortado

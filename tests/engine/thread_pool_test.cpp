@@ -4,8 +4,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <thread>
 #include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/error.h"
@@ -36,6 +42,103 @@ TEST(ThreadPool, ManyShortRegionsComplete) {
     if (r % 5000 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let workers sleep
   }
   EXPECT_EQ(total, 20000 * 64);
+}
+
+// Runs body on a thread of its own and ends the test binary if it has not finished after
+// `seconds`: a pool that loses count of a job hangs, and a hang must fail the test, not stall it.
+void WithDeadline(double seconds, const std::function<void()>& body) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread runner([&] {
+    body();
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+    cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(mu);
+  if (!cv.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return done; })) {
+    std::fprintf(stderr, "thread_pool_test: still running after %.0f s: the pool hangs\n", seconds);
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  lock.unlock();
+  runner.join();
+}
+
+// Back-to-back ParallelFor jobs whose task counts alternate between small and large (for 8
+// threads: 1, 7, 2, 8, 3, 8, 5, 2 tasks), so that a worker left behind by one job meets a next
+// job that includes it. Checks that every item of every job ran exactly once, and that
+// ParallelFor never returned while one of its tasks was still running. Returns a description of
+// the first fault, or "" when there was none.
+std::string RunAlternatingJobs(int threads, int jobs) {
+  static const int64_t kSizes[] = {1, 7, 2, 64, 3, 64, 5, 2};
+  constexpr int64_t kMaxSize = 64;
+  SetNumThreads(threads);
+  // Outlives every job, so that a task that runs late writes here and is seen, not elsewhere.
+  static std::vector<std::atomic<int>> hits(kMaxSize);
+  static std::atomic<int> running{0};
+  for (auto& h : hits) h = 0;
+  running = 0;
+  std::string fault;
+  for (int j = 0; j < jobs && fault.empty(); ++j) {
+    const int64_t n = kSizes[j % 8];
+    ParallelFor(n, 1, [&](int64_t b, int64_t e) {
+      running.fetch_add(1);
+      for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+      running.fetch_sub(1);
+    });
+    if (const int r = running.load(); r != 0) {
+      fault = StrCat("job ", j, " (", n, " items, ", threads,
+                     " threads): ParallelFor returned while ", r, " of its tasks still ran");
+    }
+    std::string counts;
+    bool bad = false;
+    for (int64_t i = 0; i < kMaxSize; ++i) {
+      const int c = hits[i].exchange(0);
+      if (i < n) counts += StrCat(c, i + 1 < n ? " " : "");
+      if (c != (i < n ? 1 : 0)) bad = true;
+    }
+    if (bad && fault.empty()) {
+      fault = StrCat("job ", j, " (", n, " items, ", threads, " threads): per-item run counts ",
+                     counts, " (each should be 1)");
+    }
+  }
+  return fault;
+}
+
+TEST(ThreadPool, AlternatingJobSizesRunEveryTaskExactlyOnce) {
+  WithDeadline(120, [] {
+    for (int threads : {4, 8}) {
+      // 4000 jobs: about 2 s at 8 threads on 2 busy cores (spinning workers there take turns).
+      const std::string fault = RunAlternatingJobs(threads, 4000);
+      EXPECT_EQ(fault, "") << threads << " threads";
+    }
+  });
+  SetNumThreads(2);
+}
+
+// The interleaving of issue 12, made to happen: workers stall for 200 us right after taking a
+// job, before reading its task data. A worker that sat out a small job and stalls there meets
+// the next, larger job; it must not run a task of that job with the small job's view of it
+// (before the fix it ran one twice, per-item counts such as "1 0 2", then the pool hung).
+std::atomic<int> g_hook_calls{0};
+void StallSomeWorkers(int worker) {
+  if ((g_hook_calls.fetch_add(1, std::memory_order_relaxed) + worker) % 3 == 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+TEST(ThreadPool, WorkerStalledWhileTakingAJobRunsNoTaskTwice) {
+  WithDeadline(120, [] {
+    SetWorkerHookForTesting(StallSomeWorkers);
+    for (int threads : {4, 8}) {
+      const std::string fault = RunAlternatingJobs(threads, 2000);
+      EXPECT_EQ(fault, "") << threads << " threads";
+    }
+    SetWorkerHookForTesting(nullptr);
+  });
+  SetNumThreads(2);
 }
 
 TEST(ThreadPool, NestedCallsRunInline) {
