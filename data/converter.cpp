@@ -1,5 +1,10 @@
 #include "data/converter.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -11,6 +16,8 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <opencv2/core.hpp>
+#include <opencv2/imgproc.hpp>
 #include <set>
 #include <thread>
 #include <vector>
@@ -20,6 +27,7 @@
 #include "data/lmdb.h"
 #include "data/transforms.h"
 #include "engine/error.h"
+#include "engine/log.h"
 #include "engine/random.h"
 #include "engine/thread_pool.h"
 
@@ -70,6 +78,14 @@ std::vector<std::string> ReadClassList(const std::string& path) {
   return names;
 }
 
+// Whether SIGINT/SIGTERM (ConvertOptions::stop) has arrived.
+bool StopRequested(const ConvertOptions& o) { return o.stop != nullptr && o.stop->load(); }
+
+// The error a stopped conversion ends with; `where` says what was underway.
+[[noreturn]] void FailStopped(const ConvertOptions& o, const std::string& where) {
+  Fail("interrupted while ", where, "; --out ", o.out, " was left as it was");
+}
+
 // ImageFolder's walk: class folders in sorted order, files below each (recursively) sorted by
 // (folder, name). Hidden entries (".name") are left out.
 std::vector<Item> ListFolder(const ConvertOptions& o, std::vector<std::string>* classes,
@@ -95,6 +111,7 @@ std::vector<Item> ListFolder(const ConvertOptions& o, std::vector<std::string>* 
   }
   std::vector<Item> items;
   for (const std::string& folder : folders) {
+    if (StopRequested(o)) FailStopped(o, StrCat("listing ", o.root));
     const int label =
         static_cast<int>(std::find(classes->begin(), classes->end(), folder) - classes->begin());
     std::vector<std::pair<std::string, std::string>> files;  // (relative folder, name)
@@ -157,20 +174,162 @@ std::vector<Item> ListFile(const ConvertOptions& o, std::vector<std::string>* cl
   return items;
 }
 
-// Prepares the output folder: refuses an existing database unless overwrite.
-void PrepareOutput(const ConvertOptions& o) {
+// Where a conversion writes, and what it replaces at the end. The database is built in a
+// sibling of --out, `<out>.partial-<host>-<pid>`, so that --out only ever holds a whole
+// database: the staging folder is renamed into place once its last record is synced and its
+// completion record written. A sibling, so the rename stays within one filesystem; host and pid
+// in the name, so a later run can tell a temporary of a dead process on this machine (safe to
+// delete) from one of a conversion still running, here or on another machine sharing the disk.
+struct OutputPlan {
+  std::string out;            // --out, without trailing slashes
+  std::string parent;         // its folder
+  std::string name;           // its last component
+  std::string staging;        // the temporary sibling
+  bool replace = false;       // --out holds a database that --overwrite replaces at the end
+  bool empty_folder = false;  // --out is an empty folder, replaced too
+};
+
+// The host name as it appears in temporary names: '-' (the pid separator) and anything unusual
+// in a file name become '_'.
+std::string HostTag() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') return "localhost";
+  std::string tag;
+  for (const char* p = host; *p != '\0'; ++p) {
+    const unsigned char c = static_cast<unsigned char>(*p);
+    tag += std::isalnum(c) || c == '.' || c == '_' ? static_cast<char>(c) : '_';
+  }
+  return tag;
+}
+
+// Checks --out before any work: an existing database is refused without --overwrite, and
+// something that is not a database (a file, a folder with other things in it) is never replaced.
+OutputPlan PlanOutput(const ConvertOptions& o) {
   CORTADO_CHECK(!o.out.empty(), "--out: no database path given");
-  if (IsLmdb(o.out)) {
-    CORTADO_CHECK(o.overwrite, "'", o.out,
-                  "' already holds a database; pass --overwrite to replace it");
-    for (const char* name : {"data.mdb", "lock.mdb", "classes.txt", "skipped.txt"}) {
-      fs::remove(fs::path(o.out) / name);
+  OutputPlan plan;
+  plan.out = o.out;
+  while (plan.out.size() > 1 && plan.out.back() == '/') plan.out.pop_back();
+  const fs::path out(plan.out);
+  plan.name = out.filename().string();
+  CORTADO_CHECK(!plan.name.empty() && plan.name != "." && plan.name != "..", "--out '", o.out,
+                "' does not name a folder");
+  plan.parent = out.has_parent_path() ? out.parent_path().string() : ".";
+  std::error_code ec;
+  if (fs::exists(out, ec)) {
+    if (IsLmdb(plan.out)) {
+      CORTADO_CHECK(o.overwrite, "--out '", plan.out,
+                    "' already holds a database; pass --overwrite to replace it");
+      plan.replace = true;
+    } else if (fs::is_directory(out, ec) && fs::is_empty(out, ec)) {
+      plan.empty_folder = true;
+    } else {
+      Fail("--out '", plan.out,
+           "' exists and is not a database; give a new path (--overwrite replaces only a "
+           "database)");
     }
   }
+  plan.staging = StrCat(plan.out, ".partial-", HostTag(), "-", ::getpid());
+  return plan;
+}
+
+// Deletes temporaries that conversions into the same --out on this machine left when they were
+// killed (SIGKILL, a crash, a power cut: nothing ran to remove them). One whose process still
+// runs is another conversion's, and is left alone.
+void RemoveStaleStaging(const OutputPlan& plan) {
+  const std::string prefix = StrCat(plan.name, ".partial-", HostTag(), "-");
   std::error_code ec;
-  fs::create_directories(o.out, ec);
-  CORTADO_CHECK(!ec && fs::is_directory(o.out), "--out: cannot create folder '", o.out,
+  for (const fs::directory_entry& e : fs::directory_iterator(plan.parent, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string pid_text = name.substr(prefix.size());
+    long pid = 0;
+    auto [end, err] = std::from_chars(pid_text.data(), pid_text.data() + pid_text.size(), pid);
+    if (err != std::errc() || end != pid_text.data() + pid_text.size() || pid <= 0) continue;
+    if (pid == ::getpid()) continue;  // ours: replaced below
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // still running
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+    if (!rm) {
+      LogInfo("convert: removed ", e.path().string(),
+              ", left by an interrupted conversion (process ", pid, " is gone)");
+    }
+  }
+}
+
+// Creates the staging folder (and --out's parent folder).
+void CreateStaging(const OutputPlan& plan) {
+  std::error_code ec;
+  fs::create_directories(plan.parent, ec);
+  CORTADO_CHECK(!ec && fs::is_directory(plan.parent), "--out: cannot create folder '", plan.parent,
                 "': ", ec.message());
+  RemoveStaleStaging(plan);
+  fs::remove_all(plan.staging, ec);
+  CORTADO_CHECK(fs::create_directory(plan.staging, ec) && !ec, "--out: cannot create '",
+                plan.staging, "': ", ec.message());
+}
+
+// Removes the staging folder unless the database was published.
+class StagingGuard {
+ public:
+  explicit StagingGuard(std::string dir) : dir_(std::move(dir)) {}
+  ~StagingGuard() {
+    if (dir_.empty()) return;
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  StagingGuard(const StagingGuard&) = delete;
+  StagingGuard& operator=(const StagingGuard&) = delete;
+  void Release() { dir_.clear(); }
+
+ private:
+  std::string dir_;
+};
+
+void SyncFolder(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// Moves the finished staging folder to --out. Replacing a database is one atomic exchange
+// (renameat2 RENAME_EXCHANGE) where the filesystem has it, so a reader opening --out finds the
+// old database or the new one, never neither; elsewhere the old one is moved aside first and
+// deleted only after the new one is in place. A new --out is created with RENAME_NOREPLACE, so
+// a database that another conversion put there meanwhile is not clobbered.
+void Publish(const OutputPlan& plan) {
+  const char* from = plan.staging.c_str();
+  const char* to = plan.out.c_str();
+  std::error_code ec;
+  if (plan.replace) {
+    if (::renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_EXCHANGE) == 0) {
+      fs::remove_all(plan.staging, ec);  // now the old database
+    } else {
+      CORTADO_CHECK(errno == EINVAL || errno == ENOSYS, "cannot replace ", plan.out, " with ",
+                    plan.staging, ": ", std::strerror(errno));
+      // Without RENAME_EXCHANGE: --out is briefly absent, never partial. A crash in between
+      // leaves the old database at `aside`.
+      const std::string aside = StrCat(plan.out, ".old-", HostTag(), "-", ::getpid());
+      fs::remove_all(aside, ec);
+      CORTADO_CHECK(::rename(to, aside.c_str()) == 0, "cannot move ", plan.out, " aside to ", aside,
+                    ": ", std::strerror(errno));
+      CORTADO_CHECK(::rename(from, to) == 0, "cannot rename ", plan.staging, " to ", plan.out, ": ",
+                    std::strerror(errno), " (the old database is at ", aside, ")");
+      fs::remove_all(aside, ec);
+    }
+  } else {
+    if (plan.empty_folder) fs::remove(plan.out, ec);  // rmdir: fails if it filled up meanwhile
+    int rc = ::renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE);
+    if (rc != 0 && (errno == EINVAL || errno == ENOSYS)) {
+      rc = fs::exists(plan.out, ec) ? (errno = EEXIST, -1) : ::rename(from, to);
+    }
+    CORTADO_CHECK(rc == 0 || errno != EEXIST, "--out '", plan.out,
+                  "' appeared while converting (another conversion?); not replaced (run again "
+                  "with --overwrite to replace it)");
+    CORTADO_CHECK(rc == 0, "cannot rename ", plan.staging, " to ", plan.out, ": ",
+                  std::strerror(errno));
+  }
+  SyncFolder(plan.parent);
 }
 
 bool ReadFile(const std::string& path, std::string* out, std::string* why) {
@@ -188,6 +347,27 @@ bool ReadFile(const std::string& path, std::string* out, std::string* why) {
     return false;
   }
   return true;
+}
+
+// Every record gets the same channel count, as Caffe's convert_imageset gives them: it reads each
+// image with OpenCV as colour (grey with --gray) and stores what it read, because Caffe's data
+// layer and compute_image_mean take the first record's shape for all of them. Grey to RGB
+// repeats the channel; RGB to grey is OpenCV's (ITU-R 601 luma, what its grey decode gives).
+void ConvertChannels(const ImageU8& in, int channels, ImageU8* out) {
+  out->Reshape(in.width, in.height, channels);
+  if (in.channels == 1 && channels == 3) {
+    for (int y = 0; y < in.height; ++y) {
+      const uint8_t* src = in.row(y);
+      uint8_t* dst = out->row(y);
+      for (int x = 0; x < in.width; ++x) dst[3 * x] = dst[3 * x + 1] = dst[3 * x + 2] = src[x];
+    }
+  } else {
+    CORTADO_ASSERT(in.channels == 3 && channels == 1);
+    const cv::Mat rgb(in.height, in.width, CV_8UC3, const_cast<uint8_t*>(in.pixels.data()),
+                      in.stride());
+    cv::Mat gray(out->height, out->width, CV_8UC1, out->pixels.data(), out->stride());
+    cv::cvtColor(rgb, gray, cv::COLOR_RGB2GRAY);
+  }
 }
 
 struct Result {
@@ -256,6 +436,7 @@ class ItemEncoder {
   // Fills fields and points *payload at the bytes to store (the file or a new JPEG).
   bool Encode(DatumFields* fields, const std::string** payload, bool* reencoded,
               std::string* reason) {
+    const int channels = o_.gray ? 1 : 3;  // of every record
     const auto* data = reinterpret_cast<const uint8_t*>(file_.data());
     JpegHeader header;
     const bool is_jpeg = jpeg_.Open(data, file_.size(), &header);
@@ -275,9 +456,9 @@ class ItemEncoder {
       PixelRect roi;
       if (jpeg_.Decode(k, PixelRect{0, 0, header.width, header.height}, &decoded_, &roi)) {
         have_pixels = true;
-        if (!resizing() && jpeg_.warnings() == 0) {
-          // A clean 1- or 3-channel JPEG: stored byte for byte.
-          fields->channels = header.components == 1 ? 1 : 3;
+        if (!resizing() && jpeg_.warnings() == 0 && (header.components == 1 ? 1 : 3) == channels) {
+          // A clean JPEG with the records' channel count: stored byte for byte.
+          fields->channels = channels;
           fields->width = header.width;
           fields->height = header.height;
           *payload = &file_;
@@ -291,7 +472,7 @@ class ItemEncoder {
     if (!have_pixels) {
       // CMYK/YCCK JPEG, PNG named .JPEG, other formats: whatever OpenCV decodes.
       std::string why;
-      if (!DecodeWithOpenCV(data, file_.size(), /*keep_gray=*/resizing(), &decoded_, &why)) {
+      if (!DecodeWithOpenCV(data, file_.size(), /*keep_gray=*/o_.gray, &decoded_, &why)) {
         *reason = LooksLikeJpeg(data, file_.size()) && !jpeg_error.empty()
                       ? StrCat("corrupt JPEG: ", jpeg_error)
                       : StrCat("not a decodable image: ", why);
@@ -306,6 +487,10 @@ class ItemEncoder {
       TargetSize(full_w, full_h, &tw, &th);
       ResizeImage(decoded_, tw, th, &resized_);
       pixels = &resized_;
+    }
+    if (pixels->channels != channels) {
+      ConvertChannels(*pixels, channels, &converted_);
+      pixels = &converted_;
     }
     encoder_.Encode(*pixels, o_.quality, /*progressive=*/false, &encoded_);
     fields->channels = pixels->channels;
@@ -323,6 +508,7 @@ class ItemEncoder {
   std::string encoded_;
   ImageU8 decoded_;
   ImageU8 resized_;
+  ImageU8 converted_;
 };
 
 std::string JsonEscape(const std::string& s) {
@@ -354,13 +540,14 @@ ConvertSummary ConvertImages(const ConvertOptions& o) {
   CORTADO_CHECK(!(o.resize_shorter > 0 && o.resize_width > 0),
                 "give --resize-shorter or --resize, not both");
   CORTADO_CHECK(o.threads >= 0, "--threads must be >= 0, got ", o.threads);
+  const OutputPlan plan = PlanOutput(o);  // refuses an existing --out before any work
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
 
   ConvertSummary summary;
-  summary.db = o.out;
+  summary.db = plan.out;
   std::vector<std::string> classes;
   std::vector<Item> items =
       o.list.empty() ? ListFolder(o, &classes, &summary.ignored) : ListFile(o, &classes);
@@ -371,14 +558,18 @@ ConvertSummary ConvertImages(const ConvertOptions& o) {
   }
   summary.items = static_cast<int64_t>(items.size());
   summary.classes = static_cast<int64_t>(classes.size());
+  if (StopRequested(o)) FailStopped(o, StrCat("listing ", o.root));
 
-  PrepareOutput(o);
+  // Everything is written into the staging folder; --out is untouched until Publish.
+  CreateStaging(plan);
+  StagingGuard guard(plan.staging);  // declared before the writer: destroyed after it
+  const fs::path staging(plan.staging);
   {
-    std::ofstream out(fs::path(o.out) / "classes.txt");
+    std::ofstream out(staging / "classes.txt");
     for (const std::string& name : classes) out << name << '\n';
-    CORTADO_CHECK(out, "cannot write ", o.out, "/classes.txt");
+    CORTADO_CHECK(out, "cannot write ", plan.staging, "/classes.txt");
   }
-  LmdbWriter writer(o.out, o.initial_map_size);
+  LmdbWriter writer(plan.staging, o.initial_map_size);
 
   // Workers decode items in any order into a window of results; this thread writes them in
   // list order. The window bounds memory to a few hundred encoded images.
@@ -424,10 +615,11 @@ ConvertSummary ConvertImages(const ConvertOptions& o) {
   std::vector<std::thread> workers;
   for (int t = 0; t < threads; ++t) workers.emplace_back(work);
 
-  std::ofstream skipped_out(fs::path(o.out) / "skipped.txt");
+  std::ofstream skipped_out(staging / "skipped.txt");
   double last_progress = 0;
   try {
     for (int64_t i = 0; i < n; ++i) {
+      if (StopRequested(o)) FailStopped(o, StrCat("converting item ", i + 1, " of ", n));
       Result r;
       {
         std::unique_lock<std::mutex> lock(mu);
@@ -452,8 +644,9 @@ ConvertSummary ConvertImages(const ConvertOptions& o) {
         last_progress = elapsed();
         o.progress(i + 1, n, last_progress);
       }
+      if (o.on_record) o.on_record(i + 1);
     }
-    writer.Close();
+    writer.Close();  // synced to disk
   } catch (...) {
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -465,7 +658,19 @@ ConvertSummary ConvertImages(const ConvertOptions& o) {
   }
   for (std::thread& t : workers) t.join();
   skipped_out.close();
-  CORTADO_CHECK(skipped_out, "cannot write ", o.out, "/skipped.txt");
+  CORTADO_CHECK(skipped_out, "cannot write ", plan.staging, "/skipped.txt");
+  if (StopRequested(o)) FailStopped(o, "syncing the database");
+  LmdbCompletion completion;
+  completion.records = summary.converted;
+  completion.skipped = summary.skipped;
+  completion.classes = summary.classes;
+  completion.channels = o.gray ? 1 : 3;
+  std::error_code ec;
+  const fs::path root = fs::absolute(o.root, ec);
+  completion.root = ec ? o.root : root.lexically_normal().string();
+  WriteLmdbCompletion(plan.staging, completion);
+  Publish(plan);
+  guard.Release();
   summary.map_growths = writer.map_growths();
   summary.seconds = elapsed();
   if (o.progress) o.progress(n, n, summary.seconds);

@@ -1,12 +1,18 @@
 #include "data/lmdb.h"
 
+#include <fcntl.h>
 #include <lmdb.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "engine/error.h"
 
@@ -22,6 +28,60 @@ void Check(int rc, const std::string& path, const char* what) {
 bool IsLmdb(const std::string& dir) {
   struct stat st;
   return ::stat((dir + "/data.mdb").c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+void WriteLmdbCompletion(const std::string& dir, const LmdbCompletion& c) {
+  const std::string path = (std::filesystem::path(dir) / kLmdbCompleteFile).string();
+  const nlohmann::json j = {{"format", "cortado-convert"},
+                            {"version", 1},
+                            {"records", c.records},
+                            {"skipped", c.skipped},
+                            {"classes", c.classes},
+                            {"channels", c.channels},
+                            {"root", c.root}};
+  const std::string text = j.dump(2) + "\n";
+  // Written with write(2) and fsync'd: the rename that publishes the database must not reach
+  // the disk before the record that says it is whole.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  CORTADO_CHECK(fd >= 0, "cannot create ", path, ": ", std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      Fail("cannot write ", path, ": ", std::strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  CORTADO_CHECK(synced, "cannot sync ", path, ": ", std::strerror(err));
+}
+
+std::optional<LmdbCompletion> ReadLmdbCompletion(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / kLmdbCompleteFile).string();
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    Fail(path, ": not JSON (", e.what(), ")");
+  }
+  CORTADO_CHECK(j.is_object() && j.contains("records") && j["records"].is_number_integer(), path,
+                ": no integer \"records\"");
+  LmdbCompletion c;
+  c.records = j["records"].get<int64_t>();
+  if (j.contains("skipped") && j["skipped"].is_number_integer()) c.skipped = j["skipped"];
+  if (j.contains("classes") && j["classes"].is_number_integer()) c.classes = j["classes"];
+  if (j.contains("channels") && j["channels"].is_number_integer()) c.channels = j["channels"];
+  if (j.contains("root") && j["root"].is_string()) c.root = j["root"];
+  return c;
 }
 
 LmdbReader::LmdbReader(const std::string& path, bool random_access) : path_(path) {

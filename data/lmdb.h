@@ -10,11 +10,17 @@
 // full it aborts the batch, doubles the map size and writes the batch again, so the database
 // grows as needed from a small initial map. Durability: the environment is opened without
 // per-commit fsync; Close() syncs once at the end.
+//
+// Completion: `cortado convert` builds a database in a temporary folder and, once every record
+// is synced, writes DB/cortado-complete.json (LmdbCompletion) and renames the folder into
+// place. The record is a file beside data.mdb, not a key inside it, because Caffe's data layer,
+// its compute_image_mean and DALI's Caffe reader parse every key of the database as a Datum.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -27,6 +33,25 @@ namespace cortado {
 
 // Whether `dir` holds an LMDB environment (dir/data.mdb).
 bool IsLmdb(const std::string& dir);
+
+// The completion record's file name inside the database folder.
+inline constexpr const char* kLmdbCompleteFile = "cortado-complete.json";
+
+// What DB/cortado-complete.json says: written by the converter after the last record, checked
+// by the LMDB sources against the database before training (data/lmdb_source.h).
+struct LmdbCompletion {
+  int64_t records = 0;  // records in data.mdb
+  int64_t skipped = 0;  // inputs listed in skipped.txt
+  int64_t classes = 0;  // lines of classes.txt
+  int channels = 0;     // channels of every record (3, or 1 with --gray)
+  std::string root;     // the image folder it was converted from
+};
+
+// Writes dir/cortado-complete.json and syncs it to disk; throws cortado::Error naming the file.
+void WriteLmdbCompletion(const std::string& dir, const LmdbCompletion& completion);
+// Reads dir/cortado-complete.json: std::nullopt when there is none; throws cortado::Error
+// naming the file when it does not parse or lacks "records".
+std::optional<LmdbCompletion> ReadLmdbCompletion(const std::string& dir);
 
 class LmdbReader {
  public:

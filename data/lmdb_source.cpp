@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -53,6 +54,34 @@ int64_t ReadNumClasses(const std::string& db) {
   return n;
 }
 
+void CheckLmdbComplete(const std::string& path, int64_t records) {
+  namespace fs = std::filesystem;
+  const std::optional<LmdbCompletion> done = ReadLmdbCompletion(path);
+  const std::string root = done && !done->root.empty() ? done->root : "IMAGES";
+  const std::string rebuild =
+      StrCat("rebuild it with: cortado convert --root ", root, " --out ", path, " --overwrite");
+  if (done) {
+    CORTADO_CHECK(done->records == records, "LMDB ", path, " holds ", records, " records but its ",
+                  kLmdbCompleteFile, " says ", done->records, " (changed since it was converted); ",
+                  rebuild);
+    return;
+  }
+  std::error_code ec;
+  const bool from_cortado = fs::exists(fs::path(path) / "classes.txt", ec) ||
+                            fs::exists(fs::path(path) / "skipped.txt", ec);
+  CORTADO_CHECK(!from_cortado, "LMDB ", path, " is incomplete: it has no ", kLmdbCompleteFile,
+                " (its cortado convert was interrupted, or predates completion records); ",
+                rebuild);
+  static std::mutex mu;
+  static std::set<std::string> warned;
+  std::lock_guard<std::mutex> lock(mu);
+  if (warned.insert(path).second) {
+    LogWarning("data: LMDB ", path, " has no ", kLmdbCompleteFile,
+               " and no classes.txt: read as a database from another tool (Caffe's "
+               "convert_imageset), whose completeness cannot be checked");
+  }
+}
+
 namespace {
 
 int LoaderThreads(const DataOptions& options) {
@@ -79,6 +108,7 @@ class LmdbSourceBase : public BatchSource {
         transform_(TransformOptionsFrom(options)),
         num_classes_(ReadNumClasses(path)) {
     CORTADO_CHECK(batch_size > 0, "data batch size must be positive, got ", batch_size);
+    CheckLmdbComplete(path, reader_->size());
     CORTADO_CHECK(reader_->size() > 0, "LMDB ", path, " holds no records");
     const int threads = LoaderThreads(options);
     for (int i = 0; i < threads; ++i) {

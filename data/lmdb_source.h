@@ -12,6 +12,13 @@
 // Validation: rank r takes records r, r+W, ... in key order (the last batch may be short),
 // resize + centre crop, normalize.
 //
+// Completeness: a database that `cortado convert` wrote must hold its completion record
+// (DB/cortado-complete.json, data/lmdb.h) with the database's record count, else the source
+// refuses it, naming the command that rebuilds it: a conversion that was killed part way must
+// not be trained on as if it were the whole set. A database with neither a completion record
+// nor Cortado's classes.txt / skipped.txt is taken as another tool's (Caffe's convert_imageset
+// writes none of these) and read with a warning.
+//
 // A record that does not parse or decode is skipped with one warning (once per record), counted
 // in stats().skipped_records, and replaced by the next record in the database, so batch sizes
 // and step counts stay the same on every rank.
@@ -38,5 +45,10 @@ TransformOptions TransformOptionsFrom(const DataOptions& options);
 
 // Labels in the database at `db` per its classes.txt (line i names label i); -1 without one.
 int64_t ReadNumClasses(const std::string& db);
+
+// Throws cortado::Error, naming `db` and the command that rebuilds it, when the database at `db`
+// (holding `records` records) was written by `cortado convert` but lacks its completion record
+// or disagrees with it (see above).
+void CheckLmdbComplete(const std::string& db, int64_t records);
 
 }  // namespace cortado

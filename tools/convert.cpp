@@ -1,9 +1,11 @@
 // `cortado convert --root DIR --out DB [--list FILE] [--classes FILE]
-//                  [--resize-shorter N | --resize WxH] [--quality Q] [--shuffle] [--seed S]
-//                  [--threads T] [--overwrite] [--json]`
+//                  [--resize-shorter N | --resize WxH] [--quality Q] [--gray] [--shuffle]
+//                  [--seed S] [--threads T] [--overwrite] [--json]`
 // A folder of images (ImageNet layout) or a Caffe list file to an LMDB of Caffe Datum records;
 // see data/converter.h for what is stored and data/README.md for the flags. Exits 0 when at
 // least one image was converted (broken images are skipped and listed in DB/skipped.txt).
+// SIGINT/SIGTERM stop it with exit status 130: its temporary is removed and DB is left as it
+// was (absent, or the old database).
 #include <unistd.h>
 
 #include <cstdio>
@@ -13,6 +15,7 @@
 #include "data/converter.h"
 #include "engine/error.h"
 #include "tools/commands.h"
+#include "tools/stop_signals.h"
 
 namespace cortado::tools {
 namespace {
@@ -71,18 +74,33 @@ void AddConvertCommand(CLI::App& app) {
   cmd->add_option("--quality", o.quality, "JPEG quality of re-encoded images")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
+  cmd->add_flag("--gray", o.gray,
+                "Store 1-channel (grey) records; by default every record is 3-channel (RGB)");
   cmd->add_flag("--shuffle", o.shuffle, "Shuffle the list before numbering the records");
   cmd->add_option("--seed", o.seed, "Seed for --shuffle")->capture_default_str();
   cmd->add_option("--threads", o.threads, "Decode threads (0: the core count)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_flag("--overwrite", o.overwrite, "Replace an existing database");
+  cmd->add_flag("--overwrite", o.overwrite,
+                "Replace an existing database (kept until the new one is complete)");
   cmd->add_flag("--json", args->json, "Print the summary as one JSON object");
   cmd->callback([args] {
     ConvertOptions options = args->options;
     if (!args->resize.empty())
       ParseSize(args->resize, &options.resize_width, &options.resize_height);
     if (isatty(STDERR_FILENO)) options.progress = DrawProgress;
-    ConvertSummary summary = ConvertImages(options);
+    // Before the converter starts its threads, which inherit the blocked signals.
+    StopSignals signals;
+    options.stop = signals.flag();
+    ConvertSummary summary;
+    try {
+      summary = ConvertImages(options);
+    } catch (const Error& e) {
+      if (!signals.flag()->load()) throw;
+      if (options.progress) std::fprintf(stderr, "\n");
+      std::fprintf(stderr, "cortado convert: %s\n", e.what());
+      SetExitCode(130);
+      return;
+    }
     std::printf("%s\n", args->json ? SummaryJson(summary).c_str() : SummaryText(summary).c_str());
     std::fflush(stdout);
     if (summary.converted == 0) {

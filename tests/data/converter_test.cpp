@@ -1,18 +1,26 @@
-// The converter on a folder holding ImageNet's oddities, all made here: RGB, grey, progressive
-// and nested JPEGs (stored byte for byte), CMYK and YCCK JPEGs, a PNG named .JPEG, a real PNG
+// The converter on a folder holding ImageNet's oddities, all made here: RGB, progressive and
+// nested JPEGs (stored byte for byte), grey, CMYK and YCCK JPEGs, a PNG named .JPEG, a real PNG
 // and a JPEG truncated inside its data (re-encoded), a very large and a 1x1 image, and broken
 // files (truncated inside the header, empty, text named .JPEG) that are skipped and listed.
+// Then one channel count for every record (Caffe's convert_imageset, --gray), and conversions
+// that fail, are stopped or are killed part way: --out is never left holding part of a database.
 #include "data/converter.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "data/datum.h"
 #include "data/jpeg.h"
 #include "data/lmdb.h"
+#include "data/lmdb_source.h"
 #include "data/transforms.h"
 #include "tests/data/test_images.h"
 
@@ -48,6 +56,26 @@ std::vector<std::pair<std::string, std::string>> ReadAll(const std::string& db) 
   return out;
 }
 
+// Grey to RGB, three equal channels: what a grey input looks like as a 3-channel record.
+ImageU8 GrayToRgb(const ImageU8& gray) {
+  ImageU8 rgb;
+  rgb.Reshape(gray.width, gray.height, 3);
+  for (int i = 0; i < gray.width * gray.height; ++i) {
+    for (int c = 0; c < 3; ++c) rgb.pixels[i * 3 + c] = gray.pixels[i];
+  }
+  return rgb;
+}
+
+// The entries of `dir` whose names start with `prefix` (a conversion's temporaries).
+std::vector<std::string> EntriesStartingWith(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) == 0) out.push_back(name);
+  }
+  return out;
+}
+
 ImageU8 DecodeJpeg(std::string_view bytes, int* warnings = nullptr) {
   JpegDecoder dec;
   ImageU8 out;
@@ -76,7 +104,9 @@ class ConverterTest : public ::testing::Test {
     };
     // bird (label 0): ordinary files, one in a subfolder, one non-image file.
     as_is("bird/a_rgb.JPEG", 0, MakeImage(300, 200, 3, 1), 90, false);
-    as_is("bird/b_gray.JPEG", 0, MakeImage(120, 90, 1, 2), 90, false);
+    const ImageU8 gray = MakeImage(120, 90, 1, 2);  // 3-channel records: becomes RGB
+    add("bird/b_gray.JPEG", EncodeJpeg(gray, 90));
+    reencoded("bird/b_gray.JPEG", 0, GrayToRgb(gray));
     as_is("bird/c_progressive.JPEG", 0, MakeImage(160, 200, 3, 3), 85, true);
     as_is("bird/sub/d_nested.jpg", 0, MakeImage(64, 64, 3, 4), 90, false);
     add("bird/notes.txt", "not listed: no image extension");
@@ -93,12 +123,7 @@ class ConverterTest : public ::testing::Test {
     reencoded("cat/png_named.JPEG", 1, png);
     const ImageU8 gray_png = MakeImage(50, 40, 1, 8);
     add("cat/real.png", EncodeWithOpenCV(gray_png, ".png"));
-    ImageU8 gray_as_rgb;  // a grey PNG becomes an RGB JPEG with three equal channels
-    gray_as_rgb.Reshape(50, 40, 3);
-    for (int i = 0; i < 50 * 40; ++i) {
-      for (int c = 0; c < 3; ++c) gray_as_rgb.pixels[i * 3 + c] = gray_png.pixels[i];
-    }
-    reencoded("cat/real.png", 1, gray_as_rgb);
+    reencoded("cat/real.png", 1, GrayToRgb(gray_png));  // an RGB JPEG, three equal channels
     as_is("cat/huge.JPEG", 1, MakeImage(5000, 3500, 3, 9), 75, false);
     as_is("cat/tiny.JPEG", 1, MakeImage(1, 1, 3, 10), 90, false);
     // dog (label 2): broken files, and one JPEG cut inside its data (repaired).
@@ -140,11 +165,19 @@ TEST_F(ConverterTest, FolderWithOddities) {
   const ConvertSummary s = ConvertImages(Options(db));
   EXPECT_EQ(s.items, 15);
   EXPECT_EQ(s.converted, 12);
-  EXPECT_EQ(s.reencoded, 5);
+  EXPECT_EQ(s.reencoded, 6);
   EXPECT_EQ(s.skipped, 3);
   EXPECT_EQ(s.ignored, 1);
   EXPECT_EQ(s.classes, 3);
   EXPECT_EQ(ReadFileBytes(db + "/classes.txt"), "bird\ncat\ndog\n");
+  // The completion record, written before the folder was renamed into place.
+  const std::optional<LmdbCompletion> done = ReadLmdbCompletion(db);
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->records, 12);
+  EXPECT_EQ(done->skipped, 3);
+  EXPECT_EQ(done->classes, 3);
+  EXPECT_EQ(done->channels, 3);
+  EXPECT_EQ(EntriesStartingWith(dir_->path(), "db_main."), std::vector<std::string>{});
 
   // skipped.txt: path, tab, reason.
   const std::string skipped = ReadFileBytes(db + "/skipped.txt");
@@ -233,10 +266,13 @@ TEST_F(ConverterTest, RefusesAnExistingDatabaseUnlessOverwrite) {
   o.resize_height = 8;
   ConvertImages(o);
   try {
-    ConvertImages(o);
+    ConvertOptions again = o;
+    again.root = *dir_ / "no_such_folder";  // refused before any work: before the listing
+    ConvertImages(again);
     FAIL() << "a second run into the same database must refuse";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--overwrite"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(o.out), std::string::npos) << e.what();
   }
   o.overwrite = true;
   o.resize_width = 0;
@@ -245,6 +281,186 @@ TEST_F(ConverterTest, RefusesAnExistingDatabaseUnlessOverwrite) {
   const ConvertSummary s = ConvertImages(o);
   EXPECT_EQ(s.converted, 12);
   EXPECT_EQ(ReadAll(o.out).size(), 12u);
+}
+
+// Caffe's data layer and compute_image_mean take the first record's shape for every record, so
+// a database must not mix 1- and 3-channel images: whatever mix of grey and colour JPEGs goes
+// in, every record decodes to 3 channels (1 with --gray), with and without resizing. Decoded
+// here as Caffe decodes an encoded record (cv::imdecode, IMREAD_UNCHANGED) and with libjpeg.
+TEST_F(ConverterTest, EveryRecordHasOneChannelCount) {
+  const std::string root = *dir_ / "mixed";
+  for (int i = 0; i < 8; ++i) {
+    const int channels = i % 2 == 0 ? 1 : 3;
+    WriteFile(root + "/c" + std::to_string(i % 2) + "/" + std::to_string(i) + ".JPEG",
+              EncodeJpeg(MakeImage(70 + 5 * i, 50 + 3 * i, channels, i), 90, i == 4));
+  }
+  WriteFile(root + "/c0/gray.png", EncodeWithOpenCV(MakeImage(40, 30, 1, 9), ".png"));
+  WriteFile(root + "/c1/rgb.png", EncodeWithOpenCV(MakeImage(40, 30, 3, 10), ".png"));
+  int run = 0;
+  for (bool gray : {false, true}) {
+    for (int resize : {0, 64}) {
+      ConvertOptions o;
+      o.root = root;
+      o.out = *dir_ / ("db_channels_" + std::to_string(run++));
+      o.gray = gray;
+      o.resize_width = o.resize_height = resize;
+      const ConvertSummary s = ConvertImages(o);
+      ASSERT_EQ(s.converted, 10);
+      const int want = gray ? 1 : 3;
+      const std::string what = StrCat(gray ? "--gray" : "colour", ", resize ", resize);
+      const std::optional<LmdbCompletion> done = ReadLmdbCompletion(o.out);
+      ASSERT_TRUE(done.has_value()) << what;
+      EXPECT_EQ(done->channels, want) << what;
+      DatumParser parser;
+      for (const auto& [key, value] : ReadAll(o.out)) {
+        ASSERT_TRUE(parser.Parse(value.data(), value.size())) << key;
+        EXPECT_EQ(parser.fields().channels, want) << key << ", " << what;
+        const std::string_view data = parser.data();
+        EXPECT_EQ(DecodeJpeg(data).channels, want) << key << ", " << what;
+        const cv::Mat caffe = cv::imdecode(
+            cv::Mat(1, static_cast<int>(data.size()), CV_8U, const_cast<char*>(data.data())),
+            cv::IMREAD_UNCHANGED);
+        EXPECT_EQ(caffe.channels(), want) << key << ", " << what;
+        if (resize > 0) {
+          EXPECT_EQ(caffe.cols, 64) << key;
+        }
+      }
+      // Byte for byte only where the input already had the records' channel count.
+      EXPECT_EQ(s.reencoded, resize > 0 ? 10 : 6) << what;
+    }
+  }
+}
+
+// A conversion that fails part way (here: a test hook throws after 3 records) removes its
+// temporary, and --out does not appear.
+TEST_F(ConverterTest, FailurePartWayLeavesNoDatabase) {
+  ConvertOptions o = Options(*dir_ / "db_failed");
+  o.on_record = [](int64_t done) {
+    if (done == 3) Fail("disk full (test)");
+  };
+  try {
+    ConvertImages(o);
+    FAIL() << "the hook's error must reach the caller";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("disk full"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(o.out));
+  EXPECT_EQ(EntriesStartingWith(dir_->path(), "db_failed"), std::vector<std::string>{});
+}
+
+// --overwrite replaces the old database only once the new one is complete: while it is being
+// written, --out still reads as the old database (complete, same records); a conversion that is
+// stopped (SIGINT/SIGTERM in the tool) or fails leaves the old one in place.
+TEST_F(ConverterTest, OverwriteKeepsTheOldDatabaseUntilTheNewOneIsComplete) {
+  ConvertOptions o = Options(*dir_ / "db_replace");
+  o.resize_width = o.resize_height = 8;
+  ConvertImages(o);
+  const auto old_records = ReadAll(o.out);
+  ASSERT_EQ(old_records.size(), 12u);
+
+  o.overwrite = true;
+  o.resize_width = o.resize_height = 16;
+  std::atomic<bool> stop{false};
+  o.stop = &stop;
+  o.on_record = [&](int64_t done) {
+    if (done == 4) stop = true;
+  };
+  try {
+    ConvertImages(o);
+    FAIL() << "a stopped conversion must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("interrupted"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(ReadAll(o.out), old_records);
+  EXPECT_TRUE(ReadLmdbCompletion(o.out).has_value());
+  EXPECT_EQ(EntriesStartingWith(dir_->path(), "db_replace."), std::vector<std::string>{});
+
+  stop = false;
+  int64_t checks = 0;
+  o.on_record = [&](int64_t) {
+    EXPECT_EQ(ReadAll(o.out), old_records) << "--out changed before the new database was done";
+    EXPECT_EQ(EntriesStartingWith(dir_->path(), "db_replace.partial-").size(), 1u);
+    ++checks;
+  };
+  const ConvertSummary s = ConvertImages(o);
+  EXPECT_EQ(checks, 15);  // every item, skipped ones included
+  EXPECT_EQ(s.converted, 12);
+  const auto new_records = ReadAll(o.out);
+  ASSERT_EQ(new_records.size(), 12u);
+  EXPECT_NE(new_records, old_records);
+  DatumParser parser;
+  ASSERT_TRUE(parser.Parse(new_records[0].second.data(), new_records[0].second.size()));
+  EXPECT_EQ(parser.fields().width, 16);
+  const std::optional<LmdbCompletion> done = ReadLmdbCompletion(o.out);
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->records, 12);
+  EXPECT_EQ(EntriesStartingWith(dir_->path(), "db_replace."), std::vector<std::string>{});
+}
+
+// A conversion killed outright (SIGKILL: nothing runs to clean up) leaves its temporary but no
+// --out; the temporary is refused as a database (no completion record), and the next conversion
+// into the same --out removes it.
+TEST_F(ConverterTest, KilledConversionLeavesNoDatabaseAndItsTemporaryIsRemovedLater) {
+  ConvertOptions o = Options(*dir_ / "db_killed");
+  o.on_record = [](int64_t done) {
+    if (done == 5) ::raise(SIGKILL);
+  };
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    try {
+      ConvertImages(o);
+    } catch (...) {
+    }
+    ::_exit(0);  // not reached when the kill worked
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+  EXPECT_FALSE(fs::exists(o.out));
+  const std::vector<std::string> left = EntriesStartingWith(dir_->path(), "db_killed.partial-");
+  ASSERT_EQ(left.size(), 1u);
+  const std::string partial = *dir_ / left[0];
+  EXPECT_NE(left[0].find("-" + std::to_string(pid)), std::string::npos) << left[0];
+  ASSERT_TRUE(IsLmdb(partial));
+  EXPECT_FALSE(ReadLmdbCompletion(partial).has_value());
+  try {
+    CheckLmdbComplete(partial, 4);
+    FAIL() << "a killed conversion's temporary must not be read as a database";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(partial), std::string::npos) << what;
+    EXPECT_NE(what.find("cortado convert"), std::string::npos) << what;
+    EXPECT_NE(what.find("--overwrite"), std::string::npos) << what;
+  }
+
+  o.on_record = nullptr;
+  const ConvertSummary s = ConvertImages(o);
+  EXPECT_EQ(s.converted, 12);
+  EXPECT_FALSE(fs::exists(partial)) << "the dead process's temporary is removed";
+  EXPECT_EQ(EntriesStartingWith(dir_->path(), "db_killed."), std::vector<std::string>{});
+}
+
+// An --out that exists but is not a database is never replaced, not even with --overwrite; an
+// empty folder is.
+TEST_F(ConverterTest, OutThatIsNotADatabaseIsNotReplaced) {
+  const std::string out = *dir_ / "not_a_db";
+  WriteFile(out + "/notes.txt", "mine");
+  ConvertOptions o = Options(out);
+  o.overwrite = true;
+  try {
+    ConvertImages(o);
+    FAIL() << "a folder that is not a database must not be replaced";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(out), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(ReadFileBytes(out + "/notes.txt"), "mine");
+  const std::string empty = *dir_ / "empty_out";
+  fs::create_directories(empty);
+  o = Options(empty + "/");  // a trailing slash names the same folder
+  o.resize_width = o.resize_height = 8;
+  EXPECT_EQ(ConvertImages(o).converted, 12);
+  EXPECT_EQ(ReadAll(empty).size(), 12u);
 }
 
 TEST_F(ConverterTest, ResizeOptions) {
@@ -266,9 +482,7 @@ TEST_F(ConverterTest, ResizeOptions) {
     EXPECT_EQ(img.width, f.width);
     EXPECT_EQ(img.height, f.height);
     EXPECT_EQ(img.channels, f.channels);
-    if (key.find("b_gray") != std::string::npos) {
-      EXPECT_EQ(f.channels, 1) << "grey stays grey";
-    }
+    EXPECT_EQ(f.channels, 3) << key << ": every record is RGB, grey inputs included";
   }
   // The huge image went through DCT scaling: it still matches a full decode + resize.
   for (const auto& [key, value] : ReadAll(o.out)) {

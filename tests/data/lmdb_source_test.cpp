@@ -1,12 +1,13 @@
 // LMDB sources end to end: convert a folder, then train and evaluate from it. Checks shapes,
 // labels, determinism across thread counts, resume, rank sharding, the short last evaluation
-// batch, corrupt records (skipped, counted, replaced), Caffe's raw BGR records, and labels
-// outside the class list.
+// batch, corrupt records (skipped, counted, replaced), Caffe's raw BGR records, labels outside
+// the class list, and databases that a conversion did not finish (refused).
 #include "data/lmdb_source.h"
 
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
 #include <set>
 
 #include "data/converter.h"
@@ -316,6 +317,9 @@ TEST_F(LmdbSourceTest, LabelOutsideTheClassListStopsTraining) {
     writer.Close();
   }
   WriteFile(db + "/classes.txt", "a\nb\n");
+  LmdbCompletion done;
+  done.records = 1;
+  WriteLmdbCompletion(db, done);
   DataOptions o = Options();
   o.val = db;
   auto eval = MakeEvalSource(o, ShardSpec{});
@@ -326,6 +330,64 @@ TEST_F(LmdbSourceTest, LabelOutsideTheClassListStopsTraining) {
     FAIL() << "label 5 of 2 classes must stop the run";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("label 5"), std::string::npos) << e.what();
+  }
+}
+
+// A database that `cortado convert` did not finish (here: its completion record removed, as a
+// conversion killed before the fix left it at --out) is refused with one line naming it and the
+// command that rebuilds it; so is one whose record count disagrees with its completion record.
+// Databases of other tools (no classes.txt, no completion record) are read: see
+// ReadsCaffeRawRecords.
+TEST_F(LmdbSourceTest, RefusesADatabaseWithoutItsCompletionRecord) {
+  ConvertOptions c;
+  c.root = *dir_ / "images";
+  c.out = *dir_ / "db_unfinished";
+  c.resize_width = c.resize_height = 40;
+  ConvertImages(c);
+  const std::string complete = c.out + "/" + kLmdbCompleteFile;
+  const std::string record = testing::ReadFileBytes(complete);
+  ASSERT_FALSE(record.empty());
+  DataOptions o = Options();
+  o.train = o.val = c.out;
+  EXPECT_NO_THROW(MakeTrainSource(o, ShardSpec{}, 1));
+
+  std::filesystem::remove(complete);
+  for (bool train : {true, false}) {
+    try {
+      if (train) {
+        MakeTrainSource(o, ShardSpec{}, 1);
+      } else {
+        MakeEvalSource(o, ShardSpec{});
+      }
+      FAIL() << "a database without its completion record must be refused";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("LMDB " + c.out + " is incomplete"), std::string::npos) << what;
+      EXPECT_NE(what.find("cortado convert --root IMAGES --out " + c.out + " --overwrite"),
+                std::string::npos)
+          << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << "one line";
+    }
+  }
+
+  WriteFile(complete, record);
+  const std::optional<LmdbCompletion> read = ReadLmdbCompletion(c.out);
+  ASSERT_TRUE(read.has_value());
+  LmdbCompletion wrong = *read;
+  EXPECT_EQ(wrong.records, 60);
+  wrong.records = 61;
+  WriteLmdbCompletion(c.out, wrong);
+  try {
+    MakeEvalSource(o, ShardSpec{});
+    FAIL() << "a record count that disagrees with the completion record must be refused";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("holds 60 records but its cortado-complete.json says 61"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("--root " + wrong.root + " --out " + c.out + " --overwrite"),
+              std::string::npos)
+        << what;
   }
 }
 
