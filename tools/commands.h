@@ -31,5 +31,6 @@ void AddBenchCommand(CLI::App& app);
 void AddBenchTrainCommand(CLI::App& bench);
 void AddBenchDataCommand(CLI::App& bench);
 void AddBenchCommCommand(CLI::App& bench);
+void AddBenchCodecCommand(CLI::App& bench);
 
 }  // namespace cortado::tools

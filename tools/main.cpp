@@ -20,6 +20,7 @@ void AddBenchCommand(CLI::App& app) {
   AddBenchTrainCommand(*bench);
   AddBenchDataCommand(*bench);
   AddBenchCommCommand(*bench);
+  AddBenchCodecCommand(*bench);
 }
 }  // namespace cortado::tools
 

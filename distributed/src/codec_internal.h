@@ -1,0 +1,96 @@
+// Internals of the gradient codecs (cortado/dist/codec.h), shared by codec.cpp, codec_avx2.cpp
+// and the tests: the format parameters, the random-word hash, which kernel set runs, and each
+// kernel set callable with its ISA named, so a test can hold the portable and the AVX2 kernels
+// against each other in one process whatever CORTADO_CODEC_ISA says.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cortado/dist/codec.h"
+
+// The AVX2 kernels need GCC or Clang's target attribute and an x86 CPU; elsewhere only the
+// portable ones exist.
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define CORTADO_CODEC_HAVE_AVX2 1
+#else
+#define CORTADO_CODEC_HAVE_AVX2 0
+#endif
+
+namespace cortado::dist::codec_internal {
+
+// Layout of a code: sign << (e + m) | exponent field << m | mantissa.
+struct Format {
+  int e;     // exponent bits
+  int m;     // mantissa bits
+  int bias;  // exponent bias; the field 2^e - 1 is infinity / NaN
+};
+
+constexpr Format FormatOf(CodecKind kind) {
+  switch (kind) {
+    case CodecKind::kF16:
+      return {5, 10, 15};
+    case CodecKind::kBF16:
+      return {8, 7, 127};
+    case CodecKind::kEpgc11:
+      return {5, 5, 15};
+    case CodecKind::kEpgc9:
+      return {8, 0, 127};
+    case CodecKind::kEpgc8:
+      return {5, 2, 15};
+    case CodecKind::kF32:
+      break;
+  }
+  return {8, 23, 127};
+}
+
+// StochasticBits, in pieces a kernel can hoist: for a stretch of indices sharing their upper
+// 32 bits, HashKey is constant and only the lower word changes.
+constexpr uint32_t kHashLo = 0x9E3779B1u;    // multiplies index bits 0..31
+constexpr uint32_t kHashHi = 0x85EBCA77u;    // multiplies index bits 32..63
+constexpr uint32_t kHashSeed = 0xC2B2AE3Du;  // multiplies seed bits 32..63
+inline uint32_t HashKey(uint64_t seed, uint64_t index) {
+  return static_cast<uint32_t>(index >> 32) * kHashHi ^
+         static_cast<uint32_t>(seed >> 32) * kHashSeed;
+}
+// murmur3's 32-bit finalizer: every input bit reaches every output bit.
+inline uint32_t Fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  h ^= h >> 16;
+  return h;
+}
+
+enum class Isa : uint8_t { kPortable, kAvx2 };
+const char* IsaName(Isa isa);  // "portable", "avx2"
+// Whether this CPU (and build) can run the AVX2 kernels: AVX2 and F16C.
+bool CpuHasAvx2();
+// The kernel set for a CORTADO_CODEC_ISA value (null or empty or "auto": the best the CPU
+// has). Throws kConfig naming the variable for an unknown value, or for avx2 on a CPU without.
+Isa ResolveIsa(const char* env_value, bool cpu_has_avx2);
+// ResolveIsa of this process's environment and CPU, decided once.
+Isa ActiveIsa();
+
+// The public entry points with the kernel set chosen by the caller (arguments already checked;
+// Isa::kAvx2 only where CpuHasAvx2()).
+void EncodeWith(Isa isa, CodecKind kind, const float* src, size_t count, void* dst,
+                const EncodeOptions& options, float* residual);
+void DecodeWith(Isa isa, CodecKind kind, const void* src, size_t count, float* dst,
+                bool accumulate);
+
+// The kernel sets: any count, src at any alignment, dst at any byte offset. The AVX2 set runs
+// its vector loops over whole blocks and hands the rest to the portable set, which therefore
+// must accept a start in the middle of a stream: its (src, dst, first_index) are the caller's
+// advanced by a multiple of 8 values, so dst starts at a group boundary.
+void EncodePortable(CodecKind kind, const float* src, size_t count, uint8_t* dst,
+                    const EncodeOptions& options, float* residual);
+void DecodePortable(CodecKind kind, const uint8_t* src, size_t count, float* dst, bool accumulate);
+#if CORTADO_CODEC_HAVE_AVX2
+void EncodeAvx2(CodecKind kind, const float* src, size_t count, uint8_t* dst,
+                const EncodeOptions& options, float* residual);
+void DecodeAvx2(CodecKind kind, const uint8_t* src, size_t count, float* dst, bool accumulate);
+#endif
+
+}  // namespace cortado::dist::codec_internal
