@@ -220,6 +220,54 @@ std::shared_ptr<Work> Communicator::BarrierAsync() {
   return Enqueue([this] { DoBarrier(); });
 }
 
+namespace {
+
+void CheckCompressed(float* data, size_t count, ReduceOp op) {
+  CheckBuffer("allreduce", data, count, 1, DataType::kF32);
+  if (op == ReduceOp::kMax) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "allreduce: a compressed all-reduce sums or averages (op 'max' is not encoded)",
+                -1, "allreduce");
+  }
+}
+
+}  // namespace
+
+// The parts every backend shares: nothing to encode (f32), nothing to send (one rank or no
+// elements: still numbered on every rank, like AllReduce), then the backend's ring.
+void Communicator::RunCompressed(float* data, size_t count, ReduceOp op,
+                                 const Compression& compression) {
+  if (compression.codec == CodecKind::kF32) {
+    DoAllReduce(data, count, DataType::kF32, op, Algorithm::kAuto);
+    return;
+  }
+  if (size() == 1 || count == 0) {
+    // One rank: the average is the data itself, and nothing is encoded, so nothing is lost.
+    if (compression.residual != nullptr) {
+      for (size_t i = 0; i < count; ++i) {
+        data[i] += compression.residual[i];
+        compression.residual[i] = 0;
+      }
+    }
+    if (size() > 1) DoAllReduce(data, 0, DataType::kF32, op, Algorithm::kAuto);
+    return;
+  }
+  DoAllReduceCompressed(data, count, op, compression);
+}
+
+void Communicator::AllReduceCompressed(float* data, size_t count, ReduceOp op,
+                                       const Compression& compression) {
+  CheckCompressed(data, count, op);
+  RunOrdered([&] { RunCompressed(data, count, op, compression); });
+}
+
+std::shared_ptr<Work> Communicator::AllReduceCompressedAsync(float* data, size_t count,
+                                                             ReduceOp op,
+                                                             const Compression& compression) {
+  CheckCompressed(data, count, op);
+  return Enqueue([=, this] { RunCompressed(data, count, op, compression); });
+}
+
 std::unique_ptr<Communicator> Communicator::Split(int color, int key) {
   if (color < 0) {
     throw Error(ErrorKind::kInvalidArgument,

@@ -167,4 +167,17 @@ void Finalize(void* data, size_t count, DataType type, ReduceOp op, int divisor)
   }
 }
 
+void ScaleAndFeedBack(float* data, size_t count, float scale, float* residual) {
+  if (residual == nullptr) {
+    if (scale != 1.0f) {
+      for (size_t i = 0; i < count; ++i) data[i] *= scale;
+    }
+    return;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    data[i] = data[i] * scale + residual[i];
+    residual[i] = 0;
+  }
+}
+
 }  // namespace cortado::dist::internal

@@ -18,4 +18,16 @@ void Reduce(void* dst, const void* a, const void* b, size_t count, DataType type
 // data[i] /= divisor (the last step of kAvg); a no-op for other ops or divisor 1.
 void Finalize(void* data, size_t count, DataType type, ReduceOp op, int divisor);
 
+// The first pass of a compressed all-reduce: data[i] = data[i] * scale + residual[i] and
+// residual[i] = 0 (residual may be null: data[i] *= scale).
+void ScaleAndFeedBack(float* data, size_t count, float scale, float* residual);
+
+// The stochastic-rounding stream of one encoding site of a compressed all-reduce: each rank and
+// ring step draws its own bits, so the roundings of successive hops are independent.
+inline uint64_t HopSeed(uint64_t seed, int rank, int step) {
+  uint64_t h = seed ^ (0x9e3779b97f4a7c15ull * (static_cast<uint64_t>(rank) + 1));
+  h ^= 0xbf58476d1ce4e5b9ull * (static_cast<uint64_t>(step) + 1);
+  return h ^ (h >> 31);
+}
+
 }  // namespace cortado::dist::internal

@@ -125,6 +125,103 @@ class Checker {
   Communicator& comm_;
 };
 
+// What rank r contributes to the compressed all-reduces: values of both signs over several
+// binary orders of magnitude, none of them exact in the narrow formats.
+float CompressedInput(int rank, size_t i) {
+  uint32_t h = static_cast<uint32_t>(i) * 2654435761u + static_cast<uint32_t>(rank) * 40503u;
+  h ^= h >> 15;
+  float unit = static_cast<float>(h % 20001u) / 10000.0f - 1.0f;  // [-1, 1]
+  return std::ldexp(unit, static_cast<int>(h >> 28) % 6 - 2);    // times 2^-2 .. 2^3
+}
+
+// The compressed ring: every codec, sum and average, with and without error feedback. The
+// result must be bitwise identical on every rank, within the format's bound of the exact sum
+// (each element is encoded once per rank: at most W roundings of partial sums no larger than
+// the sum of magnitudes), and with error feedback the ranks' residuals must add up to what the
+// result lost.
+template <typename Label>
+void CompressedAllReduces(Communicator& comm, Checker& check, size_t count, Label label) {
+  const int n = comm.size(), rank = comm.rank();
+  const bool large = count >= kLarge;
+  for (CodecKind codec : {CodecKind::kF16, CodecKind::kBF16, CodecKind::kEpgc11,
+                          CodecKind::kEpgc9, CodecKind::kEpgc8}) {
+    for (Rounding rounding : {Rounding::kNearest, Rounding::kTruncate, Rounding::kStochastic}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+        for (bool feedback : {false, true}) {
+          if (large && (rounding != Rounding::kNearest || op != ReduceOp::kAvg || !feedback)) {
+            continue;
+          }
+          if (rounding != Rounding::kNearest && op == ReduceOp::kSum) continue;
+          std::string what = label("allreduce", std::string("compressed ") + CodecName(codec) +
+                                                    " " + RoundingName(rounding) + " " +
+                                                    ReduceOpName(op) +
+                                                    (feedback ? " error-feedback" : ""));
+          const float scale = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(n) : 1.0f;
+          std::vector<float> data(count + 2, 0.0f), residual(count, 0.0f);
+          for (size_t i = 0; i < count; ++i) {
+            data[i] = CompressedInput(rank, i);
+            // A residual from an earlier step, added before encoding.
+            if (feedback) residual[i] = CompressedInput(rank + 7, i) * 0x1p-8f;
+          }
+          Compression compression;
+          compression.codec = codec;
+          compression.rounding = rounding;
+          compression.seed = 1234 + count;
+          compression.residual = feedback ? residual.data() : nullptr;
+          comm.AllReduceCompressed(data.data(), count, op, compression);
+          if (data[count] != 0.0f) check.Failed(what + ": wrote past the end");
+          check.Identical(what, reinterpret_cast<const char*>(data.data()), count * 4);
+          const int bits = CodecBits(codec);
+          const int mantissa = bits == 16 ? (codec == CodecKind::kF16 ? 10 : 7)
+                               : bits == 11 ? 5
+                               : bits == 9  ? 0
+                                            : 2;
+          const double u = std::ldexp(1.0, -mantissa - (rounding == Rounding::kNearest ? 1 : 0));
+          const double tiny = codec == CodecKind::kBF16 || codec == CodecKind::kEpgc9
+                                  ? 0x1p-125
+                                  : std::ldexp(1.0, -14 - mantissa);
+          std::vector<double> exact(count, 0.0), magnitude(count, 0.0);
+          for (size_t i = 0; i < count; ++i) {
+            for (int q = 0; q < n; ++q) {
+              double x = static_cast<double>(CompressedInput(q, i)) * scale +
+                         (feedback ? static_cast<double>(CompressedInput(q + 7, i) * 0x1p-8f) : 0);
+              exact[i] += x;
+              magnitude[i] += std::fabs(x);
+            }
+          }
+          for (size_t i = 0; i < count; ++i) {
+            // Each of the n encodings errs by at most u times what it encodes, and a partial
+            // sum may already carry the errors of the hops before it: ((1+u)^n - 1) x magnitude.
+            const double growth = std::pow(1.0 + u, n);
+            double bound = (growth - 1) * magnitude[i] + n * tiny * growth + 1e-6 * magnitude[i];
+            if (!(std::fabs(data[i] - exact[i]) <= bound)) {
+              check.Failed(what + ": element " + std::to_string(i) + " is " +
+                           std::to_string(data[i]) + ", exact " + std::to_string(exact[i]) +
+                           ", bound " + std::to_string(bound));
+              break;
+            }
+          }
+          if (feedback) {
+            // Per element, the ranks' residuals add up to what the result lost (to within the
+            // fp32 rounding of the sums along the ring).
+            comm.AllReduce(residual.data(), count, DataType::kF32, ReduceOp::kSum);
+            for (size_t i = 0; i < count; ++i) {
+              double lost = exact[i] - data[i];
+              double tolerance = 8.0 * n * 0x1p-24 * (magnitude[i] + std::fabs(lost)) + 1e-30;
+              if (!(std::fabs(residual[i] - lost) <= tolerance)) {
+                check.Failed(what + ": element " + std::to_string(i) + ": residuals sum to " +
+                             std::to_string(residual[i]) + " but the result lost " +
+                             std::to_string(lost));
+                break;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 float InputValue(int rank, size_t i) {
@@ -247,6 +344,7 @@ std::vector<std::string> RunMatrix(Communicator& comm, const std::vector<size_t>
         }
       }
     }
+    CompressedAllReduces(comm, check, count, label);
     comm.Barrier();
     // --- asynchronous all-reduces in flight together, then a synchronous one behind them.
     if (!large) {

@@ -9,6 +9,7 @@
 //                  (input may be output + rank() * count)
 //   ReduceScatter  input[size() * count]   -> output[count] = op over ranks of slice rank()
 //   Barrier        returns once every rank has entered it
+//   AllReduceCompressed  f32 data[count], sum or average, travelling in a codec (codec.h)
 //   Split          (color, key) -> a new communicator of the ranks that passed the same color
 //
 // Results are bitwise identical on every rank for every algorithm: each element's final value is
@@ -41,6 +42,7 @@
 #include <string>
 #include <thread>
 
+#include "cortado/dist/codec.h"
 #include "cortado/dist/env.h"
 #include "cortado/dist/error.h"
 #include "cortado/dist/store.h"
@@ -78,6 +80,18 @@ class Work {
   TimePoint finished_at_{};
 };
 
+// How AllReduceCompressed encodes what travels.
+struct Compression {
+  CodecKind codec = CodecKind::kF32;
+  Rounding rounding = Rounding::kNearest;
+  uint64_t seed = 0;  // kStochastic's random stream: vary it per step and bucket
+  // Error feedback (or null): count floats, this rank's own. On entry it is added to the
+  // (scaled) data before anything is encoded; on return it holds what this rank's encodings
+  // lost, so the ranks' residuals sum to (exact sum - result), up to fp32 rounding, and adding
+  // them to the next call's data re-injects what this one dropped.
+  float* residual = nullptr;
+};
+
 class Communicator {
  public:
   virtual ~Communicator();
@@ -100,6 +114,15 @@ class Communicator {
   void AllGather(const void* input, void* output, size_t count, DataType type);
   void ReduceScatter(const void* input, void* output, size_t count, DataType type, ReduceOp op);
   void Barrier();
+  // The compressed ring all-reduce of f32 data (op kSum or kAvg). Every rank first computes
+  // x = data * s + residual (s = 1/W for kAvg, so a sum of W values in a narrow format cannot
+  // overflow where the average does not; 1 for kSum). Reduce-scatter: each hop sends its
+  // partial sums encoded, and the receiver decodes and accumulates them in fp32 and re-encodes
+  // the new partial sum for the next hop. The rank that completes a segment encodes it once;
+  // every rank (that one included) decodes those bytes, so results are bitwise identical on all
+  // ranks. Bytes on the wire: 2 (W-1)/W x count x CodecBits/8 per rank. With codec kF32 this is
+  // AllReduce (residual untouched); with one rank nothing travels and data is only scaled.
+  void AllReduceCompressed(float* data, size_t count, ReduceOp op, const Compression& compression);
 
   std::shared_ptr<Work> AllReduceAsync(void* data, size_t count, DataType type, ReduceOp op,
                                        Algorithm algo = Algorithm::kAuto);
@@ -110,6 +133,8 @@ class Communicator {
   std::shared_ptr<Work> ReduceScatterAsync(const void* input, void* output, size_t count,
                                            DataType type, ReduceOp op);
   std::shared_ptr<Work> BarrierAsync();
+  std::shared_ptr<Work> AllReduceCompressedAsync(float* data, size_t count, ReduceOp op,
+                                                 const Compression& compression);
 
   // A collective: every rank of this communicator must call it, in the same order as its other
   // operations (it waits for queued asynchronous work first, like the synchronous calls). Ranks
@@ -132,6 +157,9 @@ class Communicator {
   virtual void DoReduceScatter(const void* input, void* output, size_t count, DataType type,
                                ReduceOp op) = 0;
   virtual void DoBarrier() = 0;
+  // count > 0, size() > 1, op kSum or kAvg, codec not kF32 (the base class handles the rest).
+  virtual void DoAllReduceCompressed(float* data, size_t count, ReduceOp op,
+                                     const Compression& compression) = 0;
   // Runs the split (arguments checked, in issue order) and builds the child communicator.
   virtual std::unique_ptr<Communicator> DoSplit(int color, int key) = 0;
   // Stops the worker thread; backends call it first thing in their destructor.
@@ -139,6 +167,7 @@ class Communicator {
 
  private:
   void RunOrdered(const std::function<void()>& op);
+  void RunCompressed(float* data, size_t count, ReduceOp op, const Compression& compression);
   std::shared_ptr<Work> Enqueue(std::function<void()> op);
   void WorkerLoop();
 
