@@ -1,5 +1,7 @@
 #include "engine/data_parallel.h"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <cstring>
 #include <sstream>
@@ -45,6 +47,53 @@ void BroadcastBytes(dist::Communicator& comm, std::string* bytes) {
   bytes->resize((n + 3) / 4 * 4);
   comm.Broadcast(bytes->data(), bytes->size() / 4, dist::DataType::kF32, 0);
   bytes->resize(n);
+}
+
+void ApplyCodecPolicy(Net& net, const CodecPolicy& policy) {
+  const dist::CodecKind fallback = dist::ParseCodec(policy.codec);
+  std::vector<bool> used(policy.overrides.size(), false);
+  for (const auto& [pattern, codec] : policy.overrides) {
+    try {
+      dist::ParseCodec(codec);
+    } catch (const std::exception& e) {
+      Fail("codec override '", pattern, "': ", e.what());
+    }
+  }
+  for (Param* p : net.params()) {
+    dist::CodecKind codec = fallback;
+    if (std::find(policy.keep_f32.begin(), policy.keep_f32.end(), p->kind) !=
+        policy.keep_f32.end()) {
+      codec = dist::CodecKind::kF32;
+    }
+    bool matched = false;
+    for (size_t i = 0; i < policy.overrides.size(); ++i) {
+      if (fnmatch(policy.overrides[i].first.c_str(), p->name.c_str(), 0) != 0) continue;
+      used[i] = true;
+      if (!matched) codec = dist::ParseCodec(policy.overrides[i].second);
+      matched = true;
+    }
+    p->codec = dist::CodecName(codec);
+  }
+  for (size_t i = 0; i < used.size(); ++i) {
+    if (!used[i]) {
+      std::string some;
+      for (Param* p : net.params()) {
+        if (some.size() > 60) break;
+        some += (some.empty() ? "" : ", ") + p->name;
+      }
+      Fail("codec override '", policy.overrides[i].first,
+           "' matches no parameter (names look like: ", some, ", ...)");
+    }
+  }
+}
+
+dist::CodecKind CodecOfParam(const Param& param) {
+  if (param.codec.empty()) return dist::CodecKind::kF32;
+  try {
+    return dist::ParseCodec(param.codec);
+  } catch (const std::exception& e) {
+    Fail("parameter '", param.name, "': ", e.what());
+  }
 }
 
 dist::DataType WireTypeOf(DType dtype, const std::string& what) {
@@ -104,6 +153,20 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
     n += static_cast<size_t>(numel);
   }
   if (tail < order.size()) starts.push_back(tail);
+  // Buckets never mix codecs: a change of codec starts a new bucket.
+  std::vector<dist::CodecKind> codec(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    codec[i] = CodecOfParam(*order[i]);
+    if (codec[i] != dist::CodecKind::kF32) {
+      CORTADO_CHECK(dtype == DType::kF32, "parameter '", order[i]->name, "' has gradient codec ",
+                    order[i]->codec, ", but gradients are ", DTypeName(dtype),
+                    "; the codecs compress f32 gradients (use distributed.codec: f32 here)");
+    }
+    if (i > 0 && codec[i] != codec[i - 1] &&
+        std::find(starts.begin(), starts.end(), i) == starts.end()) {
+      starts.insert(std::upper_bound(starts.begin(), starts.end(), i), i);
+    }
+  }
 
   // Offsets in the block: each gradient on a cache line.
   int64_t at = 0;
@@ -111,7 +174,7 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
   for (size_t b = 0; b < starts.size(); ++b) {
     const size_t end = b + 1 < starts.size() ? starts[b + 1] : order.size();
     Bucket bucket{at, at, static_cast<int>(end - starts[b]), order[starts[b]]->name,
-                  order[end - 1]->name};
+                  order[end - 1]->name, codec[starts[b]]};
     for (size_t i = starts[b]; i < end; ++i) {
       offset[i] = at;
       bucket_of_[order[i]] = b;
@@ -121,10 +184,18 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
     buckets_.push_back(bucket);
   }
   control_index_ = at;
+  if (buckets_.back().codec != dist::CodecKind::kF32) {
+    // The stop vote and the loss must arrive exactly: they get an f32 bucket of their own.
+    buckets_.push_back(Bucket{at, at, 0, "(control)", "(control)", dist::CodecKind::kF32});
+  }
   buckets_.back().end = control_index_ + 2;  // the control words ride in the last bucket
 
   block_ = Tensor({buckets_.back().end}, dtype);
   block_.Zero();
+  if (options_.error_feedback) {
+    residual_ = Tensor({buckets_.back().end}, DType::kF32);
+    residual_.Zero();
+  }
   for (size_t i = 0; i < order.size(); ++i) {
     order[i]->grad = block_.View(order[i]->grad.shape(), offset[i]);
   }
@@ -191,7 +262,8 @@ void DataParallel::VerifySameJob(const std::string& description) {
   }
 }
 
-void DataParallel::BeginStep() {
+void DataParallel::BeginStep(int64_t step) {
+  step_ = step;
   WaitAll(true);  // nothing may still write the block (a step that failed halfway)
   for (size_t b = 0; b < buckets_.size(); ++b) {
     pending_[b] = buckets_[b].params;
@@ -237,9 +309,64 @@ void DataParallel::Issue(size_t b) {
   const Bucket& bucket = buckets_[b];
   const size_t esize = DTypeSize(block_.dtype());
   char* base = static_cast<char*>(block_.raw_data()) + static_cast<size_t>(bucket.begin) * esize;
+  const size_t count = static_cast<size_t>(bucket.end - bucket.begin);
   queued_at_[b] = Trace::Clock::now();
-  work_[b] = comm_.AllReduceAsync(base, static_cast<size_t>(bucket.end - bucket.begin),
-                                  wire_type_, dist::ReduceOp::kAvg);
+  if (bucket.codec == dist::CodecKind::kF32) {
+    work_[b] = comm_.AllReduceAsync(base, count, wire_type_, dist::ReduceOp::kAvg);
+    return;
+  }
+  dist::Compression compression;
+  compression.codec = bucket.codec;
+  compression.rounding = options_.rounding;
+  // A stream per (run, step, bucket): splitmix64 steps of the three.
+  uint64_t h = options_.seed + 0x9e3779b97f4a7c15ull * (static_cast<uint64_t>(step_) + 1);
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull + b;
+  compression.seed = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+  if (options_.error_feedback) compression.residual = residual_.data<float>() + bucket.begin;
+  work_[b] = comm_.AllReduceCompressedAsync(reinterpret_cast<float*>(base), count,
+                                            dist::ReduceOp::kAvg, compression);
+}
+
+double DataParallel::wire_bytes_per_step() const {
+  const double ring = 2.0 * (comm_.size() - 1) / comm_.size();
+  double bytes = 0;
+  for (const Bucket& bucket : buckets_) {
+    const size_t count = static_cast<size_t>(bucket.end - bucket.begin);
+    bytes += bucket.codec == dist::CodecKind::kF32
+                 ? static_cast<double>(count * DTypeSize(block_.dtype()))
+                 : static_cast<double>(dist::EncodedBytes(bucket.codec, count));
+  }
+  return ring * bytes;
+}
+
+double DataParallel::f32_bytes_per_step() const {
+  return 2.0 * (comm_.size() - 1) / comm_.size() * static_cast<double>(block_.numel()) *
+         static_cast<double>(DTypeSize(block_.dtype()));
+}
+
+std::vector<Tensor> DataParallel::GatherResiduals() {
+  CORTADO_CHECK(options_.error_feedback, "GatherResiduals without error feedback");
+  WaitAll(true);
+  const size_t n = static_cast<size_t>(residual_.numel());
+  Tensor all({static_cast<int64_t>(n) * comm_.size()}, DType::kF32);
+  comm_.AllGather(residual_.data<float>(), all.data<float>(), n, dist::DataType::kF32);
+  std::vector<Tensor> out;
+  for (int r = 0; r < comm_.size(); ++r) {
+    Tensor t({static_cast<int64_t>(n)}, DType::kF32);
+    std::memcpy(t.data<float>(), all.data<float>() + static_cast<size_t>(r) * n, n * 4);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+void DataParallel::SetResidual(const Tensor& residual) {
+  CORTADO_CHECK(options_.error_feedback, "SetResidual without error feedback");
+  CORTADO_CHECK(residual.dtype() == DType::kF32 && residual.numel() == residual_.numel(),
+                "an error-feedback residual of ", residual.numel(), " ", DTypeName(residual.dtype()),
+                " elements does not fit this model's ", residual_.numel(),
+                " (the model or its parameters changed)");
+  std::memcpy(residual_.data<float>(), residual.data<float>(),
+              static_cast<size_t>(residual_.numel()) * 4);
 }
 
 DataParallel::StepResult DataParallel::FinishStep() {

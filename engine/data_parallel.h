@@ -21,11 +21,21 @@
 // same operations on the same data and give bitwise identical results; they differ only in
 // time, which is what the scaling experiment measures.
 //
+// Gradient codecs. A parameter's Param::codec (set by the run's policy, "" = f32) says in which
+// format its gradient travels (dist/codec.h); buckets never mix codecs, so a change of codec
+// between neighbouring parameters starts a new bucket. A compressed bucket is averaged with
+// Communicator::AllReduceCompressed (scaled by 1/W, then encoded at every hop). With error
+// feedback each rank keeps a residual block beside the gradient block: what its encodings lost
+// in one step is added to the next step's gradient before encoding (checkpoints keep it, per
+// rank). Stochastic rounding draws from (seed, step, bucket), so runs are reproducible.
+//
 // Control words. Two elements after the last parameter ride in the last bucket, so every rank
 // learns two things about the step without an extra round trip: the stop vote (a job must stop
 // at the same step everywhere, and a signal reaches ranks at slightly different times) and the
 // loss, whose average over ranks is the loss of the global batch (every rank's batch has the
-// same size). SetControl writes them after forward; they are averaged like gradients.
+// same size). SetControl writes them after forward; they are averaged like gradients, always in
+// f32 (when the last parameters are compressed, the control words get an f32 bucket of their
+// own).
 //
 // Threads: every call, and the hook, runs on the training thread; the all-reduces run on the
 // communicator's worker thread. The communicator must not be used by anything else while a
@@ -49,6 +59,9 @@ struct DataParallelOptions {
   double first_bucket_mb = 1;  // the first bucket (the last layers' gradients)
   double last_bucket_mb = 1;   // the last bucket (the first layers'; its all-reduce is exposed)
   bool overlap = true;         // all-reduce buckets during backward (false: after it)
+  dist::Rounding rounding = dist::Rounding::kNearest;  // for the compressed buckets
+  bool error_feedback = false;  // keep what quantization lost and add it to the next step
+  uint64_t seed = 0;            // stochastic rounding's stream (with the step and the bucket)
 };
 
 class DataParallel {
@@ -57,6 +70,7 @@ class DataParallel {
     int64_t begin = 0, end = 0;   // element range in the gradient block
     int params = 0;               // parameters in it
     std::string first, last;      // names of its first and last parameter (for logs)
+    dist::CodecKind codec = dist::CodecKind::kF32;
   };
 
   // Seats the net's gradients in the flat block and attaches to its gradient-ready hook.
@@ -72,6 +86,17 @@ class DataParallel {
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const Tensor& gradient_block() const { return block_; }
   const DataParallelOptions& options() const { return options_; }
+  // Bytes one rank sends per step (ring all-reduce: 2 (W-1)/W of each bucket's encoded size),
+  // and what they would be with every bucket in f32.
+  double wire_bytes_per_step() const;
+  double f32_bytes_per_step() const;
+
+  // Error feedback (options().error_feedback): this rank's residual block (f32, the gradient
+  // block's layout), and every rank's, gathered (collective: every rank must call it; returns W
+  // blocks on every rank). SetResidual restores this rank's block (same shape).
+  const Tensor& residual() const { return residual_; }
+  std::vector<Tensor> GatherResiduals();
+  void SetResidual(const Tensor& residual);
 
   // Collective check that this rank runs the same job as rank 0: rank 0's `description` (text,
   // one item per line, e.g. the resolved config and the model's parameter shapes) is compared
@@ -83,7 +108,8 @@ class DataParallel {
     bool stop = false;  // some rank voted to stop
     double loss = 0;    // mean of the ranks' losses (the loss of the global batch)
   };
-  void BeginStep();
+  // step: the training iteration (seeds stochastic rounding).
+  void BeginStep(int64_t step = 0);
   // This rank's loss of the step and its vote to stop after it; call after Forward, before
   // Backward issues the last bucket.
   void SetControl(double loss, bool stop_vote);
@@ -108,6 +134,8 @@ class DataParallel {
   DataParallelOptions options_;
   dist::DataType wire_type_ = dist::DataType::kF32;
   Tensor block_;
+  Tensor residual_;  // error feedback; empty when off
+  int64_t step_ = 0;
   int64_t control_index_ = 0;  // [stop vote, loss]
   std::vector<Bucket> buckets_;
   std::unordered_map<const Param*, size_t> bucket_of_;
@@ -119,6 +147,22 @@ class DataParallel {
   double last_wait_s_ = 0;
   Trace* trace_ = nullptr;
 };
+
+// Which codec each parameter's gradient travels in (the `distributed:` codec keys): `codec` for
+// all, except parameters of the kinds in keep_f32 (batch-norm scale and shift, biases: small,
+// and sensitive to rounding); then the first override whose pattern (a glob, fnmatch(3), on the
+// parameter name, e.g. "fc.*" or "*.bias") matches wins over both.
+struct CodecPolicy {
+  std::string codec = "f32";
+  std::vector<ParamKind> keep_f32 = {ParamKind::kNorm, ParamKind::kBias};
+  std::vector<std::pair<std::string, std::string>> overrides;  // (pattern, codec), in order
+};
+// Sets Param::codec of every parameter of the net; throws naming an unknown codec, or a
+// pattern that matches no parameter (a typo would otherwise silently compress nothing).
+void ApplyCodecPolicy(Net& net, const CodecPolicy& policy);
+
+// The codec of a Param::codec string ("" = f32); throws naming the parameter.
+dist::CodecKind CodecOfParam(const Param& param);
 
 // The dtype of the communicator for a tensor dtype (f32, f64); throws for others.
 dist::DataType WireTypeOf(DType dtype, const std::string& what);

@@ -4,6 +4,10 @@
 // Figures follow nccl-tests: algbw = bytes / time (GB/s = 1e9 bytes/s); busbw = algbw x
 // 2(n-1)/n for all-reduce, x (n-1)/n for all-gather and reduce-scatter (bytes: the whole
 // n-rank buffer), x 1 for broadcast. The time is the slowest rank's mean over the iterations.
+// With --codec (all-reduce of f32 data, averaged as the trainer does), algbw and busbw count
+// the f32 bytes reduced (the effective bandwidth); wire GB/s is busbw scaled to the encoded
+// size, what each link really carried; and one run on random data before timing gives the
+// largest and mean relative error of the result against the exact sum (computed in f64).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -23,12 +27,14 @@ struct BenchArgs {
   std::string op = "allreduce";
   std::string sizes = "4K:128M";
   std::string dtype = "f32";
-  std::string reduce = "sum";
+  std::string reduce;  // default: sum; avg with --codec (what the trainer does)
   std::string algo = "auto";
   int iters = 0;  // 0: about 256 MB moved per size, between 5 and 1000 iterations
   int warmup = -1;
   bool json = false;
   bool check = false;
+  std::string codec = "f32";  // all-reduce only: the compressed ring with this codec
+  std::string rounding = "nearest";
 };
 
 std::vector<size_t> ParseSizes(const std::string& text) {
@@ -61,6 +67,17 @@ void Fill(std::vector<char>& buf, dist::DataType type, int rank) {
   }
 }
 
+// Random-like gradients of both signs over a few binary orders of magnitude (deterministic in
+// rank and index, so every rank can compute the exact result).
+float CodecInput(int rank, size_t i) {
+  uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ (static_cast<uint32_t>(rank) + 1) * 40503u;
+  h ^= h >> 13;
+  h *= 0x5bd1e995u;
+  h ^= h >> 15;
+  const float unit = static_cast<float>(h % 20001u) / 10000.0f - 1.0f;
+  return std::ldexp(unit, static_cast<int>(h >> 29) - 12);  // up to 2^-5: gradient-sized
+}
+
 float ValueAt(const std::vector<char>& buf, dist::DataType type, size_t i) {
   if (type == dist::DataType::kF32) return reinterpret_cast<const float*>(buf.data())[i];
   uint16_t b = reinterpret_cast<const uint16_t*>(buf.data())[i];
@@ -73,7 +90,9 @@ void RunBench(const BenchArgs& a) {
     Fail("--op '", a.op, "': known ops are allreduce, broadcast, allgather, reducescatter");
   }
   dist::DataType type = dist::ParseDataType(a.dtype);
-  dist::ReduceOp rop = dist::ParseReduceOp(a.reduce);
+  const bool codec_given = a.codec != "f32" && a.codec != "fp32" && a.codec != "none";
+  const std::string reduce = !a.reduce.empty() ? a.reduce : codec_given ? "avg" : "sum";
+  dist::ReduceOp rop = dist::ParseReduceOp(reduce);
   dist::Algorithm algo = dist::ParseAlgorithm(a.algo);
   std::vector<size_t> sizes = ParseSizes(a.sizes);
   auto comm = dist::CreateCommunicatorFromEnv(dist::Fingerprint("bench comm"));
@@ -81,11 +100,29 @@ void RunBench(const BenchArgs& a) {
   const size_t esize = dist::DataTypeSize(type);
   const bool per_rank = a.op == "allgather" || a.op == "reducescatter";
   std::vector<char> in(sizes.back() + 64), out(sizes.back() + 64);
+  dist::Compression compression;
+  compression.codec = dist::ParseCodec(a.codec);
+  compression.rounding = dist::ParseRounding(a.rounding);
+  compression.seed = 1;
+  const bool compressed = compression.codec != dist::CodecKind::kF32;
+  if (compressed && (a.op != "allreduce" || type != dist::DataType::kF32)) {
+    Fail("--codec ", a.codec, " compresses the all-reduce of f32 data (--op allreduce --dtype f32)");
+  }
+  if (compressed && rop == dist::ReduceOp::kMax) {
+    Fail("--codec ", a.codec, " sums or averages (--reduce sum or avg), not max");
+  }
+  const double wire_ratio = compressed ? dist::CodecBits(compression.codec) / 32.0 : 1.0;
   if (rank == 0 && !a.json) {
-    std::printf("# cortado bench comm: %s, %d rank(s), backend %s, %s, %s\n", a.op.c_str(), n,
-                comm->backend(), a.dtype.c_str(), a.reduce.c_str());
-    std::printf("# %12s  %-17s %12s %12s %12s\n", "bytes", "algo", "time_us", "algbw GB/s",
-                "busbw GB/s");
+    std::printf("# cortado bench comm: %s, %d rank(s), backend %s, %s, %s%s\n", a.op.c_str(), n,
+                comm->backend(), a.dtype.c_str(), reduce.c_str(),
+                compressed ? (", codec " + a.codec + " (" + a.rounding + ")").c_str() : "");
+    if (compressed) {
+      std::printf("# %12s  %-17s %12s %12s %12s %12s %10s %10s\n", "bytes", "algo", "time_us",
+                  "algbw GB/s", "busbw GB/s", "wire GB/s", "max_rel", "mean_rel");
+    } else {
+      std::printf("# %12s  %-17s %12s %12s %12s\n", "bytes", "algo", "time_us", "algbw GB/s",
+                  "busbw GB/s");
+    }
     std::fflush(stdout);
   }
   for (size_t requested : sizes) {
@@ -97,8 +134,11 @@ void RunBench(const BenchArgs& a) {
                             : n == 1              ? "local"
                             : std::string(comm->backend()) == "mpi" ? "mpi"
                                                                     : "ring";
+    double max_error = 0, mean_error = 0;
     auto run_once = [&] {
-      if (a.op == "allreduce") {
+      if (compressed) {
+        comm->AllReduceCompressed(reinterpret_cast<float*>(in.data()), count, rop, compression);
+      } else if (a.op == "allreduce") {
         comm->AllReduce(in.data(), count, type, rop, algo);
       } else if (a.op == "broadcast") {
         comm->Broadcast(in.data(), count, type, 0, algo);
@@ -137,6 +177,27 @@ void RunBench(const BenchArgs& a) {
         }
       }
     }
+    if (compressed) {
+      // Accuracy against the exact average of random-like inputs, before timing.
+      float* x = reinterpret_cast<float*>(in.data());
+      for (size_t i = 0; i < count; ++i) x[i] = CodecInput(rank, i);
+      run_once();
+      double max_rel = 0, sum_rel = 0;
+      size_t counted = 0;
+      for (size_t i = 0; i < count; ++i) {
+        double exact = 0;
+        for (int r = 0; r < n; ++r) exact += CodecInput(r, i);
+        exact = rop == dist::ReduceOp::kAvg ? exact / n : exact;
+        if (exact == 0) continue;
+        const double rel = std::fabs(x[i] - exact) / std::fabs(exact);
+        max_rel = std::max(max_rel, rel);
+        sum_rel += rel;
+        ++counted;
+      }
+      max_error = max_rel;
+      mean_error = counted ? sum_rel / static_cast<double>(counted) : 0;
+      comm->AllReduce(&max_error, 1, dist::DataType::kF64, dist::ReduceOp::kMax);
+    }
     Fill(in, type, rank);
     int iters =
         a.iters > 0 ? a.iters : static_cast<int>(std::clamp<size_t>((256u << 20) / bytes, 5, 1000));
@@ -166,7 +227,21 @@ void RunBench(const BenchArgs& a) {
     comm->AllReduce(&worst, 1, dist::DataType::kF32, dist::ReduceOp::kMax);
     double algbw = static_cast<double>(bytes) / (worst * 1e-6) / 1e9;
     double busbw = algbw * BusFactor(a.op, n);
-    if (rank == 0) {
+    if (rank == 0 && compressed) {
+      if (a.json) {
+        std::printf(
+            "{\"op\":\"%s\",\"algo\":\"ring\",\"codec\":\"%s\",\"rounding\":\"%s\","
+            "\"ranks\":%d,\"bytes\":%zu,\"time_us\":%.2f,\"algbw\":%.4f,\"busbw\":%.4f,"
+            "\"wirebw\":%.4f,\"max_rel_error\":%.3g,\"mean_rel_error\":%.3g}\n",
+            a.op.c_str(), a.codec.c_str(), a.rounding.c_str(), n, bytes,
+            static_cast<double>(worst), algbw, busbw, busbw * wire_ratio, max_error, mean_error);
+      } else {
+        std::printf("  %12zu  %-17s %12.2f %12.4f %12.4f %12.4f %10.3g %10.3g\n", bytes, "ring",
+                    static_cast<double>(worst), algbw, busbw, busbw * wire_ratio, max_error,
+                    mean_error);
+      }
+      std::fflush(stdout);
+    } else if (rank == 0) {
       if (a.json) {
         std::printf(
             "{\"op\":\"%s\",\"algo\":\"%s\",\"ranks\":%d,\"bytes\":%zu,\"time_us\":%.2f,"
@@ -191,7 +266,7 @@ void AddBenchCommCommand(CLI::App& bench) {
   cmd->add_option("--op", args->op, "allreduce, broadcast, allgather or reducescatter");
   cmd->add_option("--sizes", args->sizes, "MIN:MAX bytes (K=1024, M, G), doubling; or one size");
   cmd->add_option("--dtype", args->dtype, "f32, f16 or bf16");
-  cmd->add_option("--reduce", args->reduce, "sum, avg or max");
+  cmd->add_option("--reduce", args->reduce, "sum, avg or max (default: sum; avg with --codec)");
   cmd->add_option("--algo", args->algo,
                   "auto, ring, halving_doubling (all-reduce), tree (broadcast)");
   cmd->add_option("--iters", args->iters, "Timed iterations per size (default: by size)");
@@ -199,6 +274,12 @@ void AddBenchCommCommand(CLI::App& bench) {
   cmd->add_flag("--json", args->json,
                 "One JSON line per size: {op, algo, ranks, bytes, time_us, algbw, busbw}");
   cmd->add_flag("--check", args->check, "Verify one result per size before timing");
+  cmd->add_option("--codec", args->codec,
+                  "All-reduce in a gradient codec: f32, f16, bf16, epgc11, epgc9, epgc8 "
+                  "(reports wire bandwidth and the error against the exact result)")
+      ->capture_default_str();
+  cmd->add_option("--rounding", args->rounding, "With --codec: nearest, truncate or stochastic")
+      ->capture_default_str();
   cmd->callback([args] {
     RunBench(*args);
     SetExitCode(0);

@@ -233,6 +233,51 @@ RunConfig ParseRunConfig(YamlConfig& yaml) {
   Require(group >= 0 && group <= 1 << 20, dd, "sync_bn_group",
           "must be >= 1 (ranks per batch-norm group) or 0 (all ranks)");
   dc.sync_bn_group = static_cast<int>(group);
+  dc.codec.codec = dd.String("codec", "f32");
+  try {
+    dc.codec.codec = dist::CodecName(dist::ParseCodec(dc.codec.codec));
+  } catch (const std::exception& e) {
+    dd.Error("codec", e.what());
+  }
+  try {
+    dc.rounding = dist::ParseRounding(dd.String("rounding", "nearest"));
+  } catch (const std::exception& e) {
+    dd.Error("rounding", e.what());
+  }
+  dc.error_feedback = dd.Bool("error_feedback", false);
+  if (dd.Has("codec_keep_f32")) {
+    YAML::Node kinds = dd.Node("codec_keep_f32");
+    if (!kinds.IsSequence()) dd.Error("codec_keep_f32", "must be a list of batch_norm, bias, weight");
+    dc.codec.keep_f32.clear();
+    for (const auto& k : kinds) {
+      const std::string kind = k.IsScalar() ? k.as<std::string>() : "";
+      if (kind == "batch_norm") {
+        dc.codec.keep_f32.push_back(ParamKind::kNorm);
+      } else if (kind == "bias") {
+        dc.codec.keep_f32.push_back(ParamKind::kBias);
+      } else if (kind == "weight") {
+        dc.codec.keep_f32.push_back(ParamKind::kWeight);
+      } else {
+        dd.Error("codec_keep_f32", "unknown parameter kind '" + kind +
+                                       "' (known: batch_norm, bias, weight)");
+      }
+    }
+  }
+  if (dd.Has("codec_overrides")) {
+    YAML::Node overrides = dd.Node("codec_overrides");
+    if (!overrides.IsMap()) {
+      dd.Error("codec_overrides", "must map parameter-name patterns to codecs, e.g. {\"fc.*\": f32}");
+    }
+    for (const auto& item : overrides) {
+      const std::string pattern = item.first.as<std::string>();
+      const std::string codec = item.second.IsScalar() ? item.second.as<std::string>() : "";
+      try {
+        dc.codec.overrides.emplace_back(pattern, dist::CodecName(dist::ParseCodec(codec)));
+      } catch (const std::exception& e) {
+        dd.Error("codec_overrides", "'" + pattern + "': " + e.what());
+      }
+    }
+  }
   dd.Finish();
 
   YamlSection pr = root.Section("precision");
@@ -240,6 +285,10 @@ RunConfig ParseRunConfig(YamlConfig& yaml) {
   Require(compute == "fp32" || compute == "fp64", pr, "compute", "must be fp32 or fp64, got '" + compute + "'");
   c.precision.compute = compute == "fp64" ? DType::kF64 : DType::kF32;
   pr.Finish();
+  if (c.precision.compute != DType::kF32 && dc.codec.codec != "f32") {
+    dd.Error("codec", "the gradient codecs compress f32 gradients; precision.compute is " +
+                          compute + " (use distributed.codec: f32 with it)");
+  }
 
   YamlSection l = root.Section("log");
   c.log_interval = l.Int("interval", 50);

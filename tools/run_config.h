@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "data/data_options.h"
+#include "engine/data_parallel.h"
 #include "engine/net.h"
 #include "engine/solver.h"
 #include "engine/yaml_config.h"
@@ -50,6 +51,10 @@ struct DistributedConfig {
   double connect_timeout_s = 0;    // rendezvous deadline; 0: CORTADO_CONNECT_TIMEOUT_S or timeout
   bool sync_bn = false;            // synchronized batch norm, net-wide (a layer's `sync` wins)
   int sync_bn_group = 0;           // ranks per batch-norm group; 0: all ranks
+  // Gradient compression (see engine/data_parallel.h, CodecPolicy).
+  CodecPolicy codec;               // codec, codec_keep_f32, codec_overrides
+  dist::Rounding rounding = dist::Rounding::kNearest;
+  bool error_feedback = false;
 };
 
 // The `precision:` section. fp64 computes every layer, gradient and update in double: about

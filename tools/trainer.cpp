@@ -154,6 +154,10 @@ Trainer::Trainer(RunConfig config, World world)
   options.first_bucket_mb = d.first_bucket_mb;
   options.last_bucket_mb = d.last_bucket_mb;
   options.overlap = d.overlap;
+  options.rounding = d.rounding;
+  options.error_feedback = d.error_feedback;
+  options.seed = config_.seed;
+  ApplyCodecPolicy(*net_, d.codec);
   dp_ = std::make_unique<DataParallel>(*net_, *world_.comm, options);
   dp_->VerifySameJob(JobDescription());
 }
@@ -233,6 +237,12 @@ Checkpoint Trainer::CollectState() const {
   SaveState(ckpt);
   net_->SaveState(ckpt);
   solver_->SaveState(ckpt);
+  if (!feedback_.empty()) {
+    ckpt.meta["error_feedback_ranks"] = std::to_string(feedback_.size());
+    for (size_t r = 0; r < feedback_.size(); ++r) {
+      ckpt.Add(StrCat("error_feedback/rank", r), feedback_[r]);
+    }
+  }
   return ckpt;
 }
 
@@ -240,6 +250,45 @@ void Trainer::LoadAllState(const Checkpoint& ckpt, const std::string& path) {
   net_->LoadState(ckpt, path);
   solver_->LoadState(ckpt, path);
   LoadState(ckpt, path);
+  LoadFeedback(ckpt, path);
+}
+
+// Each rank takes back its own residual; on another rank count the residuals no longer match
+// the ring's encoding sites, so their sum (what the last step lost in all) goes to rank 0.
+void Trainer::LoadFeedback(const Checkpoint& ckpt, const std::string& path) {
+  feedback_.clear();
+  if (!ckpt.meta.count("error_feedback_ranks")) return;
+  const int64_t ranks = ckpt.MetaInt("error_feedback_ranks");
+  for (int64_t r = 0; r < ranks; ++r) {
+    const Tensor* t = ckpt.Find(StrCat("error_feedback/rank", r));
+    CORTADO_CHECK(t != nullptr, "checkpoint '", path, "' lacks error_feedback/rank", r);
+    feedback_.push_back(*t);
+  }
+  if (!dp_ || !dp_->options().error_feedback) {
+    if (is_root()) {
+      LogWarning("checkpoint '", path, "' holds error-feedback residuals, but this run has ",
+                 "distributed.error_feedback off: they are dropped");
+    }
+    feedback_.clear();
+    return;
+  }
+  if (ranks == world_.size) {
+    dp_->SetResidual(feedback_[static_cast<size_t>(world_.rank)]);
+    return;
+  }
+  Tensor sum = feedback_[0].Clone();
+  for (size_t r = 1; r < feedback_.size(); ++r) {
+    CORTADO_CHECK(feedback_[r].numel() == sum.numel(), "checkpoint '", path,
+                  "': error-feedback residuals of different sizes");
+    for (int64_t i = 0; i < sum.numel(); ++i) sum.data<float>()[i] += feedback_[r].data<float>()[i];
+  }
+  if (world_.rank != 0) sum.Zero();
+  dp_->SetResidual(sum);
+  if (is_root()) {
+    LogWarning("checkpoint '", path, "' holds error-feedback residuals of ", ranks,
+               " rank(s); this run has ", world_.size, ": their sum goes to rank 0 (the run ",
+               "continues, but not bitwise as it would on ", ranks, ")");
+  }
 }
 
 void Trainer::Resume(const std::string& what) {
@@ -291,6 +340,8 @@ void Trainer::Start(const std::string& resume) {
 }
 
 std::string Trainer::SaveCheckpointNow() {
+  if (dp_ && dp_->options().error_feedback) feedback_ = dp_->GatherResiduals();
+  if (!is_root()) return "";
   std::string path =
       (std::filesystem::path(config_.checkpoint.dir) / CheckpointFileName(iteration_)).string();
   SaveCheckpoint(CollectState(), path);
@@ -307,7 +358,7 @@ StepTimes Trainer::Step(const std::atomic<bool>* stop) {
   FeedBatch(*net_, batch_);
   net_->set_phase(Phase::kTrain);
   net_->set_iteration(iteration_);
-  if (dp_) dp_->BeginStep();
+  if (dp_) dp_->BeginStep(iteration_);
   double loss = net_->Forward();
   if (dp_) {
     // A signal that arrived by now stops the job after this very step.
@@ -433,13 +484,14 @@ void Trainer::LogInterval() {
   m["compute_s"] = s.time.compute;
   m["comm_wait_s"] = s.time.comm_wait;
   m["sync_bn_s"] = s.time.sync_bn;
+  if (dp_) m["wire_bytes_per_step"] = dp_->wire_bytes_per_step();
   metrics_.Write(m);
 }
 
 void Trainer::StopHere(const char* why) {
   if (trace_) FinishTrace();
+  std::string path = SaveCheckpointNow();
   if (is_root()) {
-    std::string path = SaveCheckpointNow();
     progress_.Clear();
     LogWarning(why, " at iteration ", iteration_, "; checkpoint saved to '", path,
                "'. Resume with: cortado train --config ", config_.file, " --resume auto");
@@ -480,7 +532,21 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
             global_batch(), " (", world_.size, " x ", config_.data.batch_size,
             "), learning rate ", config_.solver.schedule.base_lr,
             " (solver.base_lr, not scaled with the global batch)");
-    LogInfo("gradients: ", buckets.size(), " bucket(s) of ", sizes, ", overlap ",
+    std::string codecs;
+    for (const auto& b : buckets) {
+      if (codecs.find(dist::CodecName(b.codec)) == std::string::npos) {
+        codecs += StrCat(codecs.empty() ? "" : ", ", dist::CodecName(b.codec));
+      }
+    }
+    if (codecs != "f32") {
+      codecs = StrCat("; codecs ", codecs, " (", dist::RoundingName(dp_->options().rounding),
+                      dp_->options().error_feedback ? ", error feedback" : "", "): ",
+                      Bytes(dp_->wire_bytes_per_step()), " sent per step instead of ",
+                      Bytes(dp_->f32_bytes_per_step()));
+    } else {
+      codecs = StrCat("; ", Bytes(dp_->wire_bytes_per_step()), " sent per step");
+    }
+    LogInfo("gradients: ", buckets.size(), " bucket(s) of ", sizes, codecs, ", overlap ",
             dp_->options().overlap ? "on" : "off", "; batch norm: ",
             sync_bn_ ? (config_.distributed.sync_bn
                             ? StrCat("synchronized over groups of ", sync_bn_->group_size())
@@ -515,8 +581,8 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
     if (is_root()) progress_.Update(iteration_, max_iter_, first_iteration_, last_loss_);
     if (Crossed(config_.solver.eval_interval, iteration_) || (last && val_source_)) RunEval();
     if (Crossed(config_.checkpoint.every, iteration_) || last) {
+      std::string path = SaveCheckpointNow();
       if (is_root()) {
-        std::string path = SaveCheckpointNow();
         progress_.Clear();
         LogInfo("checkpoint saved to '", path, "'");
       }

@@ -88,7 +88,10 @@ class Trainer : public CheckpointState {
   Checkpoint CollectState() const;
   void LoadAllState(const Checkpoint& checkpoint, const std::string& path);
   void Resume(const std::string& what);
+  // Every rank must call it (error feedback gathers the ranks' residuals); rank 0 writes the
+  // checkpoint and returns its path, the others return "".
   std::string SaveCheckpointNow();
+  void LoadFeedback(const Checkpoint& checkpoint, const std::string& path);
   void StopHere(const char* why);
   void LogInterval();
   void RunEval();
@@ -108,6 +111,8 @@ class Trainer : public CheckpointState {
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<SyncBatchNormReducer> sync_bn_;
   std::unique_ptr<DataParallel> dp_;
+  // Error feedback: every rank's residual block, as last gathered or loaded (rank r's at r).
+  std::vector<Tensor> feedback_;
   Batch batch_;
   int64_t iteration_ = 0;
   int64_t max_iter_ = 0;

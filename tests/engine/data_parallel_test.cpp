@@ -168,5 +168,82 @@ TEST(DataParallel, OneRankLeavesGradientsAsBackwardWroteThem) {
   }
 }
 
+// The codec policy: batch-norm parameters and biases stay f32 by default, overrides by name
+// pattern win (the first that matches), and a pattern that matches nothing is an error.
+TEST(DataParallel, CodecPolicyKeepsNormAndBiasInF32AndAppliesOverrides) {
+  Net net(Model("resnet20", 28, 1, 1), 1);
+  CodecPolicy policy;
+  policy.codec = "epgc8";
+  policy.overrides = {{"logits.*", "f16"}, {"logits.weight", "bf16"}, {"conv1.weight", "f32"}};
+  ApplyCodecPolicy(net, policy);
+  int compressed = 0;
+  for (Param* p : net.params()) {
+    SCOPED_TRACE(p->name);
+    if (p->name == "logits.weight" || p->name == "logits.bias") {
+      EXPECT_EQ(p->codec, "f16");  // the first matching override, over the bias exclusion
+    } else if (p->name == "conv1.weight" || p->kind != ParamKind::kWeight) {
+      EXPECT_EQ(p->codec, "f32");
+    } else {
+      EXPECT_EQ(p->codec, "epgc8");
+      ++compressed;
+    }
+  }
+  EXPECT_GT(compressed, 15);
+  policy.keep_f32.clear();
+  policy.overrides.clear();
+  ApplyCodecPolicy(net, policy);
+  for (Param* p : net.params()) EXPECT_EQ(p->codec, "epgc8") << p->name;
+
+  policy.overrides = {{"fc*", "f16"}};
+  try {
+    ApplyCodecPolicy(net, policy);
+    FAIL() << "a pattern that matches nothing was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'fc*' matches no parameter"), std::string::npos)
+        << e.what();
+  }
+  policy.overrides = {{"*", "fp12"}};
+  EXPECT_THROW(ApplyCodecPolicy(net, policy), Error);
+}
+
+// Buckets never mix codecs, and the control words (stop vote, loss) travel in f32 even when
+// the first layers' gradients are compressed.
+TEST(DataParallel, BucketsNeverMixCodecsAndTheControlWordsStayF32) {
+  auto comm = OneRank();
+  Net net(Model("resnet20", 28, 1, 1), 1);
+  CodecPolicy policy;
+  policy.codec = "epgc11";
+  ApplyCodecPolicy(net, policy);
+  DataParallelOptions o;
+  DataParallel dp(net, *comm, o);
+  CheckLayout(net, dp, o);
+  const auto& buckets = dp.buckets();
+  for (Param* p : net.params()) {
+    const int64_t at = p->grad.storage_offset();
+    for (const auto& b : buckets) {
+      if (at >= b.begin && at < b.end) EXPECT_EQ(dist::CodecName(b.codec), p->codec) << p->name;
+    }
+  }
+  // conv1.weight (epgc11) is the last parameter: the control words get a bucket of their own.
+  ASSERT_GE(buckets.size(), 3u);
+  EXPECT_EQ(buckets.back().params, 0);
+  EXPECT_EQ(buckets.back().codec, dist::CodecKind::kF32);
+  EXPECT_EQ(buckets.back().end - buckets.back().begin, 2);
+  EXPECT_EQ(buckets[buckets.size() - 2].codec, dist::CodecKind::kEpgc11);
+  // With one rank nothing travels: the step still returns the loss and the stop vote.
+  dp.BeginStep(0);
+  Rng rng(3);
+  Tensor& x = net.input("data");
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(rng.Normal(0, 1));
+  const double loss = net.Forward();
+  dp.SetControl(loss, true);
+  net.Backward();
+  DataParallel::StepResult r = dp.FinishStep();
+  EXPECT_FLOAT_EQ(r.loss, loss);
+  EXPECT_TRUE(r.stop);
+  // Compressed buckets send fewer bytes than f32 would (nothing, with one rank).
+  EXPECT_EQ(dp.wire_bytes_per_step(), 0.0);
+}
+
 }  // namespace
 }  // namespace cortado

@@ -485,6 +485,76 @@ TEST_F(DataParallelTest, ResumeOnOtherRankCountsKeepsTheGlobalBatch) {
   EXPECT_NE(err.find("--set data.batch_size=8"), std::string::npos) << err;
 }
 
+// Compressed gradients: an f16 run stays within rounding of the f32 run, epgc8 further away
+// but still close (and not equal: the codec is really used); the log says what travels.
+TEST_F(DataParallelTest, CompressedGradientsTrainCloseToF32) {
+  const std::string config = Config(kLeNet);
+  Checkpoint f32 = Train(config, 2, 8, "f32");
+  Checkpoint f16 = Train(config, 2, 8, "f16", "--set distributed.codec=f16");
+  Checkpoint e8 = Train(config, 2, 8, "epgc8", "--set distributed.codec=epgc8");
+  const double d16 = RelativeDifference(f16, f32, "param/");
+  const double d8 = RelativeDifference(e8, f32, "param/");
+  std::printf("relative parameter difference from f32 after 6 steps: f16 %.3g, epgc8 %.3g\n", d16,
+              d8);
+  EXPECT_GT(d16, 0.0);
+  EXPECT_LT(d16, 2e-3);
+  EXPECT_GT(d8, d16);
+  EXPECT_LT(d8, 5e-2);
+  std::string out, err;
+  ASSERT_EQ(RunShell("timeout 120 " + CortadoBinary() + " launch --nproc 2 -- " + CortadoBinary() +
+                         " train --no-progress --threads 1 --config " + config +
+                         " --set checkpoint.dir=" + (dir_ / "log").string() +
+                         " --set distributed.codec=epgc9 --set distributed.rounding=stochastic",
+                     &out, &err),
+            0)
+      << err;
+  EXPECT_NE((out + err).find("codecs epgc9, f32 (stochastic)"), std::string::npos) << out << err;
+  EXPECT_NE((out + err).find("sent per step instead of"), std::string::npos) << out << err;
+}
+
+// Error feedback with stochastic rounding: the residuals are checkpointed per rank, so a run
+// stopped and resumed ends bitwise where the uninterrupted run ends.
+TEST_F(DataParallelTest, ErrorFeedbackResumesBitwise) {
+  const std::string config =
+      Config(kResNet20, "distributed: {codec: epgc8, rounding: stochastic, error_feedback: true}\n");
+  Checkpoint whole = Train(config, 2, 8, "whole");
+  const std::string ckpt_dir = (dir_ / "parts").string();
+  const std::string train = CortadoBinary() + " launch --nproc 2 -- " + CortadoBinary() +
+                            " train --no-progress --threads 1 --config " + config +
+                            " --set data.batch_size=8 --set checkpoint.dir=" + ckpt_dir;
+  std::string err;
+  ASSERT_EQ(RunShell("timeout 300 " + train + " --stop-at-iter 3", nullptr, &err), 130) << err;
+  Checkpoint half = LoadCheckpoint(ListCheckpoints(ckpt_dir)[0]);
+  ASSERT_EQ(half.Meta("error_feedback_ranks"), "2");
+  ASSERT_NE(half.Find("error_feedback/rank1"), nullptr);
+  double norm = 0;
+  for (int64_t i = 0; i < half.Find("error_feedback/rank1")->numel(); ++i) {
+    norm += std::fabs(ElementAsDouble(*half.Find("error_feedback/rank1"), i));
+  }
+  EXPECT_GT(norm, 0.0) << "the residual of rank 1 is all zero";
+  ASSERT_EQ(RunShell("timeout 300 " + train + " --resume auto", nullptr, &err), 0) << err;
+  Checkpoint resumed = LoadCheckpoint(ListCheckpoints(ckpt_dir)[0]);
+  ASSERT_EQ(resumed.MetaInt("iteration"), 6);
+  ExpectBitwiseEqual(resumed, whole);
+}
+
+TEST_F(DataParallelTest, CodecConfigErrorsNameTheKey) {
+  const std::string config = Config(kLeNet);
+  std::string err;
+  auto train = [&](const std::string& set) {
+    return RunShell("timeout 60 " + CortadoBinary() + " train --no-progress --config " + config +
+                        " --set checkpoint.dir=" + (dir_ / "bad").string() + " " + set,
+                    nullptr, &err);
+  };
+  EXPECT_NE(train("--set distributed.codec=fp12"), 0);
+  EXPECT_NE(err.find("distributed.codec"), std::string::npos) << err;
+  EXPECT_NE(err.find("fp12"), std::string::npos) << err;
+  EXPECT_NE(train("--set distributed.rounding=up"), 0);
+  EXPECT_NE(err.find("distributed.rounding"), std::string::npos) << err;
+  EXPECT_NE(train("--set distributed.codec_keep_f32=[norms]"), 0);
+  EXPECT_NE(err.find("unknown parameter kind 'norms'"), std::string::npos) << err;
+}
+
 // Starts `cortado launch` in the background with stderr to a file; returns its pid.
 pid_t StartLauncher(const std::string& args, const fs::path& err_file, const std::string& token) {
   pid_t pid = fork();
