@@ -24,7 +24,12 @@
 #
 #   scripts/bench/scaling.sh [--models resnet20,resnet50] [--rates 100mbit,1gbit,10gbit]
 #       [--rounds 3] [--steps resnet20=30,resnet50=4] [--warmup resnet20=5,resnet50=2]
-#       [--batch resnet20=64,resnet50=16] [--no-torch] [--build DIR] [--prefix cortado-scale]
+#       [--batch resnet20=64,resnet50=16] [--codecs f32] [--overlap false,true] [--no-torch]
+#       [--build DIR] [--prefix cortado-scale]
+#
+# --codecs runs the 2-rank trainings once per gradient codec (distributed.codec: f32, f16,
+# bf16, epgc11, epgc9, epgc8; nearest rounding, batch norm and biases in f32); --overlap picks
+# the overlap modes (hidden needs both).
 #
 # Needs root (network namespaces and tc), iproute2, cmake and a C++ toolchain (it builds
 # `cortado` in DIR, default build/), and for the peer /usr/bin/python3 with torch and
@@ -40,6 +45,8 @@ rounds=3
 steps_spec=resnet20=30,resnet50=4
 warmup_spec=resnet20=5,resnet50=2
 batch_spec=resnet20=64,resnet50=16
+codecs=f32
+overlaps=false,true
 torch=1
 build=""
 prefix=cortado-scale
@@ -49,7 +56,7 @@ port=29611
 usage() { echo "$me: $*  (see --help)" >&2; exit 2; }
 while (($#)); do
   case "$1" in
-    --models|--rates|--rounds|--steps|--warmup|--batch|--build|--prefix)
+    --models|--rates|--rounds|--steps|--warmup|--batch|--build|--prefix|--codecs|--overlap)
       (($# >= 2)) || usage "$1 needs a value"
       case "$1" in
         --models) models=$2 ;;
@@ -60,6 +67,8 @@ while (($#)); do
         --batch) batch_spec=$2 ;;
         --build) build=$2 ;;
         --prefix) prefix=$2 ;;
+        --codecs) codecs=$2 ;;
+        --overlap) overlaps=$2 ;;
       esac
       shift 2 ;;
     --no-torch) torch=0; shift ;;
@@ -80,6 +89,14 @@ lookup() {
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || usage "--rounds '$rounds': want a positive integer"
 IFS=, read -ra model_list <<<"$models"
 IFS=, read -ra rate_list <<<"$rates"
+IFS=, read -ra codec_list <<<"$codecs"
+IFS=, read -ra overlap_list <<<"$overlaps"
+for c in "${codec_list[@]}"; do
+  case "$c" in f32|f16|bf16|epgc11|epgc9|epgc8) ;; *) usage "--codecs: unknown codec '$c'" ;; esac
+done
+for o in "${overlap_list[@]}"; do
+  case "$o" in true|false) ;; *) usage "--overlap: want true and/or false, got '$o'" ;; esac
+done
 for m in "${model_list[@]}"; do
   case "$m" in resnet20|resnet50) ;; *) usage "--models: unknown model '$m' (resnet20, resnet50)" ;; esac
   for spec in "$steps_spec" "$warmup_spec" "$batch_spec"; do
@@ -122,7 +139,7 @@ trap 'exit 143' TERM
 {
   echo "# $(date -Is) $(uname -srm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(free -g | awk '/Mem:/ {print $2}') GiB"
   echo "# commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
-  echo "# models $models; rates $rates; rounds $rounds; steps $steps_spec; warmup $warmup_spec; batch $batch_spec"
+  echo "# models $models; rates $rates; rounds $rounds; steps $steps_spec; warmup $warmup_spec; batch $batch_spec; codecs $codecs; overlap $overlaps"
   ((torch)) && echo "# peer: torch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') DistributedDataParallel, gloo"
   echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } | tee "$out/info.txt"
@@ -203,10 +220,11 @@ run_alone_pair() {  # MODEL ROUND
 }
 
 # Two ranks, one per namespace, one launcher each (node 0 in a hosts the store).
-run_pair() {  # MODEL RATE OVERLAP ROUND
-  local model=$1 rate=$2 overlap=$3 round=$4 tag=$1.$2.overlap-$3.r$4
+run_pair() {  # MODEL RATE OVERLAP ROUND CODEC
+  local model=$1 rate=$2 overlap=$3 round=$4 codec=$5 tag=$1.$2.overlap-$3.r$4
+  [[ $codec == f32 ]] || tag=$1.$2.codec-$codec.overlap-$3.r$4
   local cfg; cfg=$(config "$model" 2)
-  echo "== round $round: $model, 2 ranks at $rate, overlap $overlap" >&2
+  echo "== round $round: $model, 2 ranks at $rate, overlap $overlap, codec $codec" >&2
   local token; token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
   local pids=() side node
   sample_cpu "$out/$tag.jsonl" "$(lookup "$warmup_spec" "$model")" "$(lookup "$steps_spec" "$model")" \
@@ -217,6 +235,7 @@ run_pair() {  # MODEL RATE OVERLAP ROUND
       "$cortado" launch --nnodes 2 --node-rank "$node" --nproc 1 --master "$subnet.1:$port" -- \
       "$cortado" train --config "$cfg" --threads 1 --no-progress --metrics "$out/$tag.jsonl" \
       --set checkpoint.dir="$out/checkpoints/$tag" --set distributed.overlap="$overlap" \
+      --set distributed.codec="$codec" \
       >"$out/$tag.node$node.log" 2>&1 &
     pids+=($!)
   done
@@ -268,7 +287,9 @@ for round in $(seq 1 "$rounds"); do
   for rate in "${rate_list[@]}"; do
     "$netem/up.sh" --rate "$rate" --prefix "$prefix" --subnet "$subnet" --replace >&2
     for model in "${model_list[@]}"; do
-      for overlap in false true; do run_pair "$model" "$rate" "$overlap" "$round"; done
+      for codec in "${codec_list[@]}"; do
+        for overlap in "${overlap_list[@]}"; do run_pair "$model" "$rate" "$overlap" "$round" "$codec"; done
+      done
       ((torch)) && run_torch "$model" "$rate" "$round"
     done
   done

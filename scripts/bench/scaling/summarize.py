@@ -82,6 +82,9 @@ def main():
         model, rnd, middle = parts[0], int(parts[-1][1:]), parts[1:-1]
         if middle == ["single"]:
             rate, mode = "single", "cortado"
+        elif len(middle) == 3 and middle[1].startswith("codec-") and middle[2].startswith("overlap-"):
+            # <model>.<rate>.codec-<c>.overlap-<x>.r<k>: a compressed run
+            rate, mode = middle[0], middle[2] + "+" + middle[1][len("codec-"):]
         elif len(middle) >= 2 and middle[-1] in ("torch", "overlap-true", "overlap-false",
                                                  "alone-a", "alone-b"):
             rate, mode = ".".join(middle[:-1]), middle[-1]
@@ -134,18 +137,28 @@ def main():
         if tsingle:
             print(f"| {model} | none | PyTorch, 1 rank alone | "
                   f"{fmt([f['step'] for f in tsingle.values()])} | - | - | - | - |")
+        codecs = sorted({k[2].split("+")[1] for k in runs if "+" in k[2]},
+                        key=lambda c: ["f16", "bf16", "epgc11", "epgc9", "epgc8"].index(c)
+                        if c in ("f16", "bf16", "epgc11", "epgc9", "epgc8") else 99)
         for rate in rates:
-            off = runs.get((model, rate, "overlap-false"), {})
-            for mode, label in (("overlap-false", "Cortado, overlap off"),
-                                ("overlap-true", "Cortado, overlap on"),
-                                ("torch", "PyTorch DDP (overlap)")):
+            modes = [("overlap-false", "Cortado, overlap off"),
+                     ("overlap-true", "Cortado, overlap on")]
+            for c in codecs:
+                modes += [(f"overlap-false+{c}", f"Cortado {c}, overlap off"),
+                          (f"overlap-true+{c}", f"Cortado {c}, overlap on")]
+            modes.append(("torch", "PyTorch DDP (overlap)"))
+            for mode, label in modes:
                 r = runs.get((model, rate, mode), {})
                 if not r:
                     continue
+                if mode.startswith("overlap-f32") or "+" not in mode:
+                    off = runs.get((model, rate, "overlap-false"), {})
+                else:
+                    off = runs.get((model, rate, "overlap-false+" + mode.split("+")[1]), {})
                 base = tsingle if mode == "torch" else single
                 eff = [f["img_s"] / (W * base[k]["img_s"]) for k, f in r.items() if k in base]
                 hidden = []
-                if mode == "overlap-true":
+                if mode.startswith("overlap-true"):
                     hidden = [1 - f["comm_wait"] / off[k]["comm_wait"] for k, f in r.items()
                               if k in off and off[k]["comm_wait"] > 0]
                 cortado = mode != "torch"
@@ -159,7 +172,8 @@ def main():
     cpu_rows = []
     for model in models:
         for rate in ["single"] + rates:
-            for mode in ("cortado", "overlap-false", "overlap-true"):
+            for mode in sorted({k[2] for k in runs if k[0] == model and k[1] == rate
+                                and k[2] not in ("torch", "alone-a", "alone-b")}):
                 r = runs.get((model, rate, mode), {})
                 with_cpu = [f["cpu"] for f in r.values() if "cpu" in f]
                 if not with_cpu:
