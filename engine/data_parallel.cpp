@@ -97,9 +97,22 @@ dist::CodecKind CodecOfParam(const Param& param) {
 }
 
 dist::DataType WireTypeOf(DType dtype, const std::string& what) {
-  if (dtype == DType::kF32) return dist::DataType::kF32;
-  if (dtype == DType::kF64) return dist::DataType::kF64;
-  Fail(what, ": data-parallel training supports f32 and f64 tensors, got ", DTypeName(dtype));
+  // By name, not by number: the two enums number f16 differently (DType::kF16 is 2,
+  // dist::DataType::kF16 is 1), so a cast would silently send f16 as bf16.
+  switch (dtype) {
+    case DType::kF32:
+      return dist::DataType::kF32;
+    case DType::kF64:
+      return dist::DataType::kF64;
+    case DType::kF16:
+      return dist::DataType::kF16;
+    case DType::kBF16:
+      return dist::DataType::kBF16;
+    case DType::kI32:
+    case DType::kU8:
+      break;
+  }
+  Fail(what, ": the collectives reduce f32, f64, f16 and bf16 tensors, not ", DTypeName(dtype));
 }
 
 DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptions options)
@@ -121,6 +134,9 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
                   DTypeName(p->grad.dtype()), " but '", order.front()->name, "' is ",
                   DTypeName(dtype), "; data-parallel gradients need one dtype");
   }
+  CORTADO_CHECK(dtype == DType::kF32 || dtype == DType::kF64, "gradient of '",
+                order.front()->name, "': data-parallel training supports f32 and f64 gradients, got ",
+                DTypeName(dtype));
   wire_type_ = WireTypeOf(dtype, "gradient of '" + order.front()->name + "'");
   const int64_t esize = static_cast<int64_t>(DTypeSize(dtype));
 

@@ -164,7 +164,8 @@ void ApplyCodecPolicy(Net& net, const CodecPolicy& policy);
 // The codec of a Param::codec string ("" = f32); throws naming the parameter.
 dist::CodecKind CodecOfParam(const Param& param);
 
-// The dtype of the communicator for a tensor dtype (f32, f64); throws for others.
+// The communicator's element type for a tensor dtype (f32, f64, f16, bf16, matched by name);
+// throws naming `what` for the integer dtypes.
 dist::DataType WireTypeOf(DType dtype, const std::string& what);
 
 // Replaces *bytes with rank 0's bytes on every rank (its length first, then the bytes).

@@ -245,5 +245,18 @@ TEST(DataParallel, BucketsNeverMixCodecsAndTheControlWordsStayF32) {
   EXPECT_EQ(dp.wire_bytes_per_step(), 0.0);
 }
 
+// The engine's DType and the library's DataType number f16 differently: the mapping goes by
+// name and element size, for every float dtype, and refuses the integer ones.
+TEST(DataParallel, DTypeMapsToTheCommunicatorsTypeOfTheSameName) {
+  for (DType d : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(d));
+    const dist::DataType t = WireTypeOf(d, "test");
+    EXPECT_EQ(dist::DataTypeSize(t), DTypeSize(d));
+    EXPECT_EQ(t, dist::ParseDataType(DTypeName(d)));
+  }
+  EXPECT_THROW(WireTypeOf(DType::kI32, "test"), Error);
+  EXPECT_THROW(WireTypeOf(DType::kU8, "test"), Error);
+}
+
 }  // namespace
 }  // namespace cortado
