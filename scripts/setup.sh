@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs everything Cortado needs to build and test, with apt-get, non-interactively.
+# Installs everything Cortado needs to build and test (and python3-matplotlib for
+# scripts/plot_metrics.py), with apt-get, non-interactively.
 # Idempotent: packages already present are skipped quickly.
 #   scripts/setup.sh          build + test dependencies, Fashion-MNIST, sample photos
 #   scripts/setup.sh --bench  also the peers the benchmarks compare against (PyTorch, PIL, iperf3)
@@ -26,6 +27,7 @@ packages=(
   openmpi-bin libopenmpi-dev
   zlib1g-dev nlohmann-json3-dev
   dataset-fashion-mnist opencv-doc
+  python3-matplotlib
 )
 if [[ $want_bench == 1 ]]; then
   packages+=(python3-torch python3-torchvision python3-pil python3-numpy iperf3 iproute2)

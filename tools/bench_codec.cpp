@@ -23,6 +23,7 @@
 #include "cortado/dist/env.h"
 #include "cortado/dist/types.h"
 #include "engine/error.h"
+#include "tools/command_line.h"
 #include "tools/commands.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -97,16 +98,21 @@ std::string Cell(const Stat& s) {
 }
 
 void RunBench(const BenchArgs& a) {
-  const size_t count = dist::ParseByteSize(a.count);  // K = 1024, M, G: a count of floats
-  if (count == 0) Fail("--count '", a.count, "': want a positive number of floats");
-  if (a.rounds < 1) Fail("--rounds ", a.rounds, ": want at least 1");
+  // K = 1024, M, G: a count of floats
+  const size_t count = ParseFlag("--count", [&] { return dist::ParseByteSize(a.count); });
+  if (count == 0) UsageFail("--count '", a.count, "': want a positive number of floats");
+  if (a.rounds < 1) UsageFail("--rounds ", a.rounds, ": want at least 1");
   std::vector<dist::CodecKind> kinds;
-  for (const std::string& name : SplitList(a.codecs)) kinds.push_back(dist::ParseCodec(name));
+  for (const std::string& name : SplitList(a.codecs)) {
+    kinds.push_back(ParseFlag("--codec", [&] { return dist::ParseCodec(name); }));
+  }
   std::vector<dist::Rounding> roundings;
   for (const std::string& name : SplitList(a.roundings)) {
-    roundings.push_back(dist::ParseRounding(name));
+    roundings.push_back(ParseFlag("--rounding", [&] { return dist::ParseRounding(name); }));
   }
-  if (kinds.empty() || roundings.empty()) Fail("--codec and --rounding need at least one name");
+  if (kinds.empty() || roundings.empty()) {
+    UsageFail("--codec and --rounding need at least one name");
+  }
   const char* isa = dist::CodecIsa();
   const size_t reps = std::max<size_t>(1, (size_t{8} << 20) / count);
 
@@ -205,14 +211,11 @@ void AddBenchCodecCommand(CLI::App& bench) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = bench.add_subcommand(
       "codec", "Gradient codec throughput, one thread (encode, decode-accumulate GB/s)");
-  cmd->add_option("--count", args->count, "Floats per call (K = 1024, M, G); 64K stays in cache")
-      ->capture_default_str();
+  cmd->add_option("--count", args->count, "Floats per call (K = 1024, M, G); 64K stays in cache");
   cmd->add_option("--rounds", args->rounds, "Timed rounds; the median is reported")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--codec", args->codecs, "Codecs, comma-separated")->capture_default_str();
-  cmd->add_option("--rounding", args->roundings, "Rounding modes, comma-separated")
-      ->capture_default_str();
+      ->check(IntAtLeast(1));
+  cmd->add_option("--codec", args->codecs, "Codecs, comma-separated");
+  cmd->add_option("--rounding", args->roundings, "Rounding modes, comma-separated");
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->callback([args] {
     RunBench(*args);

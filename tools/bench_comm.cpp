@@ -6,8 +6,9 @@
 // n-rank buffer), x 1 for broadcast. The time is the slowest rank's mean over the iterations.
 // With --codec (all-reduce of f32 data, averaged as the trainer does), algbw and busbw count
 // the f32 bytes reduced (the effective bandwidth); wire GB/s is busbw scaled to the encoded
-// size, what each link really carried; and one run on random data before timing gives the
-// largest and mean relative error of the result against the exact sum (computed in f64).
+// size, what each link really carried; and one run on random-like gradients before timing
+// gives the largest and mean relative error of the result against the exact average (computed
+// in f64; see CodecInput).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -18,6 +19,7 @@
 
 #include "cortado/dist/communicator.h"
 #include "engine/error.h"
+#include "tools/command_line.h"
 #include "tools/commands.h"
 
 namespace cortado::tools {
@@ -39,9 +41,11 @@ struct BenchArgs {
 
 std::vector<size_t> ParseSizes(const std::string& text) {
   size_t colon = text.find(':');
-  size_t lo = dist::ParseByteSize(text.substr(0, colon));
-  size_t hi = colon == std::string::npos ? lo : dist::ParseByteSize(text.substr(colon + 1));
-  if (lo == 0 || hi < lo) Fail("--sizes '", text, "': want MIN:MAX with 0 < MIN <= MAX");
+  size_t lo = ParseFlag("--sizes", [&] { return dist::ParseByteSize(text.substr(0, colon)); });
+  size_t hi = colon == std::string::npos ? lo : ParseFlag("--sizes", [&] {
+    return dist::ParseByteSize(text.substr(colon + 1));
+  });
+  if (lo == 0 || hi < lo) UsageFail("--sizes '", text, "': want MIN:MAX with 0 < MIN <= MAX");
   std::vector<size_t> out;
   for (size_t s = lo; s <= hi; s *= 2) out.push_back(s);
   return out;
@@ -67,15 +71,23 @@ void Fill(std::vector<char>& buf, dist::DataType type, int rank) {
   }
 }
 
-// Random-like gradients of both signs over a few binary orders of magnitude (deterministic in
-// rank and index, so every rank can compute the exact result).
-float CodecInput(int rank, size_t i) {
-  uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ (static_cast<uint32_t>(rank) + 1) * 40503u;
-  h ^= h >> 13;
-  h *= 0x5bd1e995u;
+// Random-like gradients: per element a sign and a magnitude between 2^-12 and 2^-5 shared by the
+// ranks, each rank within +-25% of it, so the exact sum is well conditioned and the relative
+// error measures the codec (with cancelling values it would measure the cancellation).
+// Deterministic in rank and index, so every rank can compute the exact result.
+uint32_t Mix(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x7feb352du;
   h ^= h >> 15;
-  const float unit = static_cast<float>(h % 20001u) / 10000.0f - 1.0f;
-  return std::ldexp(unit, static_cast<int>(h >> 29) - 12);  // up to 2^-5: gradient-sized
+  h *= 0x846ca68bu;
+  return h ^ (h >> 16);
+}
+float CodecInput(int rank, size_t i) {
+  const uint32_t h = Mix(static_cast<uint32_t>(i));
+  const float unit = static_cast<float>(h % 20001u) / 20000.0f + 0.5f;  // [0.5, 1.5]
+  const float base = std::ldexp(h & 1u ? unit : -unit, static_cast<int>(h >> 29) - 12);
+  const uint32_t g = Mix(static_cast<uint32_t>(i) ^ (static_cast<uint32_t>(rank) + 1) * 0x9e3779b9u);
+  return base * (1.0f + 0.25f * (static_cast<float>(g % 20001u) / 10000.0f - 1.0f));
 }
 
 float ValueAt(const std::vector<char>& buf, dist::DataType type, size_t i) {
@@ -85,32 +97,30 @@ float ValueAt(const std::vector<char>& buf, dist::DataType type, size_t i) {
 }
 
 void RunBench(const BenchArgs& a) {
-  static const char* kOps[] = {"allreduce", "broadcast", "allgather", "reducescatter"};
-  if (std::find(std::begin(kOps), std::end(kOps), a.op) == std::end(kOps)) {
-    Fail("--op '", a.op, "': known ops are allreduce, broadcast, allgather, reducescatter");
-  }
-  dist::DataType type = dist::ParseDataType(a.dtype);
+  // Flag values first (usage errors, exit 2), before joining the job.
+  dist::DataType type = ParseFlag("--dtype", [&] { return dist::ParseDataType(a.dtype); });
   const bool codec_given = a.codec != "f32" && a.codec != "fp32" && a.codec != "none";
   const std::string reduce = !a.reduce.empty() ? a.reduce : codec_given ? "avg" : "sum";
-  dist::ReduceOp rop = dist::ParseReduceOp(reduce);
-  dist::Algorithm algo = dist::ParseAlgorithm(a.algo);
+  dist::ReduceOp rop = ParseFlag("--reduce", [&] { return dist::ParseReduceOp(reduce); });
+  dist::Algorithm algo = ParseFlag("--algo", [&] { return dist::ParseAlgorithm(a.algo); });
   std::vector<size_t> sizes = ParseSizes(a.sizes);
+  dist::Compression compression;
+  compression.codec = ParseFlag("--codec", [&] { return dist::ParseCodec(a.codec); });
+  compression.rounding = ParseFlag("--rounding", [&] { return dist::ParseRounding(a.rounding); });
+  compression.seed = 1;
+  const bool compressed = compression.codec != dist::CodecKind::kF32;
+  if (compressed && (a.op != "allreduce" || type != dist::DataType::kF32)) {
+    UsageFail("--codec ", a.codec,
+              " compresses the all-reduce of f32 data (--op allreduce --dtype f32)");
+  }
+  if (compressed && rop == dist::ReduceOp::kMax) {
+    UsageFail("--codec ", a.codec, " sums or averages (--reduce sum or avg), not max");
+  }
   auto comm = dist::CreateCommunicatorFromEnv(dist::Fingerprint("bench comm"));
   const int n = comm->size(), rank = comm->rank();
   const size_t esize = dist::DataTypeSize(type);
   const bool per_rank = a.op == "allgather" || a.op == "reducescatter";
   std::vector<char> in(sizes.back() + 64), out(sizes.back() + 64);
-  dist::Compression compression;
-  compression.codec = dist::ParseCodec(a.codec);
-  compression.rounding = dist::ParseRounding(a.rounding);
-  compression.seed = 1;
-  const bool compressed = compression.codec != dist::CodecKind::kF32;
-  if (compressed && (a.op != "allreduce" || type != dist::DataType::kF32)) {
-    Fail("--codec ", a.codec, " compresses the all-reduce of f32 data (--op allreduce --dtype f32)");
-  }
-  if (compressed && rop == dist::ReduceOp::kMax) {
-    Fail("--codec ", a.codec, " sums or averages (--reduce sum or avg), not max");
-  }
   const double wire_ratio = compressed ? dist::CodecBits(compression.codec) / 32.0 : 1.0;
   if (rank == 0 && !a.json) {
     std::printf("# cortado bench comm: %s, %d rank(s), backend %s, %s, %s%s\n", a.op.c_str(), n,
@@ -263,23 +273,28 @@ void AddBenchCommCommand(CLI::App& bench) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = bench.add_subcommand(
       "comm", "Collective bandwidth and latency (run under `cortado launch --nproc N`)");
-  cmd->add_option("--op", args->op, "allreduce, broadcast, allgather or reducescatter");
+  cmd->add_option("--op", args->op, "allreduce, broadcast, allgather or reducescatter")
+      ->check(OneOf({"allreduce", "broadcast", "allgather", "reducescatter"}));
   cmd->add_option("--sizes", args->sizes, "MIN:MAX bytes (K=1024, M, G), doubling; or one size");
-  cmd->add_option("--dtype", args->dtype, "f32, f16 or bf16");
-  cmd->add_option("--reduce", args->reduce, "sum, avg or max (default: sum; avg with --codec)");
+  cmd->add_option("--dtype", args->dtype, "f32, f16 or bf16")->check(OneOf({"f32", "f16", "bf16"}));
+  cmd->add_option("--reduce", args->reduce, "sum, avg or max")
+      ->check(OneOf({"sum", "avg", "max"}))
+      ->default_str("sum; avg with --codec");
   cmd->add_option("--algo", args->algo,
                   "auto, ring, halving_doubling (all-reduce), tree (broadcast)");
-  cmd->add_option("--iters", args->iters, "Timed iterations per size (default: by size)");
-  cmd->add_option("--warmup", args->warmup, "Untimed iterations per size (default: iters/10+2)");
+  cmd->add_option("--iters", args->iters,
+                  "Timed iterations per size (0: about 256 MB moved, 5 to 1000)")
+      ->check(IntAtLeast(0, "0: by size"));
+  cmd->add_option("--warmup", args->warmup, "Untimed iterations per size")
+      ->check(IntAtLeast(0))
+      ->default_str("iters/10+2, at least 100 ms");
   cmd->add_flag("--json", args->json,
                 "One JSON line per size: {op, algo, ranks, bytes, time_us, algbw, busbw}");
   cmd->add_flag("--check", args->check, "Verify one result per size before timing");
   cmd->add_option("--codec", args->codec,
                   "All-reduce in a gradient codec: f32, f16, bf16, epgc11, epgc9, epgc8 "
-                  "(reports wire bandwidth and the error against the exact result)")
-      ->capture_default_str();
-  cmd->add_option("--rounding", args->rounding, "With --codec: nearest, truncate or stochastic")
-      ->capture_default_str();
+                  "(reports wire bandwidth and the error against the exact result)");
+  cmd->add_option("--rounding", args->rounding, "With --codec: nearest, truncate or stochastic");
   cmd->callback([args] {
     RunBench(*args);
     SetExitCode(0);

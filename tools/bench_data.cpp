@@ -13,6 +13,7 @@
 #include "data/lmdb_source.h"
 #include "engine/error.h"
 #include "engine/thread_pool.h"
+#include "tools/command_line.h"
 #include "tools/commands.h"
 
 namespace cortado::tools {
@@ -34,25 +35,16 @@ void AddBenchDataCommand(CLI::App& bench) {
       bench.add_subcommand("data", "Data loader throughput (decode + augment images/s)");
   cmd->add_option("--db", args->db, "LMDB database (from cortado convert)")->required();
   cmd->add_option("--threads", args->threads, "Loader threads (0: the thread budget)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--batch-size", args->batch_size, "Batch size")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--crop", args->crop, "Output side")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--prefetch", args->prefetch, "Batches decoded ahead")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--seconds", args->seconds, "Measured time")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--warmup", args->warmup, "Batches before timing")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+      ->check(IntAtLeast(0, "0: the thread budget"));
+  cmd->add_option("--batch-size", args->batch_size, "Batch size")->check(IntAtLeast(1));
+  cmd->add_option("--crop", args->crop, "Output side")->check(IntAtLeast(1));
+  cmd->add_option("--prefetch", args->prefetch, "Batches decoded ahead")->check(IntAtLeast(1));
+  cmd->add_option("--seconds", args->seconds, "Measured time")->check(NumberAbove(0));
+  cmd->add_option("--warmup", args->warmup, "Batches before timing")->check(IntAtLeast(0));
   cmd->add_flag("--val", args->val, "Validation transform (resize + centre crop) instead");
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->callback([args] {
+    CheckInputDir("--db", args->db, "an LMDB folder (from cortado convert)");
     if (args->threads > 0) SetNumThreads(args->threads);
     DataOptions options;
     options.type = "lmdb";

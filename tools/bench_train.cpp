@@ -10,6 +10,7 @@
 
 #include "engine/log.h"
 #include "engine/thread_pool.h"
+#include "tools/command_line.h"
 #include "tools/commands.h"
 #include "tools/trainer.h"
 #include "tools/world.h"
@@ -28,9 +29,12 @@ void AddBenchTrainCommand(CLI::App& bench) {
   CLI::App* cmd = bench.add_subcommand("train", "Training throughput (images/s) of a config");
   cmd->add_option("--config", args->config, "YAML config file")->required();
   cmd->add_option("--set", args->sets, "Override a config key");
-  cmd->add_option("--iters", args->iters, "Timed iterations")->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", args->warmup, "Untimed iterations first")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--threads", args->threads, "Thread budget per rank");
+  cmd->add_option("--iters", args->iters, "Timed iterations")->check(IntAtLeast(1));
+  cmd->add_option("--warmup", args->warmup, "Untimed iterations first")->check(IntAtLeast(0));
+  cmd->add_option("--threads", args->threads,
+                  "Thread budget per rank (0: CORTADO_NUM_THREADS, else the cores divided among "
+                  "the ranks on this machine)")
+      ->check(IntAtLeast(0, "0: the default budget"));
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->add_flag("--profile", args->profile, "Per-layer time");
   cmd->callback([args] {

@@ -1,6 +1,7 @@
 // Subcommands of the `cortado` binary. Each lives in its own file and adds itself to the CLI11
 // app; its callback stores the process exit code with SetExitCode. Errors are thrown as
-// cortado::Error (or std::exception) and printed as one line by main.
+// cortado::Error (or std::exception; exit 1) or tools::UsageError (a flag the command cannot
+// use; exit 2, tools/command_line.h) and printed as one line by main.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -4,8 +4,8 @@
 // A folder of images (ImageNet layout) or a Caffe list file to an LMDB of Caffe Datum records;
 // see data/converter.h for what is stored and data/README.md for the flags. Exits 0 when at
 // least one image was converted (broken images are skipped and listed in DB/skipped.txt).
-// SIGINT/SIGTERM stop it with exit status 130: its temporary is removed and DB is left as it
-// was (absent, or the old database).
+// SIGINT/SIGTERM stop it with exit status 128 + the signal (130, 143): its temporary is removed
+// and DB is left as it was (absent, or the old database).
 #include <unistd.h>
 
 #include <cstdio>
@@ -14,6 +14,7 @@
 
 #include "data/converter.h"
 #include "engine/error.h"
+#include "tools/command_line.h"
 #include "tools/commands.h"
 #include "tools/stop_signals.h"
 
@@ -25,8 +26,9 @@ void ParseSize(const std::string& text, int* w, int* h) {
   int a = 0, b = 0;
   char x = 0, extra = 0;
   const int got = std::sscanf(text.c_str(), "%d%c%d%c", &a, &x, &b, &extra);
-  CORTADO_CHECK(got == 3 && (x == 'x' || x == 'X') && a > 0 && b > 0,
-                "--resize takes WxH (for example 256x256), got '", text, "'");
+  if (got != 3 || (x != 'x' && x != 'X') || a <= 0 || b <= 0) {
+    UsageFail("--resize takes WxH with positive W and H (for example 256x256), got '", text, "'");
+  }
   *w = a;
   *h = b;
 }
@@ -67,24 +69,31 @@ void AddConvertCommand(CLI::App& app) {
   cmd->add_option("--classes", o.classes,
                   "Class list to reuse (e.g. TRAIN_DB/classes.txt), one name per line");
   auto* shorter = cmd->add_option("--resize-shorter", o.resize_shorter,
-                                  "Resize so the shorter side is N pixels (re-encodes all)")
-                      ->check(CLI::PositiveNumber);
+                                  "Resize so the shorter side is N pixels (re-encodes all; 0: keep "
+                                  "the size)")
+                      ->check(IntAtLeast(0, "0: no resize"));
   cmd->add_option("--resize", args->resize, "Resize to exactly WxH (re-encodes all)")
       ->excludes(shorter);
   cmd->add_option("--quality", o.quality, "JPEG quality of re-encoded images")
-      ->check(CLI::Range(1, 100))
-      ->capture_default_str();
+      ->check(IntBetween(1, 100));
   cmd->add_flag("--gray", o.gray,
                 "Store 1-channel (grey) records; by default every record is 3-channel (RGB)");
   cmd->add_flag("--shuffle", o.shuffle, "Shuffle the list before numbering the records");
-  cmd->add_option("--seed", o.seed, "Seed for --shuffle")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed for --shuffle")->check(IntAtLeast(0));
   cmd->add_option("--threads", o.threads, "Decode threads (0: the core count)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(IntAtLeast(0, "0: the core count"));
   cmd->add_flag("--overwrite", o.overwrite,
                 "Replace an existing database (kept until the new one is complete)");
   cmd->add_flag("--json", args->json, "Print the summary as one JSON object");
   cmd->callback([args] {
     ConvertOptions options = args->options;
+    CheckInputDir("--root", options.root, "the image folder (ROOT/<class>/<image>)");
+    if (!options.list.empty()) {
+      CheckInputFile("--list", options.list, "a list file of 'relative/path label' lines");
+    }
+    if (!options.classes.empty()) {
+      CheckInputFile("--classes", options.classes, "a class list, one name per line");
+    }
     if (!args->resize.empty())
       ParseSize(args->resize, &options.resize_width, &options.resize_height);
     if (isatty(STDERR_FILENO)) options.progress = DrawProgress;
@@ -98,7 +107,7 @@ void AddConvertCommand(CLI::App& app) {
       if (!signals.flag()->load()) throw;
       if (options.progress) std::fprintf(stderr, "\n");
       std::fprintf(stderr, "cortado convert: %s\n", e.what());
-      SetExitCode(130);
+      SetExitCode(128 + signals.signal());
       return;
     }
     std::printf("%s\n", args->json ? SummaryJson(summary).c_str() : SummaryText(summary).c_str());

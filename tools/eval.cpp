@@ -1,10 +1,15 @@
-// `cortado eval --config F --checkpoint PATH [--json] [--set k=v]...`; under `cortado launch`,
-// mpirun or srun the ranks split the validation set and rank 0 prints the totals.
+// `cortado eval --checkpoint PATH|auto [--config F] [--set k=v]... [--json] [--threads N]`:
+// evaluates a checkpoint on the validation data. Without --config the config stored in the
+// checkpoint (the resolved YAML of the run that wrote it) is used, and --set overrides it (a
+// data.val path on another machine); --config replaces it. `--checkpoint auto` takes the newest
+// loadable checkpoint in the config's checkpoint.dir, so it needs --config. Under `cortado
+// launch`, mpirun or srun the ranks split the validation set and rank 0 prints the totals.
 #include <cstdio>
 
 #include "engine/checkpoint.h"
 #include "engine/log.h"
 #include "engine/thread_pool.h"
+#include "tools/command_line.h"
 #include "tools/commands.h"
 #include "tools/trainer.h"
 #include "tools/world.h"
@@ -16,30 +21,65 @@ void AddEvalCommand(CLI::App& app) {
     std::string config, checkpoint;
     std::vector<std::string> sets;
     bool json = false;
+    bool no_progress = false;
     int threads = 0;
   };
   auto args = std::make_shared<Args>();
-  CLI::App* cmd = app.add_subcommand("eval", "Evaluate a checkpoint on the config's validation data");
-  cmd->add_option("--config", args->config, "YAML config file")->required();
-  cmd->add_option("--checkpoint", args->checkpoint, "Checkpoint file")->required();
-  cmd->add_option("--set", args->sets, "Override a config key");
+  CLI::App* cmd =
+      app.add_subcommand("eval", "Evaluate a checkpoint on the validation data of its config");
+  cmd->add_option("--checkpoint", args->checkpoint,
+                  "Checkpoint file, or 'auto': the newest valid one in the config's "
+                  "checkpoint.dir (needs --config)")
+      ->required();
+  cmd->add_option("--config", args->config,
+                  "YAML config file (default: the config stored in the checkpoint)");
+  cmd->add_option("--set", args->sets,
+                  "Override a config key, e.g. --set data.val=PATH (applies to either config)");
   cmd->add_flag("--json", args->json, "Print one JSON object");
-  cmd->add_option("--threads", args->threads, "Thread budget per rank");
+  cmd->add_option("--threads", args->threads,
+                  "Thread budget per rank (0: CORTADO_NUM_THREADS, else the cores divided among "
+                  "the ranks on this machine)")
+      ->check(IntAtLeast(0, "0: the default budget"));
+  cmd->add_flag("--no-progress", args->no_progress,
+                "Accepted for symmetry with train (eval draws no progress bar)");
   cmd->callback([args] {
-    RunConfig config = LoadRunConfig(args->config, args->sets);
-    CORTADO_CHECK(!config.data.val.empty() || config.data.type == "synthetic",
-                  args->config, ": data.val is not set; there is nothing to evaluate on");
+    if (args->checkpoint == "auto" && args->config.empty()) {
+      UsageFail("--checkpoint auto needs --config, whose checkpoint.dir it searches");
+    }
+    Checkpoint ckpt;
+    std::string ckpt_path = args->checkpoint;
+    RunConfig config;
+    if (ckpt_path == "auto") {
+      config = LoadRunConfig(args->config, args->sets, /*need_train=*/false);
+      ckpt_path = NewestLoadableCheckpoint(config.checkpoint.dir, &ckpt);
+      CORTADO_CHECK(!ckpt_path.empty(), "--checkpoint auto: no valid checkpoint in '",
+                    config.checkpoint.dir, "' (checkpoint.dir of ", args->config, ")");
+    } else {
+      CheckInputFile("--checkpoint", ckpt_path, "a checkpoint file (ckpt-*.cortado)");
+      ckpt = LoadCheckpoint(ckpt_path);
+      if (!args->config.empty()) {
+        config = LoadRunConfig(args->config, args->sets, /*need_train=*/false);
+      } else {
+        auto stored = ckpt.meta.find("config");
+        CORTADO_CHECK(stored != ckpt.meta.end(), "checkpoint '", ckpt_path,
+                      "' holds no config; give --config");
+        YamlConfig yaml = YamlConfig::FromString(stored->second, ckpt_path + " (stored config)");
+        for (const std::string& o : args->sets) yaml.Set(o);
+        config = ParseRunConfig(yaml, /*need_train=*/false);
+      }
+    }
+    CORTADO_CHECK(!config.data.val.empty() || config.data.type == "synthetic", config.file,
+                  ": data.val is not set; there is nothing to evaluate on (--set data.val=PATH)");
     World world = JoinWorld(config.distributed);
     JoinAsRank(world);
     ApplyThreadBudget(args->threads, world.local_size);
-    Checkpoint ckpt = LoadCheckpoint(args->checkpoint);
     std::unique_ptr<BatchSource> val =
         MakeEvalSource(config.data, ShardSpec{world.rank, world.size});
-    int64_t batch = config.data.val_batch_size > 0 ? config.data.val_batch_size
-                                                   : config.data.batch_size;
+    int64_t batch =
+        config.data.val_batch_size > 0 ? config.data.val_batch_size : config.data.batch_size;
     NetSpec spec = MakeNetSpec(config, val->sample_shape(), val->num_classes(), batch);
     Net net(spec, config.seed, config.precision.compute);
-    net.LoadState(ckpt, args->checkpoint);
+    net.LoadState(ckpt, ckpt_path);
     EvalResult r = Evaluate(net, *val, world.comm.get());
     if (world.rank != 0) return SetExitCode(0);
     if (args->json) {
@@ -48,7 +88,7 @@ void AddEvalCommand(CLI::App& app) {
     } else {
       std::printf("top1 %.2f%%  top5 %.2f%%  loss %.4f  (%lld images, checkpoint %s)\n",
                   r.top1 * 100, r.top5 * 100, r.loss, static_cast<long long>(r.images),
-                  args->checkpoint.c_str());
+                  ckpt_path.c_str());
     }
     SetExitCode(0);
   });

@@ -1,16 +1,158 @@
-// `cortado`: train, eval, convert, bench, launch and inspect in one binary.
+// `cortado`: train, eval, convert, bench, launch and inspect in one binary, plus `help
+// [command]` and `version`. Every error is one line, "cortado <command>: error: ...", and the
+// exit code says what kind of failure it was (tools/command_line.h): CLI11's own messages and
+// exit codes (104-114) are rewritten here.
+#include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <iostream>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/error.h"
 #include "engine/log.h"
+#include "tools/command_line.h"
 #include "tools/commands.h"
 
 namespace cortado::tools {
 namespace {
 int g_exit_code = 0;
+constexpr const char* kVersion = "cortado 0.1.0";
+constexpr int kUsageExit = 2;
+
+// Edit distance, for "did you mean".
+size_t Distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
 }
+
+std::vector<std::string> Names(const CLI::App& app) {
+  std::vector<std::string> out;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    out.push_back(sub->get_name());
+  }
+  return out;
+}
+
+std::string Join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+// "unknown command 'trian' (did you mean 'train'?)", or with the list of commands.
+std::string Unknown(const std::string& what, const std::string& name,
+                    const std::vector<std::string>& known) {
+  std::string best;
+  size_t best_d = 3;  // suggest only close names
+  for (const std::string& k : known) {
+    const size_t d = k.rfind(name, 0) == 0 && name.size() >= 2 ? 0 : Distance(name, k);
+    if (d < best_d) {
+      best = k;
+      best_d = d;
+    }
+  }
+  if (!best.empty()) return StrCat("unknown ", what, " '", name, "' (did you mean '", best, "'?)");
+  return StrCat("unknown ", what, " '", name, "' (known: ", Join(known), ")");
+}
+
+int PrintError(const std::string& command, const std::string& message, int code) {
+  std::string line = message;
+  // One line: CLI11 lists extras and requirements over several.
+  std::replace(line.begin(), line.end(), '\n', ' ');
+  while (!line.empty() && line.back() == ' ') line.pop_back();
+  // In a multi-rank job the prefix says which rank is speaking ("rank 1: ").
+  std::fprintf(stderr, "cortado%s%s: error: %s%s\n", command.empty() ? "" : " ", command.c_str(),
+               cortado::LogPrefix().c_str(), line.c_str());
+  return code;
+}
+
+// CLI11's parse errors, reworded where they are cryptic.
+std::string UsageMessage(const CLI::ParseError& e, const std::string& command) {
+  std::string m = e.what();
+  if (m == "A subcommand is required") {
+    return command == "bench" ? "a benchmark is required: train, data, comm or codec"
+                              : "a command is required (see 'cortado help')";
+  }
+  const std::string convert = "Could not convert: ";
+  if (m.rfind(convert, 0) == 0) {
+    const size_t eq = m.find(" = ", convert.size());
+    if (eq != std::string::npos) {
+      return StrCat(m.substr(convert.size(), eq - convert.size()), ": cannot read '",
+                    m.substr(eq + 3), "' as a number");
+    }
+  }
+  if (command == "launch" && m == "command is required") {
+    return "no command to run: cortado launch [OPTIONS] -- CMD [ARGS...]";
+  }
+  const std::string hint = command.empty() ? "cortado help" : "cortado help " + command;
+  return StrCat(m, " (see '", hint, "')");
+}
+
+// Help lines as "--threads INT   Thread budget ... (>= 0) [default: 0]": CLI11's own packs
+// the range and the default into the type ("INT:>=0=0").
+class Formatter : public CLI::Formatter {
+ public:
+  std::string make_option_opts(const CLI::Option* opt) const override {
+    if (opt->get_type_size() == 0) return "";
+    std::string type = opt->get_type_name();
+    type = type.substr(0, type.find(':'));
+    std::string out = " " + type;
+    if (opt->get_expected_max() == CLI::detail::expected_max_vector_size) out += " ...";
+    if (opt->get_required()) out += " REQUIRED";
+    return out;
+  }
+  std::string make_option_desc(const CLI::Option* opt) const override {
+    std::string out = opt->get_description();
+    const std::string type = opt->get_type_name();
+    if (const size_t colon = type.find(':'); colon != std::string::npos) {
+      std::string range = type.substr(colon + 1);
+      std::replace(range.begin(), range.end(), ':', ' ');
+      out += " (" + range + ")";
+    }
+    const std::string def = opt->get_default_str();
+    if (opt->get_type_size() != 0 && !opt->get_required() && !def.empty() && def != "[]") {
+      out += " [default: " + def + "]";
+    }
+    return out;
+  }
+};
+
+// The first option in args that `cmd` does not know, as an error message; "" when all are
+// known. CLI11 would first complain about a missing required option, which hides the typo.
+std::string UnknownOption(const CLI::App& cmd, const std::vector<std::string>& args) {
+  std::vector<std::string> known = {"--help", "-h"};
+  for (const CLI::Option* o : cmd.get_options()) {
+    for (const std::string& l : o->get_lnames()) known.push_back("--" + l);
+    for (const std::string& s : o->get_snames()) known.push_back("-" + s);
+  }
+  for (const std::string& a : args) {
+    if (a == "--") break;  // the rest belongs to launch's command
+    if (a.size() < 2 || a[0] != '-' || (a[1] >= '0' && a[1] <= '9') || a[1] == '.') continue;
+    const std::string name = a.substr(0, a.find('='));
+    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+    std::vector<std::string> longs;
+    for (const std::string& k : known) {
+      if (k.size() > 2) longs.push_back(k);
+    }
+    return Unknown("option", name, longs);
+  }
+  return "";
+}
+
+}  // namespace
+
 void SetExitCode(int code) { g_exit_code = code; }
 int ExitCode() { return g_exit_code; }
 
@@ -27,25 +169,97 @@ void AddBenchCommand(CLI::App& app) {
 int main(int argc, char** argv) {
   using namespace cortado::tools;
   cortado::InitLogLevelFromEnv();
+  SetCommandLine(argc, argv);
   CLI::App app{"Cortado: a data-parallel training engine"};
+  app.name("cortado");
   app.require_subcommand(1);
-  app.set_version_flag("--version", "cortado 0.1.0");
+  app.set_version_flag("--version", kVersion);
+  // Every option's help shows its default ("[20]").
+  app.option_defaults()->always_capture_default();
+  app.formatter(std::make_shared<Formatter>());
+  app.footer(
+      "More: cortado help COMMAND, cortado version. Exit codes: 0 success, 1 error, "
+      "2 usage error, 128+N after signal N (130: SIGINT, 143: SIGTERM).");
   AddTrainCommand(app);
   AddEvalCommand(app);
   AddConvertCommand(app);
   AddLaunchCommand(app);
   AddInspectCommand(app);
   AddBenchCommand(app);
-  std::string command = argc > 1 ? argv[1] : "";
+
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  const std::vector<std::string> commands = Names(app);
+  std::vector<std::string> all = commands;
+  all.push_back("help");
+  all.push_back("version");
+  // The command path that errors name: "train", "bench comm".
+  std::string command;
+  if (!args.empty() && std::find(commands.begin(), commands.end(), args[0]) != commands.end()) {
+    command = args[0];
+    if (command == "bench" && args.size() > 1 && args[1][0] != '-') {
+      const std::vector<std::string> benches = Names(*app.get_subcommand("bench"));
+      if (std::find(benches.begin(), benches.end(), args[1]) == benches.end()) {
+        return PrintError("bench", Unknown("benchmark", args[1], benches), kUsageExit);
+      }
+      command += " " + args[1];
+    }
+  }
+  if (args.empty()) {
+    return PrintError("", "a command is required: " + Join(all) + " (see 'cortado help')",
+                      kUsageExit);
+  }
+  if (args[0] == "version") {
+    std::printf("%s\n", kVersion);
+    return 0;
+  }
+  if (args[0] == "help") {
+    const CLI::App* target = &app;
+    std::string prefix;
+    for (size_t i = 1; i < args.size(); ++i) {
+      const std::vector<std::string> known = Names(*target);
+      if (std::find(known.begin(), known.end(), args[i]) == known.end()) {
+        return PrintError("help", Unknown("command", args[i], known), kUsageExit);
+      }
+      prefix += (prefix.empty() ? "" : " ") + target->get_name();
+      target = target->get_subcommand(args[i]);
+    }
+    std::cout << target->help(prefix);
+    return 0;
+  }
+  if (command.empty() && args[0][0] != '-') {
+    return PrintError("", Unknown("command", args[0], all), kUsageExit);
+  }
+  if (!command.empty()) {
+    const CLI::App* cmd = app.get_subcommand(args[0]);
+    size_t skip = 1;
+    if (command.find(' ') != std::string::npos) {
+      cmd = cmd->get_subcommand(args[1]);
+      skip = 2;
+    }
+    const std::string unknown =
+        UnknownOption(*cmd, std::vector<std::string>(args.begin() + skip, args.end()));
+    if (!unknown.empty()) {
+      // `cortado launch -n 2 cortado train --config F`: the rank's options need the `--`.
+      const std::string hint = command == "launch"
+                                   ? " (the command to run goes after --: cortado launch "
+                                     "[OPTIONS] -- CMD [ARGS...])"
+                                   : " (see 'cortado help " + command + "')";
+      return PrintError(command, unknown + hint, kUsageExit);
+    }
+  }
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const std::string name = e.get_name();
+    if (name == "CallForHelp" || name == "CallForAllHelp" || name == "CallForVersion") {
+      return app.exit(e);
+    }
+    return PrintError(command, UsageMessage(e, command), kUsageExit);
+  } catch (const UsageError& e) {
+    return PrintError(command, e.what(), kUsageExit);
   } catch (const std::exception& e) {
-    // In a multi-rank job the prefix says which rank is speaking ("rank 1: ").
-    std::fprintf(stderr, "cortado %s: error: %s%s\n", command.c_str(),
-                 cortado::LogPrefix().c_str(), e.what());
-    return 1;
+    return PrintError(command, e.what(), 1);
   }
   return ExitCode();
 }

@@ -1,7 +1,9 @@
 #include "tools/metrics.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "engine/error.h"
@@ -28,12 +30,23 @@ void MetricsFile::Open(const std::string& path, bool append) {
   std::error_code ec;
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
   out_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
-  CORTADO_CHECK(out_.good(), "cannot write metrics file '", path, "'");
+  CORTADO_CHECK(!std::filesystem::is_directory(path, ec), "--metrics '", path,
+                "' is a folder; expected a file path (such as ",
+                (std::filesystem::path(path) / "metrics.jsonl").string(), ")");
+  CORTADO_CHECK(out_.good(), "cannot write metrics file '", path, "': ", std::strerror(errno));
 }
 
 void MetricsFile::Write(const nlohmann::ordered_json& record) {
   if (!out_.is_open()) return;
-  out_ << record.dump() << "\n";
+  const int64_t ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count();
+  nlohmann::ordered_json line;
+  for (const auto& [key, value] : record.items()) {
+    line[key] = value;
+    if (key == "event") line["time"] = static_cast<double>(ms) / 1000.0;
+  }
+  out_ << line.dump() << "\n";
   out_.flush();
   CORTADO_CHECK(out_.good(), "writing metrics file '", path_, "' failed (disk full?)");
 }
@@ -63,6 +76,17 @@ void ProgressBar::Clear() {
   // The bar lives on stdout and log lines on stderr: erase and flush before a log line.
   std::printf("\r\033[K");
   std::fflush(stdout);
+}
+
+std::string ConfigHash(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return buf;
 }
 
 std::string FormatDuration(double seconds) {

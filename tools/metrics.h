@@ -32,11 +32,15 @@ struct IntervalStats {
   void Reset() { *this = IntervalStats{}; }
 };
 
-// One JSON object per line, flushed per record so a crash loses nothing written.
+// One JSON object per line, flushed per record so a crash loses nothing written. Numbers are
+// written in their shortest round-trip form (nlohmann::json's dump: 0.4, not
+// 0.40000000000000002); every record gets "time", Unix seconds with milliseconds, after its
+// "event".
 class MetricsFile {
  public:
   // path "": no file. append: a resumed run continues the file; otherwise it starts afresh.
   void Open(const std::string& path, bool append);
+  // record must start with "event".
   void Write(const nlohmann::ordered_json& record);
   bool is_open() const { return out_.is_open(); }
 
@@ -58,6 +62,10 @@ class ProgressBar {
   std::chrono::steady_clock::time_point last_draw_{};
   std::chrono::steady_clock::time_point run_start_ = std::chrono::steady_clock::now();
 };
+
+// 16 hex digits identifying a resolved config (64-bit FNV-1a of its text): the metrics file's
+// start and resume events carry it, so the parts of a resumed run can be checked to match.
+std::string ConfigHash(const std::string& text);
 
 // "1:02" or "3:04:05"; "?" when unknown.
 std::string FormatDuration(double seconds);

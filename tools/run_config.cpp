@@ -1,6 +1,9 @@
 #include "tools/run_config.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "engine/error.h"
 
@@ -68,13 +71,46 @@ void Require(bool ok, const YamlSection& s, const std::string& key, const std::s
 
 }  // namespace
 
-RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides) {
-  YamlConfig yaml = YamlConfig::FromFile(path);
+RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides,
+                        bool need_train) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  CORTADO_CHECK(fs::exists(st), "config file '", path, "' does not exist");
+  if (fs::is_directory(st)) {
+    std::vector<std::string> yamls;
+    for (const auto& e : fs::directory_iterator(path, ec)) {
+      const std::string ext = e.path().extension().string();
+      if (ext == ".yaml" || ext == ".yml") yamls.push_back(e.path().string());
+    }
+    std::sort(yamls.begin(), yamls.end());
+    std::string some;
+    for (size_t i = 0; i < yamls.size() && i < 3; ++i) some += (i ? ", " : "") + yamls[i];
+    Fail("config '", path, "' is a folder; expected a YAML config file",
+         some.empty() ? std::string() : " such as " + some);
+  }
+  std::ifstream in(path);
+  CORTADO_CHECK(in.good(), "cannot open config file '", path, "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  // Nothing but blank lines and comments: an empty config would fail on its first required
+  // key, which says nothing about the real mistake (a wrong path).
+  bool content = false;
+  std::istringstream lines(text.str());
+  for (std::string line; !content && std::getline(lines, line);) {
+    const size_t first = line.find_first_not_of(" \t\r");
+    content =
+        first != std::string::npos && line[first] != '#' && line.compare(first, 3, "---") != 0;
+  }
+  CORTADO_CHECK(content, "config file '", path,
+                "' is empty; expected a YAML mapping with model, "
+                "data and solver sections (see configs/)");
+  YamlConfig yaml = YamlConfig::FromString(text.str(), path);
   for (const std::string& o : overrides) yaml.Set(o);
-  return ParseRunConfig(yaml);
+  return ParseRunConfig(yaml, need_train);
 }
 
-RunConfig ParseRunConfig(YamlConfig& yaml) {
+RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train) {
   RunConfig c;
   c.file = yaml.file();
   YamlSection root = yaml.Root();
@@ -110,9 +146,11 @@ RunConfig ParseRunConfig(YamlConfig& yaml) {
           "must be idx, lmdb or synthetic, got '" + o.type + "'");
   o.train = d.String("train", "");
   o.val = d.String("val", "");
-  if (o.type != "synthetic") {
+  if (o.type != "synthetic" && need_train) {
     Require(!o.train.empty(), d, "train", "is required (path to the training data)");
     Require(std::filesystem::exists(o.train), d, "train", "'" + o.train + "' does not exist");
+  }
+  if (o.type != "synthetic") {
     Require(o.val.empty() || std::filesystem::exists(o.val), d, "val",
             "'" + o.val + "' does not exist");
   }

@@ -77,8 +77,11 @@ struct RunConfig {
   std::string resolved_yaml;       // the document with overrides applied
 };
 
-// Parses `path` with the `--set` overrides applied in order.
-RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides);
-RunConfig ParseRunConfig(YamlConfig& yaml);
+// Parses `path` with the `--set` overrides applied in order. A missing file, a folder, or a
+// file with no YAML in it (/dev/null) is refused naming the path and what was expected.
+// need_train false (evaluation): data.train may be absent or missing on this machine.
+RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides,
+                        bool need_train = true);
+RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train = true);
 
 }  // namespace cortado

@@ -8,7 +8,11 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 std::atomic<bool> g_quit{false};  // the watcher's own exit, at destruction
-extern "C" void OnStopSignal(int) { g_stop = true; }
+std::atomic<int> g_signal{0};
+extern "C" void OnStopSignal(int sig) {
+  g_signal = sig;
+  g_stop = true;
+}
 
 sigset_t StopSet() {
   sigset_t set;
@@ -23,6 +27,7 @@ sigset_t StopSet() {
 StopSignals::StopSignals() {
   g_stop = false;
   g_quit = false;
+  g_signal = 0;
   struct sigaction sa {};
   sa.sa_handler = OnStopSignal;
   sigaction(SIGINT, &sa, nullptr);
@@ -34,6 +39,7 @@ StopSignals::StopSignals() {
       int sig = 0;
       if (sigwait(&set, &sig) != 0) continue;
       if (g_quit.load()) return;
+      g_signal = sig;
       g_stop = true;
     }
   });
@@ -50,5 +56,6 @@ StopSignals::~StopSignals() {
 }
 
 const std::atomic<bool>* StopSignals::flag() const { return &g_stop; }
+int StopSignals::signal() const { return g_signal.load(); }
 
 }  // namespace cortado::tools

@@ -27,6 +27,9 @@ class StopSignals {
 
   // True once SIGINT or SIGTERM has arrived.
   const std::atomic<bool>* flag() const;
+  // The signal that arrived last (SIGINT or SIGTERM), 0 if none: a stopped command exits
+  // with 128 + it.
+  int signal() const;
 
  private:
   std::thread watcher_;

@@ -1,13 +1,19 @@
 // `cortado train --config F [--set k=v]... [--resume auto|PATH] [--metrics PATH] [--threads N]
-//  [--trace PATH [--trace-iters N]]`; under `cortado launch`, mpirun or srun, one rank of a
-// data-parallel job.
+//  [--stop-at-iter N] [--trace PATH [--trace-iters N]] [--dry-run]`; under `cortado launch`,
+// mpirun or srun, one rank of a data-parallel job. Exits 0 at the end of training, 128 + the
+// signal after SIGINT/SIGTERM (130 after --stop-at-iter), having saved a checkpoint and printed
+// the command that resumes.
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "engine/log.h"
 #include "engine/thread_pool.h"
+#include "tools/command_line.h"
 #include "tools/commands.h"
 #include "tools/stop_signals.h"
 #include "tools/trainer.h"
@@ -26,7 +32,82 @@ struct TrainArgs {
   bool no_progress = false;
   std::string trace;
   int64_t trace_iters = 20;
+  bool dry_run = false;
 };
+
+namespace fs = std::filesystem;
+
+// The first folder of `dir`'s chain that does not exist yet ("" when all do): what a probe
+// that creates `dir` must remove again.
+fs::path FirstMissing(const fs::path& dir) {
+  fs::path missing;
+  std::error_code ec;
+  for (fs::path p = dir; !p.empty(); p = p.parent_path()) {
+    if (fs::exists(p, ec)) break;
+    missing = p;
+    if (p == p.parent_path()) break;
+  }
+  return missing;
+}
+
+// Checks that a file can be created in `dir` (creating the folder as training would), then
+// removes what it created.
+void ProbeFolder(const std::string& what, const fs::path& dir) {
+  const fs::path created = FirstMissing(dir);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  CORTADO_CHECK(!ec, what, ": cannot create folder '", dir.string(), "': ", ec.message());
+  const fs::path probe = dir / StrCat(".cortado-dry-run-", ::getpid());
+  const bool ok = std::ofstream(probe).good();
+  fs::remove(probe, ec);
+  if (!created.empty()) fs::remove_all(created, ec);
+  CORTADO_CHECK(ok, what, ": cannot write in folder '", dir.string(), "'");
+}
+
+// A file that training appends to (metrics) or rewrites (trace): opened for appending when it
+// exists (changing nothing), else created and removed.
+void ProbeFile(const std::string& what, const fs::path& path) {
+  std::error_code ec;
+  if (fs::exists(path, ec)) {
+    CORTADO_CHECK(std::ofstream(path, std::ios::app).good(), what, ": cannot write '",
+                  path.string(), "'");
+    return;
+  }
+  const fs::path parent = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  const fs::path created = FirstMissing(parent);
+  fs::create_directories(parent, ec);
+  const bool ok = !ec && std::ofstream(path).good();
+  fs::remove(path, ec);
+  if (!created.empty()) fs::remove_all(created, ec);
+  CORTADO_CHECK(ok, what, ": cannot create '", path.string(), "'");
+}
+
+// --dry-run: everything training does before its first step, in this process alone, and a
+// report on stdout.
+int DryRun(RunConfig config, const TrainOptions& options) {
+  const std::string file = config.file;
+  const std::string resolved = config.resolved_yaml;
+  const std::string ckpt_dir = config.checkpoint.dir;
+  const RunConfig copy = config;
+  Trainer trainer(std::move(config));
+  trainer.Start(options.resume);  // checks the checkpoint it would resume from
+  ProbeFolder("checkpoint.dir", ckpt_dir);
+  if (!options.metrics_path.empty()) ProbeFile("--metrics", options.metrics_path);
+  if (!options.trace_path.empty()) ProbeFile("--trace", options.trace_path);
+  std::printf("# resolved config (%s with the --set overrides)\n%s\n", file.c_str(),
+              resolved.c_str());
+  std::printf("%s", NetTable(trainer.net()).c_str());
+  std::unique_ptr<BatchSource> train = MakeTrainSource(copy.data, ShardSpec{}, copy.seed);
+  std::printf("%s", DataSummary(copy, *train).c_str());
+  std::printf("training: from iteration %lld to %lld; checkpoints in '%s'%s%s\n",
+              static_cast<long long>(trainer.iteration()),
+              static_cast<long long>(trainer.max_iter()), ckpt_dir.c_str(),
+              options.metrics_path.empty() ? "" : ", metrics to ", options.metrics_path.c_str());
+  std::printf(
+      "dry run: the config, net, data and output paths are fine; nothing was trained "
+      "or written\n");
+  return 0;
+}
 
 }  // namespace
 
@@ -51,23 +132,46 @@ void AddTrainCommand(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("train", "Train a model from a YAML config");
   cmd->add_option("--config", args->config, "YAML config file")->required();
   cmd->add_option("--set", args->sets, "Override a config key: --set solver.base_lr=0.05");
-  cmd->add_option("--resume", args->resume, "'auto' (newest valid checkpoint) or a path");
+  cmd->add_option("--resume", args->resume,
+                  "'auto' (the newest valid checkpoint in checkpoint.dir) or a checkpoint file");
   cmd->add_option("--metrics", args->metrics, "Write JSON-lines metrics to this file");
   cmd->add_option("--threads", args->threads,
-                  "Thread budget per rank (default: CORTADO_NUM_THREADS, else the cores "
-                  "divided among the ranks on this machine)");
+                  "Thread budget per rank (0: CORTADO_NUM_THREADS, else the cores divided among "
+                  "the ranks on this machine)")
+      ->check(IntAtLeast(0, "0: the default budget"));
   cmd->add_flag("--no-progress", args->no_progress, "No live progress bar");
   cmd->add_option("--stop-at-iter", args->stop_at,
                   "Stop at this iteration as if interrupted: checkpoint, exit 130 (for job time "
                   "limits; resume with --resume auto)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(IntAtLeast(1));
   cmd->add_option("--trace", args->trace,
                   "Write a Chrome trace (Perfetto, chrome://tracing) of the first iterations to "
                   "this file (per rank: PATH with .rank<r> before the extension)");
-  cmd->add_option("--trace-iters", args->trace_iters,
-                  "Iterations the trace records (default 20; 0: all)")
-      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--trace-iters", args->trace_iters, "Iterations the trace records (0: all)")
+      ->check(IntAtLeast(0, "0: all"));
+  cmd->add_flag("--dry-run", args->dry_run,
+                "Check the config, build the net, open the data, check that the outputs can be "
+                "written, print the resolved config and the net, and exit without training");
   cmd->callback([args] {
+    if (!args->metrics.empty()) CheckOutputFile("--metrics", args->metrics);
+    if (!args->trace.empty()) CheckOutputFile("--trace", args->trace);
+    if (!args->resume.empty() && args->resume != "auto") {
+      CheckInputFile("--resume", args->resume,
+                     "a checkpoint file (ckpt-*.cortado), or 'auto' for the newest in "
+                     "checkpoint.dir");
+    }
+    TrainOptions options;
+    options.resume = args->resume;
+    options.metrics_path = args->metrics;
+    options.progress_bar = !args->no_progress && isatty(STDOUT_FILENO);
+    options.stop_at = args->stop_at;
+    options.trace_path = args->trace;
+    options.trace_iters = args->trace_iters;
+    options.argv = CommandLine();
+    if (args->dry_run) {
+      ApplyThreadBudget(args->threads);
+      return SetExitCode(DryRun(LoadRunConfig(args->config, args->sets), options));
+    }
     // SIGINT/SIGTERM finish the current step, save a checkpoint and exit non-zero. Set up
     // first: the threads started below must inherit the blocked signals (stop_signals.h).
     StopSignals stop;
@@ -76,13 +180,6 @@ void AddTrainCommand(CLI::App& app) {
     JoinAsRank(world);
     ApplyThreadBudget(args->threads, world.local_size);
     Trainer trainer(std::move(config), std::move(world));
-    TrainOptions options;
-    options.resume = args->resume;
-    options.metrics_path = args->metrics;
-    options.progress_bar = !args->no_progress && isatty(STDOUT_FILENO);
-    options.stop_at = args->stop_at;
-    options.trace_path = args->trace;
-    options.trace_iters = args->trace_iters;
     int code = trainer.Run(options, stop.flag());
     if (code == 0 && trainer.world().rank == 0) {
       const EvalResult& e = trainer.last_eval();
@@ -93,6 +190,9 @@ void AddTrainCommand(CLI::App& app) {
         LogInfo("done");
       }
     }
+    // Stopped by a signal: 128 + its number, the shell's convention (130 SIGINT, 143 SIGTERM);
+    // --stop-at-iter, or a stop another rank voted for, reads as SIGINT.
+    if (code != 0 && stop.signal() != 0) code = 128 + stop.signal();
     SetExitCode(code);
   });
 }

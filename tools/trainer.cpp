@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 
@@ -12,6 +14,7 @@
 #include "engine/log.h"
 #include "engine/thread_pool.h"
 #include "models/builders.h"
+#include "tools/command_line.h"
 
 namespace cortado {
 namespace {
@@ -110,6 +113,79 @@ EvalResult Evaluate(Net& net, BatchSource& source, dist::Communicator* comm) {
     r.loss = sums[2] / sums[3];
   }
   return r;
+}
+
+std::string NetTable(Net& net) {
+  std::vector<std::array<std::string, 4>> rows = {{"layer", "type", "output", "params"}};
+  for (const auto& layer : net.layers()) {
+    int64_t n = 0;
+    for (const Param& p : layer->params()) n += p.value.numel();
+    const std::vector<std::string>& outs = layer->spec().outputs;
+    const std::string shape = !outs.empty() && net.has_blob(outs[0])
+                                  ? ShapeString(net.blob(outs[0])->data.shape())
+                                  : std::string("-");
+    rows.push_back({layer->name(), layer->type(), shape, std::to_string(n)});
+  }
+  // Each column as wide as its longest entry plus two spaces: a long layer name never runs
+  // into its type.
+  size_t width[3] = {0, 0, 0};
+  for (const auto& r : rows) {
+    for (int c = 0; c < 3; ++c) width[c] = std::max(width[c], r[static_cast<size_t>(c)].size());
+  }
+  std::ostringstream out;
+  for (const auto& r : rows) {
+    for (int c = 0; c < 3; ++c) {
+      out << r[static_cast<size_t>(c)]
+          << std::string(width[c] + 2 - r[static_cast<size_t>(c)].size(), ' ');
+    }
+    out << r[3] << "\n";
+  }
+  out << "total parameters: " << net.num_parameters() << "\n";
+  return out.str();
+}
+
+namespace {
+// Records at `path` of the config's data type: the size of one evaluation pass over it, which
+// neither drops nor pads.
+int64_t RecordCount(const DataOptions& options, const std::string& path) {
+  DataOptions o = options;
+  o.val = path;
+  o.val_batch_size = o.batch_size;
+  return MakeEvalSource(o, ShardSpec{})->samples_per_epoch();
+}
+}  // namespace
+
+std::string DataSummary(const RunConfig& config, const BatchSource& train) {
+  const DataOptions& d = config.data;
+  std::ostringstream out;
+  const int64_t per_epoch = train.samples_per_epoch();
+  const int64_t batches = train.batches_per_epoch();
+  if (d.type == "synthetic") {
+    out << "data: synthetic, " << d.synthetic_samples << " samples of "
+        << ShapeString(train.sample_shape()) << "; an epoch is " << batches << " batches of "
+        << d.batch_size << " = " << per_epoch << " samples\n";
+    return out.str();
+  }
+  const int64_t records = RecordCount(d, d.train);
+  out << "data.train: " << records << " records (" << d.type << ", " << d.train << "), samples "
+      << ShapeString(train.sample_shape());
+  if (train.num_classes() > 0) out << ", " << train.num_classes() << " classes";
+  out << "; an epoch is " << batches << " batches of " << d.batch_size << " = " << per_epoch
+      << " samples";
+  if (per_epoch < records) {
+    out << " (drop_last leaves " << records - per_epoch << " records out of each shuffled epoch)";
+  } else if (per_epoch > records) {
+    out << " (padded by wrapping: " << per_epoch - records << " records twice)";
+  }
+  out << "\n";
+  if (!d.val.empty()) {
+    const int64_t val_batch = d.val_batch_size > 0 ? d.val_batch_size : d.batch_size;
+    out << "data.val: " << RecordCount(d, d.val) << " records (" << d.val
+        << "), evaluated in batches of " << val_batch << "\n";
+  } else {
+    out << "data.val: none (no evaluation)\n";
+  }
+  return out.str();
 }
 
 Trainer::Trainer(RunConfig config, World world)
@@ -291,25 +367,29 @@ void Trainer::LoadFeedback(const Checkpoint& ckpt, const std::string& path) {
   }
 }
 
+std::string NewestLoadableCheckpoint(const std::string& dir, Checkpoint* checkpoint) {
+  for (const std::string& candidate : ListCheckpoints(dir)) {
+    try {
+      *checkpoint = LoadCheckpoint(candidate);
+      return candidate;
+    } catch (const Error& e) {
+      LogWarning("skipping unusable checkpoint: ", e.what());
+    }
+  }
+  return "";
+}
+
 void Trainer::Resume(const std::string& what) {
   std::string path = what;
   Checkpoint ckpt;
   if (what == "auto") {
-    path.clear();
-    for (const std::string& candidate : ListCheckpoints(config_.checkpoint.dir)) {
-      try {
-        ckpt = LoadCheckpoint(candidate);
-        path = candidate;
-        break;
-      } catch (const Error& e) {
-        LogWarning("skipping unusable checkpoint: ", e.what());
-      }
-    }
+    path = NewestLoadableCheckpoint(config_.checkpoint.dir, &ckpt);
     if (path.empty()) {
       LogInfo("no checkpoint in '", config_.checkpoint.dir, "'; starting fresh");
       return;
     }
   } else {
+    tools::CheckInputFile("--resume", path, "a checkpoint file (ckpt-*.cortado), or 'auto'");
     ckpt = LoadCheckpoint(path);
   }
   LoadAllState(ckpt, path);
@@ -488,13 +568,21 @@ void Trainer::LogInterval() {
   metrics_.Write(m);
 }
 
-void Trainer::StopHere(const char* why) {
+void Trainer::StopHere(const char* why, const std::vector<std::string>& argv) {
   if (trace_) FinishTrace();
   std::string path = SaveCheckpointNow();
   if (is_root()) {
     progress_.Clear();
+    std::string resume = tools::ResumeCommand(argv);
+    if (argv.empty()) {
+      resume = StrCat("cortado train --config ", tools::ShellQuote(config_.file), " --resume auto");
+    } else if (world_.size > 1 && std::getenv("CORTADO_LAUNCH_COMMAND") == nullptr) {
+      resume = StrCat("rerun the job's launcher (mpirun, srun, torchrun) with: ", resume);
+    } else if (world_.size > world_.local_size) {
+      resume += " (on every node)";
+    }
     LogWarning(why, " at iteration ", iteration_, "; checkpoint saved to '", path,
-               "'. Resume with: cortado train --config ", config_.file, " --resume auto");
+               "'. Resume with: ", resume);
   }
   // Nobody leaves before rank 0's checkpoint is on disk: a launcher stops the other ranks as
   // soon as one exits non-zero.
@@ -506,6 +594,18 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
   if (is_root()) {
     progress_ = ProgressBar(options.progress_bar);
     metrics_.Open(options.metrics_path, iteration_ > 0);
+    // Marks where a run (or a resumed part of it) begins, so plots and readers can tell the
+    // parts apart and check that they belong to one config.
+    nlohmann::ordered_json m;
+    m["event"] = iteration_ > 0 ? "resume" : "start";
+    m["iter"] = iteration_;
+    m["epoch"] = static_cast<double>(iteration_) / batches_per_epoch_;
+    const char* launch = std::getenv("CORTADO_LAUNCH_COMMAND");
+    m["command"] = (launch != nullptr && *launch != '\0' ? std::string(launch) + " " : "") +
+                   tools::ShellJoin(options.argv);
+    m["config_hash"] = ConfigHash(config_.resolved_yaml);
+    m["ranks"] = world_.size;
+    metrics_.Write(m);
   }
   first_iteration_ = iteration_;
   if (!options.trace_path.empty()) {
@@ -562,13 +662,13 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
   stop_agreed_ = false;
   while (iteration_ < max_iter_) {
     if (options.stop_at > 0 && iteration_ >= options.stop_at) {
-      StopHere("stopped");
+      StopHere("stopped", options.argv);
       return 130;
     }
     // One process stops as soon as it sees the signal; ranks stop after the step in which
     // one of them voted, which all of them learn together.
     if (dp_ ? stop_agreed_ : stop != nullptr && stop->load()) {
-      StopHere("interrupted");
+      StopHere("interrupted", options.argv);
       return 130;
     }
     StepTimes times = Step(stop);

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "data/batch_source.h"
 #include "engine/checkpoint.h"
@@ -42,13 +43,27 @@ struct EvalResult {
 // of correct images are integers, so they equal a one-process evaluation exactly).
 EvalResult Evaluate(Net& net, BatchSource& source, dist::Communicator* comm = nullptr);
 
+// The net as a table (layer, type, output shape, parameters), columns as wide as their
+// longest entry, and the total.
+std::string NetTable(Net& net);
+
+// What the data section yields: records in data.train and data.val, and how an epoch of this
+// rank's `train` source is made of them ("47 records; an epoch is 5 batches of 8 = 40 samples,
+// drop_last leaves 7 out").
+std::string DataSummary(const RunConfig& config, const BatchSource& train);
+
+// The newest checkpoint in dir that loads (corrupt or truncated ones are skipped with a
+// warning), into *checkpoint; "" when there is none.
+std::string NewestLoadableCheckpoint(const std::string& dir, Checkpoint* checkpoint);
+
 struct TrainOptions {
-  std::string resume;         // "", "auto" or a checkpoint path
-  std::string metrics_path;   // JSON lines; "" for none
-  bool progress_bar = false;  // live bar (when stdout is a terminal)
-  int64_t stop_at = 0;        // > 0: stop there as if interrupted (for job time limits, tests)
-  std::string trace_path;     // Chrome trace of the first trace_iters iterations; "" for none
-  int64_t trace_iters = 20;   // 0: every iteration
+  std::vector<std::string> argv;  // the command line it was started with (resume hint, metrics)
+  std::string resume;             // "", "auto" or a checkpoint path
+  std::string metrics_path;       // JSON lines; "" for none
+  bool progress_bar = false;      // live bar (when stdout is a terminal)
+  int64_t stop_at = 0;            // > 0: stop there as if interrupted (for job time limits, tests)
+  std::string trace_path;         // Chrome trace of the first trace_iters iterations; "" for none
+  int64_t trace_iters = 20;       // 0: every iteration
 };
 
 class Trainer : public CheckpointState {
@@ -59,7 +74,8 @@ class Trainer : public CheckpointState {
   ~Trainer() override;
 
   // Trains to the end (returns 0) or until `stop` becomes true on any rank or stop_at is
-  // reached (checkpoint, returns 130).
+  // reached (checkpoint, prints the command that resumes, returns 130). Rank 0's metrics file
+  // gets a "start" or "resume" event first.
   int Run(const TrainOptions& options, const std::atomic<bool>* stop = nullptr);
 
   // Puts every rank in the same starting state: rank 0 resumes from `resume` ("", "auto" or a
@@ -92,7 +108,7 @@ class Trainer : public CheckpointState {
   // checkpoint and returns its path, the others return "".
   std::string SaveCheckpointNow();
   void LoadFeedback(const Checkpoint& checkpoint, const std::string& path);
-  void StopHere(const char* why);
+  void StopHere(const char* why, const std::vector<std::string>& argv);
   void LogInterval();
   void RunEval();
   void TraceStep(const StepTimes& times, Trace::Clock::time_point t0,

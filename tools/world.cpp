@@ -1,6 +1,9 @@
 #include "tools/world.h"
 
+#include <cstdlib>
+
 #include "cortado/dist/env.h"
+#include "cortado/dist/error.h"
 #include "engine/error.h"
 
 namespace cortado {
@@ -47,7 +50,22 @@ World JoinWorld(const DistributedConfig& config) {
   if (world.size == 1) return world;
   // No config fingerprint in the handshake: the trainer compares configs itself after
   // connecting, so a mismatch can say what differs (DataParallel::VerifySameJob).
-  world.comm = dist::CreateCommunicator(dist::CommConfigFor(info, options));
+  try {
+    world.comm = dist::CreateCommunicator(dist::CommConfigFor(info, options));
+  } catch (const dist::Error& e) {
+    // Rendezvous errors name the address; say where the port came from, the thing to change.
+    const std::string what = e.what();
+    const std::string port = std::to_string(info.master_port);
+    if (what.find(":" + port) == std::string::npos) throw;
+    const char* from = std::getenv("CORTADO_LAUNCH_COMMAND")
+                           ? "CORTADO_MASTER_PORT, set by cortado launch"
+                       : std::getenv("CORTADO_MASTER_PORT") ? "CORTADO_MASTER_PORT"
+                       : std::getenv("MASTER_PORT")         ? "MASTER_PORT"
+                                                            : "derived from the job id";
+    throw dist::Error(
+        e.kind(), StrCat(what, " (master ", info.master_addr, ":", port, ", port from ", from, ")"),
+        e.peer_rank(), e.op(), e.ranks());
+  }
   world.backend = world.comm->backend();
   return world;
 }

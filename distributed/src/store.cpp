@@ -333,16 +333,23 @@ TcpStore::TcpStore(const std::string& host, int port, const JobIdentity& identit
   w.U32(static_cast<uint32_t>(identity.world_size));
   w.U64(identity.fingerprint);
   w.U32(static_cast<uint32_t>(rank));
-  internal::WriteFull(fd.get(), w.bytes().data(), w.bytes().size(), deadline, "store hello");
+  // Errors name the address: a port held by some other program accepts the connection and
+  // never answers, and only the deadline tells.
+  const std::string hello = StrCat("rank ", rank, ": hello to the ", where_);
+  internal::WriteFull(fd.get(), w.bytes().data(), w.bytes().size(), deadline, hello.c_str());
   uint8_t status = 0;
-  if (!internal::ReadFull(fd.get(), &status, 1, deadline, "store hello")) {
+  if (!internal::ReadFull(fd.get(), &status, 1, deadline, hello.c_str())) {
     Fail(ErrorKind::kPeerFailure, where_, " closed the connection during the hello");
   }
   uint32_t len = 0;
-  internal::ReadFull(fd.get(), &len, 4, deadline, "store hello");
-  if (len > 64 * 1024) Fail(ErrorKind::kProtocol, where_, ": hello reply too long");
+  internal::ReadFull(fd.get(), &len, 4, deadline, hello.c_str());
+  if (len > 64 * 1024) {
+    Fail(ErrorKind::kProtocol, where_,
+         ": hello reply too long (is another program listening "
+         "on that port?)");
+  }
   std::string reason(len, '\0');
-  internal::ReadFull(fd.get(), reason.data(), len, deadline, "store hello");
+  internal::ReadFull(fd.get(), reason.data(), len, deadline, hello.c_str());
   if (status != 0) {
     throw Error(ErrorKind::kRejected, StrCat(where_, " rejected rank ", rank, ": ", reason), 0);
   }

@@ -1,0 +1,730 @@
+// The command line of the `cortado` binary, driven as a user would (issue 13): the resume
+// command a stopped training prints (every flag, shell-quoted, under `cortado launch` too),
+// flag ranges, exit codes (0, 1, 2, 128 + signal) and one-line errors, unknown commands, help
+// and version, eval from a checkpoint alone, folders where files are expected, a master port
+// in use, inspect of checkpoints, configs and LMDBs, help defaults, the metrics file, the plot
+// script and --dry-run.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+
+#include "data/datum.h"
+#include "data/jpeg.h"
+#include "data/lmdb.h"
+#include "engine/checkpoint.h"
+#include "tests/tools/fashion_slice.h"
+
+namespace cortado {
+namespace {
+
+namespace fs = std::filesystem;
+using tooltest::CortadoBinary;
+using tooltest::RunShell;
+using tooltest::WriteFashionSlice;
+
+std::string ReadFile(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> SplitLines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+// One line, "cortado <command>: error: ...".
+void ExpectOneLineError(const std::string& err, const std::string& command,
+                        const std::string& context) {
+  EXPECT_EQ(err.rfind("cortado " + command + ": error: ", 0), 0u) << context << "\n" << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << context << "\n" << err;
+}
+
+bool WaitFor(const std::function<bool()>& done, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    usleep(50000);
+  }
+  return done();
+}
+
+// Starts `sh -c "exec COMMAND"` with stderr to err_file; returns its pid.
+pid_t Start(const std::string& command, const fs::path& err_file) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    freopen(err_file.c_str(), "w", stderr);
+    freopen("/dev/null", "w", stdout);
+    execl("/bin/sh", "sh", "-c", ("exec " + command).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+// Exit code of a child (128 + signal when killed), waiting at most `seconds`; -1 on timeout.
+int WaitExit(pid_t pid, double seconds) {
+  int status = 0;
+  if (!WaitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; }, seconds)) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    return -1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("cortado_cli_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    WriteFashionSlice(dir_, "train", 320);
+    WriteFashionSlice(dir_, "t10k", 100);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A small conv net: 10 iterations per epoch of 32.
+  std::string Config(const std::string& extra = "", const std::string& name = "run.yaml") {
+    std::ostringstream y;
+    y << "seed: 3\n"
+      << "model:\n"
+      << "  layers:\n"
+      << "    - {name: conv, type: Convolution, inputs: data, outputs: conv, num_output: 4, "
+         "kernel: 3}\n"
+      << "    - {name: relu, type: ReLU, inputs: conv, outputs: relu}\n"
+      << "    - {name: pool, type: Pooling, inputs: relu, outputs: pool, pool: max, kernel: 2}\n"
+      << "    - {name: logits, type: InnerProduct, inputs: pool, outputs: logits, num_output: 10}\n"
+      << "    - {name: loss, type: SoftmaxWithLoss, inputs: [logits, label], outputs: loss}\n"
+      << "    - {name: top1, type: Accuracy, inputs: [logits, label], outputs: top1, top_k: 1}\n"
+      << "    - {name: top5, type: Accuracy, inputs: [logits, label], outputs: top5, top_k: 5}\n"
+      << "data:\n"
+      << "  type: idx\n"
+      << "  train: " << (dir_ / "train-images-idx3-ubyte.gz").string() << "\n"
+      << "  val: " << (dir_ / "t10k-images-idx3-ubyte.gz").string() << "\n"
+      << "  batch_size: 32\n"
+      << "solver: {base_lr: 0.05, max_epochs: 2, eval_interval: 1}\n"
+      << "checkpoint: {dir: " << (dir_ / "ckpt").string() << ", every: 1, keep: 2}\n"
+      << "log: {interval: 2}\n"
+      << extra;
+    fs::path path = dir_ / name;
+    std::ofstream(path) << y.str();
+    return path.string();
+  }
+
+  // `cortado ARGS` under a time limit.
+  int Cortado(const std::string& args, std::string* out, std::string* err) {
+    return RunShell("timeout 120 " + CortadoBinary() + " " + args, out, err);
+  }
+
+  fs::path dir_;
+};
+
+// The text after "Resume with: " on the line that says it.
+std::string ResumeHint(const std::string& err) {
+  const std::string key = "Resume with: ";
+  const size_t at = err.find(key);
+  if (at == std::string::npos) return "";
+  const size_t end = err.find('\n', at);
+  return err.substr(at + key.size(),
+                    end == std::string::npos ? std::string::npos : end - at - key.size());
+}
+
+TEST_F(CliTest, TheResumeCommandKeepsEveryFlagQuotedAndResumesTheSameRun) {
+  const std::string config = Config();
+  const fs::path ckpt = dir_ / "my runs" / "sig";  // a space: must be quoted
+  const fs::path metrics = dir_ / "sig.jsonl";
+  std::string err;
+  const std::string args = "train --config " + config + " --set 'checkpoint.dir=" + ckpt.string() +
+                           "' --metrics " + metrics.string() +
+                           " --threads 1 --no-progress --stop-at-iter 4";
+  ASSERT_EQ(Cortado(args, nullptr, &err), 130) << err;
+  const std::string hint = ResumeHint(err);
+  EXPECT_EQ(hint, CortadoBinary() + " train --config " + config +
+                      " --set 'checkpoint.dir=" + ckpt.string() + "' --metrics " +
+                      metrics.string() + " --threads 1 --no-progress --resume auto")
+      << err;
+  // An earlier --resume is replaced, not repeated.
+  ASSERT_EQ(Cortado("train --config " + config + " --set 'checkpoint.dir=" + ckpt.string() +
+                        "' --metrics " + metrics.string() +
+                        " --threads 1 --resume auto --no-progress --stop-at-iter 6",
+                    nullptr, &err),
+            130)
+      << err;
+  EXPECT_EQ(ResumeHint(err).find("--stop-at-iter"), std::string::npos) << err;
+  size_t resumes = 0;
+  for (size_t p = ResumeHint(err).find("--resume"); p != std::string::npos;
+       p = ResumeHint(err).find("--resume", p + 1)) {
+    ++resumes;
+  }
+  EXPECT_EQ(resumes, 1u) << err;
+  // Pasted, it finishes the same run: same folder, same metrics file, no gap.
+  ASSERT_EQ(RunShell("timeout 120 " + hint, nullptr, &err), 0) << err;
+  EXPECT_NE(err.find("resumed from '" + (ckpt / "ckpt-00000006.cortado").string()),
+            std::string::npos)
+      << err;
+  std::vector<int64_t> iters;
+  for (const std::string& line : SplitLines(ReadFile(metrics))) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j["event"] == "train") iters.push_back(j["iter"].get<int64_t>());
+  }
+  std::vector<int64_t> want;
+  for (int64_t i = 2; i <= 20; i += 2) want.push_back(i);
+  EXPECT_EQ(iters, want);
+}
+
+TEST_F(CliTest, UnderLaunchTheResumeCommandIsTheLaunchCommand) {
+  const std::string config = Config();
+  std::string err;
+  const std::string train =
+      CortadoBinary() + " train --config " + config + " --threads 1 --no-progress --stop-at-iter 2";
+  ASSERT_EQ(
+      RunShell("timeout 120 " + CortadoBinary() + " launch --nproc 2 -- " + train, nullptr, &err),
+      130)
+      << err;
+  EXPECT_EQ(ResumeHint(err), CortadoBinary() + " launch --nproc 2 -- " + CortadoBinary() +
+                                 " train --config " + config +
+                                 " --threads 1 --no-progress --resume auto")
+      << err;
+}
+
+TEST_F(CliTest, OutOfRangeValuesNameTheFlagAndTheRange) {
+  const std::string config = Config();
+  struct Case {
+    std::string command, args, want;
+  };
+  const std::vector<Case> cases = {
+      {"train", "--config " + config + " --stop-at-iter 0",
+       "--stop-at-iter: must be an integer >= 1, got '0'"},
+      {"train", "--config " + config + " --threads -3", "--threads: must be an integer >= 0"},
+      {"train", "--config " + config + " --trace-iters -1",
+       "--trace-iters: must be an integer >= 0"},
+      {"train", "--config " + config + " --threads two", "--threads: must be an integer >= 0"},
+      {"eval", "--checkpoint x --threads -1", "--threads: must be an integer >= 0"},
+      {"launch", "--nproc 0 -- true", "--nproc: must be an integer >= 1, got '0'"},
+      {"launch", "--grace -1 -- true", "--grace: must be a number >= 0"},
+      {"launch", "--nnodes 2 --node-rank 2 --master 127.0.0.1:1 -- true",
+       "--node-rank must be in 0..1"},
+      {"convert", "--root . --out x --quality 101", "--quality: must be an integer from 1 to 100"},
+      {"bench train", "--config " + config + " --iters 0", "--iters: must be an integer >= 1"},
+      {"bench data", "--db . --seconds 0", "--seconds: must be a number > 0"},
+      {"bench comm", "--iters -2", "--iters: must be an integer >= 0"},
+      {"bench comm", "--op sum", "--op: must be one of allreduce, broadcast"},
+      {"bench comm", "--sizes 4X", "--sizes: '4X' is not a byte size"},
+      {"bench codec", "--rounds 0", "--rounds: must be an integer >= 1"},
+  };
+  for (const Case& c : cases) {
+    std::string err;
+    EXPECT_EQ(Cortado(c.command + " " + c.args, nullptr, &err), 2) << c.args << "\n" << err;
+    ExpectOneLineError(err, c.command, c.args);
+    EXPECT_NE(err.find(c.want), std::string::npos) << err;
+    EXPECT_EQ(err.find("179769"), std::string::npos) << err;
+  }
+}
+
+TEST_F(CliTest, ExitCodesAreZeroOneTwoOr128PlusTheSignal) {
+  const std::string config = Config();
+  std::string err;
+  // Usage errors: 2, naming the flag (not a missing --config).
+  EXPECT_EQ(Cortado("train --bogus", nullptr, &err), 2);
+  ExpectOneLineError(err, "train", "unknown option");
+  EXPECT_NE(err.find("unknown option '--bogus'"), std::string::npos) << err;
+  EXPECT_EQ(Cortado("train --confg " + config, nullptr, &err), 2);
+  EXPECT_NE(err.find("unknown option '--confg' (did you mean '--config'?)"), std::string::npos)
+      << err;
+  EXPECT_EQ(Cortado("train", nullptr, &err), 2);
+  ExpectOneLineError(err, "train", "missing --config");
+  EXPECT_NE(err.find("--config is required"), std::string::npos) << err;
+  EXPECT_EQ(Cortado("launch --nproc 2 -- ", nullptr, &err), 2);
+  ExpectOneLineError(err, "launch", "no command");
+  EXPECT_NE(err.find("no command to run"), std::string::npos) << err;
+  EXPECT_EQ(Cortado("launch --nproc 2 cortado train --config " + config, nullptr, &err), 2);
+  ExpectOneLineError(err, "launch", "no --");
+  EXPECT_NE(err.find("the command to run goes after --"), std::string::npos) << err;
+  // Runtime errors: 1.
+  EXPECT_EQ(Cortado("train --config /missing.yaml", nullptr, &err), 1);
+  ExpectOneLineError(err, "train", "missing config");
+  EXPECT_EQ(Cortado("launch -- /no/such/program", nullptr, &err), 1);
+  ExpectOneLineError(err, "launch", "no program");
+  EXPECT_NE(err.find("cannot run '/no/such/program'"), std::string::npos) << err;
+  // SIGTERM: 143, the training and the launcher and each of its ranks alike.
+  const std::string long_run = CortadoBinary() + " train --no-progress --threads 1 --config " +
+                               config + " --set solver.max_epochs=100000";
+  const fs::path err_file = dir_ / "err.txt";
+  pid_t pid = Start(long_run, err_file);
+  ASSERT_TRUE(
+      WaitFor([&] { return ReadFile(err_file).find("train iter") != std::string::npos; }, 60))
+      << ReadFile(err_file);
+  kill(pid, SIGTERM);
+  EXPECT_EQ(WaitExit(pid, 60), 143) << ReadFile(err_file);
+  EXPECT_NE(ReadFile(err_file).find("Resume with:"), std::string::npos) << ReadFile(err_file);
+  const std::string rank = "sh -c 'trap \"\" INT TERM; " + long_run +
+                           " --set checkpoint.dir=" + (dir_ / "launched").string() +
+                           "; code=$?; echo \"rank $CORTADO_RANK exit $code\" >&2; exit $code'";
+  const fs::path launch_err = dir_ / "launch_err.txt";
+  pid = Start(CortadoBinary() + " launch --nproc 2 -- " + rank, launch_err);
+  ASSERT_TRUE(
+      WaitFor([&] { return ReadFile(launch_err).find("train iter") != std::string::npos; }, 60))
+      << ReadFile(launch_err);
+  kill(pid, SIGTERM);
+  EXPECT_EQ(WaitExit(pid, 60), 143) << ReadFile(launch_err);
+  const std::string err2 = ReadFile(launch_err);
+  EXPECT_NE(err2.find("[0] rank 0 exit 143"), std::string::npos) << err2;
+  EXPECT_NE(err2.find("[1] rank 1 exit 143"), std::string::npos) << err2;
+  EXPECT_EQ(err2.find("error:"), std::string::npos) << err2;
+}
+
+TEST_F(CliTest, UnknownCommandsHelpVersionAndTorchrunsSpelling) {
+  std::string out, err;
+  EXPECT_EQ(Cortado("trian", &out, &err), 2);
+  EXPECT_EQ(err, "cortado: error: unknown command 'trian' (did you mean 'train'?)\n");
+  EXPECT_EQ(Cortado("bench trian", &out, &err), 2);
+  EXPECT_EQ(err, "cortado bench: error: unknown benchmark 'trian' (did you mean 'train'?)\n");
+  EXPECT_EQ(Cortado("", &out, &err), 2);
+  EXPECT_EQ(err.rfind("cortado: error: a command is required: train, eval", 0), 0u) << err;
+  EXPECT_EQ(Cortado("help", &out, &err), 0) << err;
+  EXPECT_NE(out.find("Usage: cortado [OPTIONS] SUBCOMMAND"), std::string::npos) << out;
+  EXPECT_NE(out.find("train"), std::string::npos) << out;
+  EXPECT_EQ(Cortado("help train", &out, &err), 0) << err;
+  EXPECT_NE(out.find("Usage: cortado train [OPTIONS]"), std::string::npos) << out;
+  EXPECT_NE(out.find("--stop-at-iter"), std::string::npos) << out;
+  EXPECT_EQ(Cortado("help bench comm", &out, &err), 0) << err;
+  EXPECT_NE(out.find("Usage: cortado bench comm"), std::string::npos) << out;
+  EXPECT_EQ(Cortado("help trian", &out, &err), 2);
+  EXPECT_NE(err.find("did you mean 'train'"), std::string::npos) << err;
+  EXPECT_EQ(Cortado("train --help", &out, &err), 0) << err;
+  EXPECT_NE(out.find("Usage: cortado train"), std::string::npos) << out;
+  EXPECT_EQ(Cortado("version", &out, &err), 0);
+  EXPECT_EQ(out, "cortado 0.1.0\n");
+  EXPECT_EQ(Cortado("--version", &out, &err), 0);
+  EXPECT_EQ(out, "cortado 0.1.0\n");
+  EXPECT_EQ(Cortado("launch --nproc-per-node 2 --no-prefix -- sh -c 'echo $CORTADO_WORLD_SIZE'",
+                    &out, &err),
+            0)
+      << err;
+  EXPECT_EQ(out, "2\n2\n");
+  EXPECT_EQ(Cortado("launch --nproc_per_node=3 -- true", &out, &err), 0) << err;
+}
+
+TEST_F(CliTest, EvalNeedsOnlyTheCheckpoint) {
+  const std::string config = Config();
+  std::string out, err;
+  ASSERT_EQ(Cortado("train --no-progress --config " + config + " --set solver.max_epochs=1",
+                    nullptr, &err),
+            0)
+      << err;
+  const std::string ckpt = (dir_ / "ckpt" / "ckpt-00000010.cortado").string();
+  const std::regex json(R"(^\{"top1":[0-9.]+,"top5":[0-9.]+,"loss":[0-9.]+,"images":100\}\n$)");
+  // The stored config, with no --config.
+  ASSERT_EQ(Cortado("eval --checkpoint " + ckpt + " --json --no-progress", &out, &err), 0) << err;
+  EXPECT_TRUE(std::regex_search(out, json)) << out;
+  const std::string stored = out;
+  // --set overrides it: another validation file (here the training one, 320 images).
+  ASSERT_EQ(Cortado("eval --checkpoint " + ckpt +
+                        " --json --set data.val=" + (dir_ / "train-images-idx3-ubyte.gz").string(),
+                    &out, &err),
+            0)
+      << err;
+  EXPECT_NE(out.find("\"images\":320"), std::string::npos) << out;
+  // auto: the newest valid checkpoint of the config's checkpoint.dir; --config replaces the
+  // stored one.
+  ASSERT_EQ(Cortado("eval --checkpoint auto --config " + config + " --json", &out, &err), 0) << err;
+  EXPECT_EQ(out, stored);
+  EXPECT_EQ(Cortado("eval --checkpoint auto --json", &out, &err), 2);
+  ExpectOneLineError(err, "eval", "auto without config");
+  EXPECT_NE(err.find("--checkpoint auto needs --config"), std::string::npos) << err;
+  EXPECT_EQ(Cortado("eval --checkpoint auto --config " + config +
+                        " --set checkpoint.dir=" + (dir_ / "empty").string(),
+                    &out, &err),
+            1);
+  EXPECT_NE(err.find("no valid checkpoint in '" + (dir_ / "empty").string() + "'"),
+            std::string::npos)
+      << err;
+  // A stored data path that is gone names the key and where it came from.
+  EXPECT_EQ(Cortado("eval --checkpoint " + ckpt + " --set data.val=/gone/t10k-images-idx3-ubyte.gz",
+                    &out, &err),
+            1);
+  ExpectOneLineError(err, "eval", "gone val");
+  EXPECT_NE(err.find("data.val: '/gone/t10k-images-idx3-ubyte.gz' does not exist"),
+            std::string::npos)
+      << err;
+}
+
+TEST_F(CliTest, AFolderOrAnEmptyFileWhereAFileIsExpectedIsNamed) {
+  const std::string config = Config();
+  fs::create_directories(dir_ / "configs");
+  std::ofstream(dir_ / "configs" / "a.yaml") << "seed: 1\n";
+  const std::string folder = (dir_ / "configs").string();
+  struct Case {
+    std::string command, args, want;
+  };
+  const std::vector<Case> cases = {
+      {"train", "--config " + folder,
+       "config '" + folder + "' is a folder; expected a YAML config file such as " + folder +
+           "/a.yaml"},
+      {"train", "--config /dev/null", "config file '/dev/null' is empty; expected a YAML mapping"},
+      {"inspect", "--config " + folder, "is a folder; expected a YAML config file"},
+      {"eval", "--checkpoint " + folder,
+       "--checkpoint '" + folder + "' is a folder; expected a checkpoint file"},
+      {"inspect", "--checkpoint " + folder, "--checkpoint '" + folder + "' is a folder"},
+      {"train", "--config " + config + " --resume " + folder,
+       "--resume '" + folder + "' is a folder; expected a checkpoint file"},
+      {"train", "--config " + config + " --metrics " + folder,
+       "--metrics '" + folder + "' is a folder; expected a file path"},
+      {"train", "--config " + config + " --trace " + folder,
+       "--trace '" + folder + "' is a folder"},
+      {"inspect", "--db " + config,
+       "--db '" + config + "' is a file, not a folder; expected an LMDB folder"},
+      {"convert", "--root " + config + " --out " + (dir_ / "db").string(),
+       "--root '" + config + "' is a file, not a folder"},
+  };
+  for (const Case& c : cases) {
+    std::string err;
+    EXPECT_EQ(Cortado(c.command + " " + c.args, nullptr, &err), 1) << c.args;
+    ExpectOneLineError(err, c.command, c.args);
+    EXPECT_NE(err.find(c.want), std::string::npos) << err;
+    EXPECT_EQ(err.find("basic_filebuf"), std::string::npos) << err;
+  }
+}
+
+// A socket listening on 127.0.0.1 at a free port, held while the test runs.
+class BusyPort {
+ public:
+  BusyPort() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    listen(fd_, 4);
+    socklen_t len = sizeof(a);
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+  }
+  ~BusyPort() { close(fd_); }
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+TEST_F(CliTest, AMasterPortInUseFromTheEnvironmentFailsAtOnceNamingIt) {
+  BusyPort busy;
+  const std::string port = std::to_string(busy.port());
+  const std::string config = Config();
+  for (const std::string var : {"CORTADO_MASTER_PORT", "MASTER_PORT"}) {
+    std::string err;
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(RunShell("env " + var + "=" + port + " timeout 100 " + CortadoBinary() +
+                           " launch --nproc 2 -- " + CortadoBinary() + " train --config " + config,
+                       nullptr, &err),
+              1)
+        << err;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20);
+    ExpectOneLineError(err, "launch", var);
+    EXPECT_NE(err.find("127.0.0.1:" + port), std::string::npos) << err;
+    EXPECT_NE(err.find("from " + var), std::string::npos) << err;
+  }
+  // A rank 0 started by hand (or by another launcher) that cannot bind the port says so too.
+  std::string err;
+  EXPECT_EQ(RunShell("env CORTADO_RANK=0 CORTADO_WORLD_SIZE=2 CORTADO_JOB_TOKEN=t "
+                     "CORTADO_MASTER_PORT=" +
+                         port + " timeout 100 " + CortadoBinary() +
+                         " train --no-progress --config " + config,
+                     nullptr, &err),
+            1)
+      << err;
+  ExpectOneLineError(err, "train", "rank 0");
+  EXPECT_NE(err.find(":" + port), std::string::npos) << err;
+  EXPECT_NE(err.find("port from CORTADO_MASTER_PORT"), std::string::npos) << err;
+}
+
+// An LMDB of `raw` raw 8x6 records and `jpeg` JPEG 16x12 records over 3 classes.
+void WriteDb(const fs::path& db, int raw, int jpeg, bool complete) {
+  fs::create_directories(db);
+  {
+    LmdbWriter w(db.string());
+    int n = 0;
+    for (int i = 0; i < raw; ++i, ++n) {
+      DatumFields f;
+      f.channels = 3;
+      f.height = 6;
+      f.width = 8;
+      f.label = n % 3;
+      w.Put(StrCat(n < 10 ? "0000000" : "000000", n, "_raw"),
+            SerializeDatum(f, std::string(3 * 6 * 8, static_cast<char>(n))));
+    }
+    JpegEncoder encoder;
+    ImageU8 image;
+    image.Reshape(16, 12, 3);
+    for (int i = 0; i < jpeg; ++i, ++n) {
+      std::fill(image.pixels.begin(), image.pixels.end(), static_cast<uint8_t>(10 * i));
+      std::string bytes;
+      encoder.Encode(image, 90, false, &bytes);
+      DatumFields f;
+      f.encoded = true;
+      f.label = n % 3;
+      w.Put(StrCat(n < 10 ? "0000000" : "000000", n, "_jpeg"), SerializeDatum(f, bytes));
+    }
+    w.Close();
+  }
+  std::ofstream(db / "classes.txt") << "cat\ndog\nowl\n";
+  if (complete) {
+    LmdbCompletion c;
+    c.records = raw + jpeg;
+    c.classes = 3;
+    c.channels = 3;
+    c.root = "/photos";
+    WriteLmdbCompletion(db.string(), c);
+  }
+}
+
+TEST_F(CliTest, InspectShowsTheStoredConfigTensorsDataAndDatabases) {
+  // A long layer name stays out of the type column; 47 records in batches of 8 are 40 samples.
+  WriteFashionSlice(dir_, "train", 47);
+  const std::string long_name = "a_convolution_with_a_name_longer_than_its_column";
+  std::string config = Config("", "long.yaml");
+  std::string text = ReadFile(config);
+  text = std::regex_replace(text, std::regex("name: conv,"), "name: " + long_name + ",");
+  text = std::regex_replace(text, std::regex("batch_size: 32"), "batch_size: 8");
+  std::ofstream(config) << text;
+  std::string out, err;
+  ASSERT_EQ(Cortado("inspect --config " + config, &out, &err), 0) << err;
+  EXPECT_NE(out.find(long_name + "  Convolution"), std::string::npos) << out;
+  EXPECT_NE(out.find("data.train: 47 records"), std::string::npos) << out;
+  EXPECT_NE(out.find("an epoch is 5 batches of 8 = 40 samples (drop_last leaves 7 records out"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("data.val: 100 records"), std::string::npos) << out;
+
+  ASSERT_EQ(Cortado("train --no-progress --config " + config + " --stop-at-iter 3", nullptr, &err),
+            130)
+      << err;
+  const std::string ckpt = (dir_ / "ckpt" / "ckpt-00000003.cortado").string();
+  ASSERT_EQ(Cortado("inspect --checkpoint " + ckpt, &out, &err), 0) << err;
+  EXPECT_NE(out.find("iteration"), std::string::npos) << out;
+  EXPECT_NE(out.find("stored config"), std::string::npos) << out;
+  EXPECT_NE(out.find("  solver:"), std::string::npos) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("name +shape +dtype +values\n"))) << out;
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex("param/" + long_name + "\\.weight +\\[4, 1, 3, 3\\] +f32 +36\n")))
+      << out;
+
+  WriteDb(dir_ / "db", 10, 2, true);
+  ASSERT_EQ(Cortado("inspect --db " + (dir_ / "db").string(), &out, &err), 0) << err;
+  EXPECT_NE(out.find("records    12"), std::string::npos) << out;
+  EXPECT_NE(out.find("classes    3 (classes.txt: cat, dog, owl)"), std::string::npos) << out;
+  EXPECT_NE(out.find("complete   yes"), std::string::npos) << out;
+  EXPECT_NE(out.find("2 encoded (JPEG), 10 raw, 0 unreadable"), std::string::npos) << out;
+  EXPECT_NE(out.find("8x6x3 (10), 16x12x3 (2)"), std::string::npos) << out;
+  EXPECT_NE(out.find("keys       00000000_raw, 00000001_raw"), std::string::npos) << out;
+  WriteDb(dir_ / "partial", 3, 0, false);
+  ASSERT_EQ(Cortado("inspect --db " + (dir_ / "partial").string(), &out, &err), 0) << err;
+  EXPECT_NE(out.find("complete   NO: LMDB " + (dir_ / "partial").string() + " is incomplete"),
+            std::string::npos)
+      << out;
+}
+
+TEST_F(CliTest, HelpShowsEveryDefault) {
+  std::string out, err;
+  ASSERT_EQ(Cortado("help bench train", &out, &err), 0);
+  EXPECT_TRUE(std::regex_search(out, std::regex("--iters INT .*\\(>= 1\\) \\[default: 50\\]")))
+      << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("--warmup INT .*\\[default: 5\\]"))) << out;
+  ASSERT_EQ(Cortado("help launch", &out, &err), 0);
+  EXPECT_TRUE(std::regex_search(out, std::regex("--nproc-per-node[^\\[]*\\[default: 1\\]"))) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("--grace FLOAT .*\\[default: 5"))) << out;
+  ASSERT_EQ(Cortado("help bench comm", &out, &err), 0);
+  EXPECT_TRUE(std::regex_search(out, std::regex("--sizes TEXT .*\\[default: 4K:128M\\]"))) << out;
+  ASSERT_EQ(Cortado("help train", &out, &err), 0);
+  EXPECT_TRUE(std::regex_search(out, std::regex("--trace-iters INT .*\\[default: 20\\]"))) << out;
+  // Every option that takes a value has a default shown, unless it is required or has none.
+  for (const std::string& command : {"train", "eval", "convert", "launch", "inspect", "bench train",
+                                     "bench data", "bench comm", "bench codec"}) {
+    ASSERT_EQ(Cortado("help " + command, &out, &err), 0) << command;
+    for (const std::string& line : SplitLines(out)) {
+      if (!std::regex_search(line, std::regex("^  --[a-z-]+ (INT|FLOAT|UINT)"))) continue;
+      EXPECT_NE(line.find("[default: "), std::string::npos) << command << ": " << line;
+    }
+  }
+}
+
+// Significant digits of a number's text: "0.000120" -> 2, "1.5e-07" -> 2, "300.0" -> 1.
+size_t Significant(const std::string& text) {
+  std::string digits;
+  for (char c : text.substr(0, text.find_first_of("eE"))) {
+    if (c >= '0' && c <= '9') digits += c;
+  }
+  const size_t first = digits.find_first_not_of('0');
+  if (first == std::string::npos) return 1;
+  return digits.find_last_not_of('0') - first + 1;
+}
+
+// Whether a JSON number token has no more digits than the shortest text that reads back as
+// the same double (std::to_chars), and does read back as it.
+bool Shortest(const std::string& token) {
+  const double v = std::strtod(token.c_str(), nullptr);
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::scientific);
+  return Significant(token) == Significant(std::string(buf, r.ptr));
+}
+
+TEST_F(CliTest, TheMetricsFileHasShortestNumbersTimesAndStartAndResumeEvents) {
+  const std::string config = Config();
+  const fs::path metrics = dir_ / "m.jsonl";
+  std::string err;
+  const auto before = std::chrono::system_clock::now();
+  ASSERT_EQ(Cortado("train --no-progress --config " + config + " --metrics " + metrics.string() +
+                        " --stop-at-iter 6",
+                    nullptr, &err),
+            130)
+      << err;
+  ASSERT_EQ(Cortado("train --no-progress --config " + config + " --metrics " + metrics.string() +
+                        " --resume auto",
+                    nullptr, &err),
+            0)
+      << err;
+  const double t0 = std::chrono::duration<double>(before.time_since_epoch()).count();
+  const std::vector<std::string> lines = SplitLines(ReadFile(metrics));
+  ASSERT_GT(lines.size(), 10u);
+  std::vector<std::string> starts;
+  std::string hash;
+  const std::regex number(R"(:(-?[0-9][0-9.eE+-]*))");
+  for (const std::string& line : lines) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    ASSERT_TRUE(j.contains("time")) << line;
+    EXPECT_GE(j["time"].get<double>(), t0 - 1) << line;
+    EXPECT_LT(j["time"].get<double>(), t0 + 600) << line;
+    EXPECT_EQ(line.find("\"event\":"), 1u) << line;
+    for (auto it = std::sregex_iterator(line.begin(), line.end(), number);
+         it != std::sregex_iterator(); ++it) {
+      EXPECT_TRUE(Shortest((*it)[1])) << (*it)[1] << " in " << line;
+    }
+    if (j["event"] == "start" || j["event"] == "resume") {
+      starts.push_back(StrCat(j["event"].get<std::string>(), "@", j["iter"].get<int64_t>()));
+      EXPECT_NE(j["command"].get<std::string>().find(" train --no-progress --config " + config),
+                std::string::npos)
+          << line;
+      EXPECT_EQ(j["config_hash"].get<std::string>().size(), 16u) << line;
+      if (hash.empty()) hash = j["config_hash"];
+      EXPECT_EQ(j["config_hash"], hash) << line;
+    }
+    // 2 of 10 batches: 0.2, not 0.20000000000000001.
+    if (j["event"] == "train" && j["iter"] == 2) {
+      EXPECT_NE(line.find("\"epoch\":0.2,"), std::string::npos) << line;
+    }
+  }
+  EXPECT_EQ(starts, (std::vector<std::string>{"start@0", "resume@6"}));
+}
+
+TEST_F(CliTest, PlotScriptDrawsRunsAndWritesATable) {
+  if (RunShell("/usr/bin/python3 -c 'import matplotlib'", nullptr, nullptr) != 0) {
+    GTEST_SKIP() << "python3-matplotlib is not installed (scripts/setup.sh installs it)";
+  }
+  // Two runs; the second from an older version: no time, no lr, a line that is not JSON.
+  std::ofstream(dir_ / "a.jsonl")
+      << R"({"event":"start","time":1.5,"iter":0,"command":"cortado train","config_hash":"0"})"
+         "\n"
+      << R"({"event":"train","time":2,"iter":2,"epoch":0.2,"loss":2.1,"lr":0.1,"img_per_s":300})"
+         "\n"
+      << R"({"event":"train","time":3,"iter":4,"epoch":0.4,"loss":1.9,"lr":0.09,"img_per_s":310})"
+         "\n"
+      << R"({"event":"resume","time":9,"iter":4})"
+         "\n"
+      << R"({"event":"eval","time":4,"iter":10,"epoch":1,"top1":0.5,"top5":0.9,"loss":1.5,"images":100})"
+         "\n";
+  std::ofstream(dir_ / "b.jsonl") << R"({"event":"train","iter":2,"epoch":0.2,"loss":2.3})"
+                                     "\n"
+                                  << "garbage\n"
+                                  << R"({"event":"eval","iter":10,"top1":0.4})"
+                                     "\n";
+  const std::string script = std::string(CORTADO_SOURCE_DIR) + "/scripts/plot_metrics.py";
+  const fs::path png = dir_ / "curves.png", csv = dir_ / "table.csv";
+  std::string err;
+  ASSERT_EQ(RunShell("timeout 120 /usr/bin/python3 " + script + " " + (dir_ / "a.jsonl").string() +
+                         " " + (dir_ / "b.jsonl").string() + " --out " + png.string() + " --csv " +
+                         csv.string(),
+                     nullptr, &err),
+            0)
+      << err;
+  EXPECT_EQ(ReadFile(png).substr(0, 4), "\x89PNG");
+  const std::vector<std::string> rows = SplitLines(ReadFile(csv));
+  ASSERT_EQ(rows.size(), 6u) << ReadFile(csv);
+  EXPECT_EQ(rows[0].rfind("run,event,iter,epoch,time,loss,lr,img_per_s,top1,top5", 0), 0u);
+  EXPECT_EQ(rows[1].rfind("a,train,2,0.2,2,2.1,0.1,300,", 0), 0u) << rows[1];
+  EXPECT_EQ(rows[5].rfind("b,eval,10,,,,,,0.4,", 0), 0u) << rows[5];
+  EXPECT_NE(err.find("skipped 1 line"), std::string::npos) << err;
+  // Against the epoch; a folder is refused naming it.
+  EXPECT_EQ(RunShell("/usr/bin/python3 " + script + " " + (dir_ / "a.jsonl").string() +
+                         " --x epoch --out " + png.string(),
+                     nullptr, &err),
+            0)
+      << err;
+  EXPECT_EQ(RunShell("/usr/bin/python3 " + script + " " + dir_.string(), nullptr, &err), 1);
+  EXPECT_NE(err.find("is a folder"), std::string::npos) << err;
+}
+
+TEST_F(CliTest, DryRunChecksEverythingAndLeavesNothingBehind) {
+  const std::string config = Config();
+  const fs::path ckpt = dir_ / "new" / "deeper" / "ckpt";
+  const fs::path metrics = dir_ / "m" / "metrics.jsonl";
+  std::string out, err;
+  ASSERT_EQ(Cortado("train --dry-run --config " + config +
+                        " --set checkpoint.dir=" + ckpt.string() + " --metrics " +
+                        metrics.string() + " --trace " + (dir_ / "t" / "trace.json").string(),
+                    &out, &err),
+            0)
+      << err;
+  EXPECT_NE(out.find("# resolved config"), std::string::npos) << out;
+  EXPECT_NE(out.find(ckpt.string()), std::string::npos) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("layer +type +output +params\n"))) << out;
+  EXPECT_NE(out.find("total parameters: "), std::string::npos) << out;
+  EXPECT_NE(out.find("data.train: 320 records"), std::string::npos) << out;
+  EXPECT_NE(out.find("training: from iteration 0 to 20"), std::string::npos) << out;
+  EXPECT_NE(out.find("dry run: "), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(dir_ / "new"));
+  EXPECT_FALSE(fs::exists(dir_ / "m"));
+  EXPECT_FALSE(fs::exists(dir_ / "t"));
+  EXPECT_FALSE(fs::exists(dir_ / "ckpt"));
+  // An existing metrics file is left as it was.
+  fs::create_directories(dir_ / "m");
+  std::ofstream(metrics) << "{\"event\":\"train\"}\n";
+  ASSERT_EQ(
+      Cortado("train --dry-run --config " + config + " --metrics " + metrics.string(), &out, &err),
+      0)
+      << err;
+  EXPECT_EQ(ReadFile(metrics), "{\"event\":\"train\"}\n");
+  // What would fail in training fails here.
+  std::ofstream(dir_ / "file") << "x";
+  EXPECT_EQ(Cortado("train --dry-run --config " + config +
+                        " --set checkpoint.dir=" + (dir_ / "file" / "ckpt").string(),
+                    &out, &err),
+            1);
+  ExpectOneLineError(err, "train", "unwritable");
+  EXPECT_NE(err.find("checkpoint.dir"), std::string::npos) << err;
+  EXPECT_EQ(
+      Cortado("train --dry-run --config " + config + " --set model.num_classes=3", &out, &err), 1);
+  EXPECT_NE(err.find("model.num_classes is 3 but the data has labels up to 9"), std::string::npos)
+      << err;
+}
+
+}  // namespace
+}  // namespace cortado
