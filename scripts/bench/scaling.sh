@@ -25,11 +25,11 @@
 #   scripts/bench/scaling.sh [--models resnet20,resnet50] [--rates 100mbit,1gbit,10gbit]
 #       [--rounds 3] [--steps resnet20=30,resnet50=4] [--warmup resnet20=5,resnet50=2]
 #       [--batch resnet20=64,resnet50=16] [--codecs f32] [--overlap false,true] [--no-torch]
-#       [--build DIR] [--prefix cortado-scale]
+#       [--no-alone] [--build DIR] [--prefix cortado-scale]
 #
 # --codecs runs the 2-rank trainings once per gradient codec (distributed.codec: f32, f16,
 # bf16, epgc11, epgc9, epgc8; nearest rounding, batch norm and biases in f32); --overlap picks
-# the overlap modes (hidden needs both).
+# the overlap modes (hidden needs both); --no-alone skips the side-by-side control.
 #
 # Needs root (network namespaces and tc), iproute2, cmake and a C++ toolchain (it builds
 # `cortado` in DIR, default build/), and for the peer /usr/bin/python3 with torch and
@@ -48,6 +48,7 @@ batch_spec=resnet20=64,resnet50=16
 codecs=f32
 overlaps=false,true
 torch=1
+alone=1
 build=""
 prefix=cortado-scale
 subnet=10.232.0
@@ -72,7 +73,8 @@ while (($#)); do
       esac
       shift 2 ;;
     --no-torch) torch=0; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    --no-alone) alone=0; shift ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) usage "unknown argument '$1'" ;;
   esac
 done
@@ -281,7 +283,7 @@ run_torch() {  # MODEL RATE|single ROUND
 for round in $(seq 1 "$rounds"); do
   for model in "${model_list[@]}"; do
     run_single "$model" "$round"
-    run_alone_pair "$model" "$round"
+    ((alone)) && run_alone_pair "$model" "$round"
     ((torch)) && run_torch "$model" single "$round"
   done
   for rate in "${rate_list[@]}"; do
