@@ -74,7 +74,7 @@ while (($#)); do
       shift 2 ;;
     --no-torch) torch=0; shift ;;
     --no-alone) alone=0; shift ;;
-    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) usage "unknown argument '$1'" ;;
   esac
 done
