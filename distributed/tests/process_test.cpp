@@ -128,7 +128,12 @@ TEST(RankFailure, StalledRankOfASplitChildIsNamedAtTheDeadline) {
     EXPECT_NE(out.find("op=allreduce"), std::string::npos) << all;
     if (r == sleeper) continue;
     EXPECT_EQ(Field(out, "peer", "ERROR"), late) << all;
-    EXPECT_EQ(Field(out, "ranks", "ERROR"), late) << all;
+    // A rank whose own deadline fires lists the late rank in Error::ranks(); one that hears of
+    // the failure from a peer first (whose deadline fired a moment earlier, as happens on a
+    // loaded machine) gets that peer's message, which names the late rank too.
+    if (out.find("as reported by rank") == std::string::npos) {
+      EXPECT_EQ(Field(out, "ranks", "ERROR"), late) << all;
+    }
     EXPECT_NE(out.find("allreduce #2 "), std::string::npos) << all;
     EXPECT_NE(out.find("rank(s) 2 did not arrive"), std::string::npos) << all;
   }
