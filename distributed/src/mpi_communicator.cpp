@@ -320,31 +320,18 @@ class MpiCommunicator final : public Communicator {
 
   // Issues the operation in pieces of at most INT_MAX elements (MPI counts are int) and polls
   // each against the operation's deadline.
-  template <typename Issue>
-  void Run(const char* name, size_t count, Issue issue) {
-    if (broken_) {
-      throw Error(
-          ErrorKind::kPeerFailure,
-          StrCat(name, ": the communicator is unusable after an earlier failure: ", broken_what_),
-          broken_rank_, name);
-    }
-    uint64_t seq = ++seq_;
-    ops_started_ = seq;
-    Deadline deadline = Deadline::After(options().timeout);
-    const size_t kPiece = static_cast<size_t>(INT_MAX) / 2;
-    for (size_t lo = 0; lo < count || (count == 0 && lo == 0); lo += kPiece) {
-      int n = static_cast<int>(std::min(kPiece, count - lo));
-      MPI_Request req;
-      int rc = Mpi([&] { return issue(lo, n, &req); });
-      if (rc != MPI_SUCCESS) {
-        broken_ = true;
-        broken_what_ = StrCat(name, " #", seq, " (mpi): ", MpiErrorText(rc));
-        throw Error(ErrorKind::kPeerFailure, broken_what_, -1, name);
+  template <typename IssueFn>
+  void Run(const char* name, size_t count, IssueFn issue) {
+    RunSteps(name, [&](uint64_t seq, Deadline deadline) {
+      const size_t kPiece = static_cast<size_t>(INT_MAX) / 2;
+      for (size_t lo = 0; lo < count || (count == 0 && lo == 0); lo += kPiece) {
+        int n = static_cast<int>(std::min(kPiece, count - lo));
+        MPI_Request req;
+        Issue(name, seq, [&] { return issue(lo, n, &req); });
+        Poll(name, seq, &req, deadline);
+        if (count == 0) break;
       }
-      Poll(name, seq, &req, deadline);
-      if (count == 0) break;
-    }
-    ops_finished_ = seq;
+    });
   }
 
   // One numbered operation made of several point-to-point requests (Issue + Poll each).
