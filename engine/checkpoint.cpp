@@ -12,6 +12,7 @@
 
 #include "engine/error.h"
 #include "engine/log.h"
+#include "engine/numbers.h"
 
 namespace cortado {
 namespace fs = std::filesystem;
@@ -62,10 +63,25 @@ class Reader {
   size_t pos_ = 0;
 };
 
+CheckpointWriteHook g_write_hook;
+
+// The fault a test injects at this point (0: none); errno is set to it.
+bool Injected(const char* stage, size_t offset) {
+  if (!g_write_hook) return false;
+  const int err = g_write_hook(stage, offset);
+  if (err == 0) return false;
+  errno = err;
+  return true;
+}
+
+// In pieces of at most 8 MiB, so that a fault can be injected between them.
 void WriteAll(int fd, const std::string& data, const std::string& path) {
+  constexpr size_t kPiece = size_t{8} << 20;
   size_t done = 0;
   while (done < data.size()) {
-    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    ssize_t n = Injected("write", done)
+                    ? -1
+                    : ::write(fd, data.data() + done, std::min(kPiece, data.size() - done));
     if (n < 0 && errno == EINTR) continue;
     CORTADO_CHECK(n > 0, "writing checkpoint '", path, "': ", std::strerror(errno));
     done += static_cast<size_t>(n);
@@ -73,6 +89,20 @@ void WriteAll(int fd, const std::string& data, const std::string& path) {
 }
 
 }  // namespace
+
+void SetCheckpointWriteHookForTesting(CheckpointWriteHook hook) { g_write_hook = std::move(hook); }
+
+std::string NewestLoadableCheckpoint(const std::string& dir, Checkpoint* checkpoint) {
+  for (const std::string& candidate : ListCheckpoints(dir)) {
+    try {
+      *checkpoint = LoadCheckpoint(candidate);
+      return candidate;
+    } catch (const Error& e) {
+      LogWarning("skipping unusable checkpoint: ", e.what());
+    }
+  }
+  return "";
+}
 
 const Tensor* Checkpoint::Find(const std::string& name) const {
   for (const auto& [n, t] : tensors) {
@@ -89,12 +119,8 @@ const std::string& Checkpoint::Meta(const std::string& key) const {
 
 int64_t Checkpoint::MetaInt(const std::string& key) const {
   const std::string& v = Meta(key);
-  try {
-    size_t used = 0;
-    int64_t x = std::stoll(v, &used);
-    if (used == v.size()) return x;
-  } catch (const std::exception&) {
-  }
+  int64_t x = 0;
+  if (ParseInt64(v, &x)) return x;
   Fail("checkpoint entry '", key, "' is not an integer: '", v, "'");
 }
 
@@ -137,19 +163,21 @@ void SaveCheckpoint(const Checkpoint& checkpoint, const std::string& path) {
   CORTADO_CHECK(fd >= 0, "cannot create '", tmp, "': ", std::strerror(errno));
   try {
     WriteAll(fd, file, tmp);
-    CORTADO_CHECK(::fsync(fd) == 0, "fsync '", tmp, "': ", std::strerror(errno));
+    CORTADO_CHECK(!Injected("fsync", file.size()) && ::fsync(fd) == 0, "writing checkpoint '",
+                  tmp, "': fsync: ", std::strerror(errno));
   } catch (...) {
     ::close(fd);
     ::unlink(tmp.c_str());
     throw;
   }
   ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (Injected("rename", file.size()) || ::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
     Fail("cannot rename '", tmp, "' to '", path, "': ", std::strerror(err));
   }
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  Injected("renamed", file.size());
   if (dfd >= 0) {
     ::fsync(dfd);  // make the rename itself durable
     ::close(dfd);
@@ -230,13 +258,64 @@ std::vector<std::string> ListCheckpoints(const std::string& dir) {
   return out;
 }
 
-void PruneCheckpoints(const std::string& dir, int keep) {
+std::map<std::string, std::string> ReadCheckpointMeta(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  CORTADO_CHECK(in.good(), "cannot open checkpoint '", path, "'");
+  std::string header(kHeaderBytes, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(kHeaderBytes));
+  CORTADO_CHECK(in.gcount() == static_cast<std::streamsize>(kHeaderBytes) &&
+                    std::memcmp(header.data(), kMagic, 8) == 0,
+                "'", path, "' is not a Cortado checkpoint (bad magic or too short)");
+  uint32_t version;
+  uint64_t size;
+  std::memcpy(&version, header.data() + 8, 4);
+  std::memcpy(&size, header.data() + 16, 8);
+  CORTADO_CHECK(version == kCheckpointVersion, "checkpoint '", path, "' has format version ",
+                version, "; this build reads version ", kCheckpointVersion);
+  // Reads the payload in growing pieces until the metadata is complete: the metadata is a few
+  // kilobytes at the front, the tensors after it may be gigabytes.
+  std::string payload;
+  size_t want = 64 * 1024;
+  while (true) {
+    const size_t target = static_cast<size_t>(std::min<uint64_t>(size, want));
+    const size_t have = payload.size();
+    payload.resize(target);
+    in.read(payload.data() + have, static_cast<std::streamsize>(target - have));
+    payload.resize(have + static_cast<size_t>(in.gcount()));
+    try {
+      Reader r(payload, path);
+      std::map<std::string, std::string> meta;
+      const uint32_t n_meta = r.Get<uint32_t>();
+      for (uint32_t i = 0; i < n_meta; ++i) {
+        std::string k = r.String();
+        meta[k] = r.String();
+      }
+      return meta;
+    } catch (const Error&) {
+      // Not all of the metadata yet: read more, unless the file has no more.
+      if (payload.size() < target || target == size) throw;
+    }
+    want *= 4;
+  }
+}
+
+void PruneCheckpoints(const std::string& dir, int keep, const std::string& run_id) {
   if (keep <= 0) return;
-  std::vector<std::string> all = ListCheckpoints(dir);
-  for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) {
+  int kept = 0;
+  for (const std::string& path : ListCheckpoints(dir)) {
+    std::string owner;
+    try {
+      const auto meta = ReadCheckpointMeta(path);
+      auto it = meta.find("run_id");
+      if (it == meta.end()) continue;
+      owner = it->second;
+    } catch (const Error&) {
+      continue;
+    }
+    if (owner != run_id || ++kept <= keep) continue;
     std::error_code ec;
-    fs::remove(all[i], ec);
-    if (ec) LogWarning("could not remove old checkpoint '", all[i], "': ", ec.message());
+    fs::remove(path, ec);
+    if (ec) LogWarning("could not remove old checkpoint '", path, "': ", ec.message());
   }
 }
 

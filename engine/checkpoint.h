@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -34,6 +35,12 @@ struct Checkpoint {
 };
 
 void SaveCheckpoint(const Checkpoint& checkpoint, const std::string& path);
+// Fault injection for tests: called by SaveCheckpoint before each piece it writes ("write",
+// offset into the file), before the fsync ("fsync"), before the rename ("rename") and after
+// it ("renamed"); a non-zero return fails that step with that errno (ENOSPC, EIO). A test may
+// also kill its process from here. Empty function: none.
+using CheckpointWriteHook = std::function<int(const char* stage, size_t offset)>;
+void SetCheckpointWriteHookForTesting(CheckpointWriteHook hook);
 // Throws naming the file and what is wrong (not a checkpoint, truncated, CRC mismatch, ...).
 Checkpoint LoadCheckpoint(const std::string& path);
 // The file's bytes, and back (`path` names the source in errors): data-parallel ranks receive
@@ -55,7 +62,15 @@ class CheckpointState {
 // Checkpoint files in dir, named by CheckpointFileName, newest (highest iteration) first.
 std::vector<std::string> ListCheckpoints(const std::string& dir);
 std::string CheckpointFileName(int64_t iteration);  // "ckpt-00001234.cortado"
-// Deletes all but the newest `keep` checkpoints in dir.
-void PruneCheckpoints(const std::string& dir, int keep);
+// The newest checkpoint in dir that loads (corrupt or truncated ones are skipped with a
+// warning), into *checkpoint; "" when there is none. What `--resume auto` resumes from.
+std::string NewestLoadableCheckpoint(const std::string& dir, Checkpoint* checkpoint);
+// The metadata alone, read from the front of the file without loading the tensors (so
+// without the CRC check of the whole payload): which run and config a file belongs to. Throws
+// as LoadCheckpoint does when the header or the metadata is damaged.
+std::map<std::string, std::string> ReadCheckpointMeta(const std::string& path);
+// Deletes all but the newest `keep` of the checkpoints in dir whose "run_id" entry is run_id
+// (another run's files, and files whose metadata cannot be read, are never touched).
+void PruneCheckpoints(const std::string& dir, int keep, const std::string& run_id);
 
 }  // namespace cortado

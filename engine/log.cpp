@@ -1,5 +1,7 @@
 #include "engine/log.h"
 
+#include "engine/env.h"
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -24,10 +26,9 @@ void SetLogLevel(LogLevel level) { g_level = static_cast<int>(level); }
 LogLevel GetLogLevel() { return static_cast<LogLevel>(g_level.load()); }
 
 void InitLogLevelFromEnv() {
-  const char* env = std::getenv("CORTADO_LOG_LEVEL");
-  if (env == nullptr) return;
-  std::string_view v(env);
-  g_from_env = v == "debug" || v == "info" || v == "warning" || v == "error" || v == "off";
+  const std::string v =
+      EnvChoice("CORTADO_LOG_LEVEL", "", {"debug", "info", "warning", "error", "off"});
+  g_from_env = !v.empty();
   if (v == "debug") SetLogLevel(LogLevel::kDebug);
   if (v == "info") SetLogLevel(LogLevel::kInfo);
   if (v == "warning") SetLogLevel(LogLevel::kWarning);

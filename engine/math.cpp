@@ -3,20 +3,36 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <limits>
 
 #ifdef CORTADO_HAVE_ONEDNN
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #endif
 
+#include "engine/error.h"
 #include "engine/thread_pool.h"
 
 namespace cortado {
+namespace {
+
+// BLAS takes int sizes: a product whose sizes do not fit fails here instead of computing
+// garbage from a truncated size.
+int BlasInt(int64_t v, const char* what) {
+  CORTADO_CHECK(v >= 0 && v <= std::numeric_limits<int>::max(), "matrix product: ", what, " = ",
+                v, " exceeds what BLAS takes (", std::numeric_limits<int>::max(), ")");
+  return static_cast<int>(v);
+}
+
+}  // namespace
 
 template <>
 void GemmLd<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                    int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
+  // Checked before either library sees them (oneDNN takes 64-bit sizes, its fallback does not).
+  const int im = BlasInt(m, "m"), in = BlasInt(n, "n"), ik = BlasInt(k, "k");
+  const int ilda = BlasInt(lda, "lda"), ildb = BlasInt(ldb, "ldb"), ildc = BlasInt(ldc, "ldc");
 #ifdef CORTADO_HAVE_ONEDNN
   // oneDNN parallelizes with OpenMP; the engine already splits work across its own threads,
   // so every calling thread asks for one OpenMP thread (set once per thread).
@@ -27,9 +43,8 @@ void GemmLd<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alph
   if (status == dnnl_success) return;
   // Fall through to OpenBLAS on the (unexpected) failure of oneDNN.
 #endif
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
-              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, im,
+              in, ik, alpha, a, ilda, b, ildb, beta, c, ildc);
 }
 
 template <>
@@ -37,9 +52,10 @@ void GemmLd<double>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double al
                     const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
                     double* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
-              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+  const int im = BlasInt(m, "m"), in = BlasInt(n, "n"), ik = BlasInt(k, "k");
+  const int ilda = BlasInt(lda, "lda"), ildb = BlasInt(ldb, "ldb"), ildc = BlasInt(ldc, "ldc");
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, im,
+              in, ik, alpha, a, ilda, b, ildb, beta, c, ildc);
 }
 
 template <typename T>

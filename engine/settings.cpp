@@ -5,22 +5,13 @@
 #include <sstream>
 
 #include "engine/error.h"
+#include "engine/numbers.h"
 
 namespace cortado {
 namespace {
 
-bool ParseInt(const std::string& s, int64_t* out) {
-  const char* end = s.data() + s.size();
-  auto [ptr, ec] = std::from_chars(s.data(), end, *out);
-  return ec == std::errc() && ptr == end && !s.empty();
-}
-
-bool ParseDouble(const std::string& s, double* out) {
-  if (s.empty()) return false;
-  char* end = nullptr;
-  *out = std::strtod(s.c_str(), &end);
-  return end == s.c_str() + s.size() && std::isfinite(*out);
-}
+bool ParseInt(const std::string& s, int64_t* out) { return ParseInt64(s, out); }
+bool ParseDouble(const std::string& s, double* out) { return ParseFiniteDouble(s, out); }
 
 std::string Join(const std::vector<std::string>& items) {
   std::string out;

@@ -1,5 +1,7 @@
 #include "engine/thread_pool.h"
 
+#include "engine/env.h"
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -24,8 +26,7 @@ thread_local bool t_in_worker = false;
 // spinning takes time from them).
 int SpinCount() {
   static const int count = [] {
-    const char* env = std::getenv("CORTADO_SPIN");
-    return env != nullptr && std::string(env) == "0" ? 0 : 4000;
+    return EnvChoice("CORTADO_SPIN", "1", {"0", "1"}) == "0" ? 0 : 4000;
   }();
   return count;
 }
@@ -171,14 +172,8 @@ Pool& GetPool() {
 void SetWorkerHookForTesting(void (*hook)(int)) { g_worker_hook.store(hook); }
 
 int DefaultNumThreads() {
-  if (const char* env = std::getenv("CORTADO_NUM_THREADS")) {
-    char* end = nullptr;
-    long v = std::strtol(env, &end, 10);
-    CORTADO_CHECK(end != env && *end == '\0' && v >= 1 && v <= 1024,
-                  "CORTADO_NUM_THREADS='", env, "' must be an integer from 1 to 1024");
-    return static_cast<int>(v);
-  }
-  return std::max(1u, std::thread::hardware_concurrency());
+  const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<int>(EnvInt("CORTADO_NUM_THREADS", cores, 1, 1024));
 }
 
 void SetNumThreads(int n) {

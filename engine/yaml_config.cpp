@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "engine/error.h"
+#include "engine/numbers.h"
 
 namespace cortado {
 namespace {
@@ -22,24 +23,8 @@ std::string Shown(const YAML::Node& node) {
   return out.c_str();
 }
 
-bool ParseInt(const std::string& s, int64_t* out) {
-  if (s.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  long long v = std::strtoll(s.c_str(), &end, 10);
-  if (errno != 0 || end != s.c_str() + s.size()) return false;
-  *out = v;
-  return true;
-}
-
-bool ParseFloat(const std::string& s, double* out) {
-  if (s.empty()) return false;
-  char* end = nullptr;
-  double v = std::strtod(s.c_str(), &end);
-  if (end != s.c_str() + s.size() || !std::isfinite(v)) return false;
-  *out = v;
-  return true;
-}
+bool ParseInt(const std::string& s, int64_t* out) { return ParseInt64(s, out); }
+bool ParseFloat(const std::string& s, double* out) { return ParseFiniteDouble(s, out); }
 
 }  // namespace
 
@@ -231,6 +216,63 @@ std::string YamlConfig::Dump() const {
   YAML::Emitter out;
   out << root_;
   return out.c_str();
+}
+
+namespace {
+
+void Flatten(const YAML::Node& node, const std::string& path,
+             std::map<std::string, std::string>& out) {
+  if (node.IsMap()) {
+    for (const auto& kv : node) {
+      const std::string key = kv.first.as<std::string>();
+      Flatten(kv.second, path.empty() ? key : path + "." + key, out);
+    }
+  } else if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i) {
+      Flatten(node[i], path + "[" + std::to_string(i) + "]", out);
+    }
+    if (node.size() == 0) out[path] = "[]";
+  } else if (node.IsScalar()) {
+    out[path] = node.Scalar();
+  } else {
+    out[path] = "null";
+  }
+}
+
+}  // namespace
+
+std::map<std::string, std::string> FlattenYaml(const std::string& text, const std::string& name) {
+  std::map<std::string, std::string> out;
+  try {
+    Flatten(YAML::Load(text), "", out);
+  } catch (const YAML::Exception& e) {
+    Fail(name, ": not valid YAML: ", e.what());
+  }
+  return out;
+}
+
+std::vector<std::string> YamlDifferences(const std::string& before, const std::string& after) {
+  const auto a = FlattenYaml(before, "the earlier config");
+  const auto b = FlattenYaml(after, "the later config");
+  std::vector<std::string> out;
+  auto ia = a.begin();
+  auto ib = b.begin();
+  while (ia != a.end() || ib != b.end()) {
+    if (ib == b.end() || (ia != a.end() && ia->first < ib->first)) {
+      out.push_back(ia->first + ": " + ia->second + " -> (unset)");
+      ++ia;
+    } else if (ia == a.end() || ib->first < ia->first) {
+      out.push_back(ib->first + ": (unset) -> " + ib->second);
+      ++ib;
+    } else {
+      if (ia->second != ib->second) {
+        out.push_back(ia->first + ": " + ia->second + " -> " + ib->second);
+      }
+      ++ia;
+      ++ib;
+    }
+  }
+  return out;
 }
 
 }  // namespace cortado

@@ -76,4 +76,11 @@ class YamlConfig {
   std::map<std::string, std::string> overrides_;  // key path -> the --set argument
 };
 
+// Every leaf of a YAML document by its key path ("solver.base_lr", "model.layers[2].type"), as
+// YAML text; throws on a syntax error, naming `name`.
+std::map<std::string, std::string> FlattenYaml(const std::string& text, const std::string& name);
+// The leaves that differ between two documents, each as "key: before -> after" ("(unset)"
+// for a key only one of them has), in key order.
+std::vector<std::string> YamlDifferences(const std::string& before, const std::string& after);
+
 }  // namespace cortado

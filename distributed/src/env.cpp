@@ -300,8 +300,17 @@ CommOptions CommOptions::FromEnv(const EnvLookup& env) {
   o.chunk_bytes = bytes("CORTADO_CHUNK_BYTES", o.chunk_bytes);
   if (o.chunk_bytes < 4096) Fail(ErrorKind::kConfig, "CORTADO_CHUNK_BYTES must be at least 4K");
   o.pipeline_depth = GetInt(env, "CORTADO_PIPELINE_DEPTH", 1, 64, o.pipeline_depth);
-  o.socket_buffer_bytes =
-      static_cast<int>(bytes("CORTADO_SOCKET_BUFFER", static_cast<size_t>(o.socket_buffer_bytes)));
+  {
+    // setsockopt takes an int; the kernel caps it further (net.core.wmem_max, rmem_max).
+    const size_t socket_buffer =
+        bytes("CORTADO_SOCKET_BUFFER", static_cast<size_t>(o.socket_buffer_bytes));
+    constexpr size_t kMax = size_t{1} << 30;
+    if (socket_buffer > kMax) {
+      Fail(ErrorKind::kConfig, "CORTADO_SOCKET_BUFFER: ", socket_buffer,
+           " bytes is more than the largest socket buffer, 1G");
+    }
+    o.socket_buffer_bytes = static_cast<int>(socket_buffer);
+  }
   o.spin_us = GetInt(env, "CORTADO_SPIN_US", 0, 1000000, o.spin_us);
   return o;
 }

@@ -54,14 +54,14 @@ std::vector<double> CheckLayout(Net& net, const DataParallel& dp, const DataPara
   std::vector<double> mb;
   for (size_t i = 0; i < buckets.size(); ++i) {
     EXPECT_EQ(seen[i], buckets[i].params) << "bucket " << i;
-    if (i > 0) EXPECT_EQ(buckets[i].begin, buckets[i - 1].end);
+    if (i > 0) { EXPECT_EQ(buckets[i].begin, buckets[i - 1].end); }
     const double bytes = 4.0 * static_cast<double>(buckets[i].end - buckets[i].begin);
     mb.push_back(bytes / 1048576.0);
     const double cap = i == 0 ? o.first_bucket_mb
                        : i + 1 == buckets.size() ? o.last_bucket_mb
                                                  : o.bucket_mb;
     // A bucket may exceed its cap only by holding a single parameter (padding aside).
-    if (buckets[i].params > 1) EXPECT_LE(mb.back(), cap * 1.01) << "bucket " << i;
+    if (buckets[i].params > 1) { EXPECT_LE(mb.back(), cap * 1.01) << "bucket " << i; }
   }
   EXPECT_EQ(buckets.front().begin, 0);
   EXPECT_EQ(buckets.back().end, block.numel());
@@ -96,8 +96,10 @@ TEST(DataParallel, BucketSizesFollowTheOptions) {
     o.last_bucket_mb = size / 2;
     DataParallel dp(net, *comm, o);
     std::vector<double> mb = CheckLayout(net, dp, o);
-    if (size == 25.0) EXPECT_EQ(mb.size(), 1u);  // the first bucket holds the whole net
-    if (size == 0.01) EXPECT_GT(mb.size(), 20u);
+    if (size == 25.0) {
+      EXPECT_EQ(mb.size(), 1u);  // the first bucket holds the whole net
+    }
+    if (size == 0.01) { EXPECT_GT(mb.size(), 20u); }
   }
   DataParallelOptions bad;
   bad.last_bucket_mb = 0;
@@ -221,7 +223,7 @@ TEST(DataParallel, BucketsNeverMixCodecsAndTheControlWordsStayF32) {
   for (Param* p : net.params()) {
     const int64_t at = p->grad.storage_offset();
     for (const auto& b : buckets) {
-      if (at >= b.begin && at < b.end) EXPECT_EQ(dist::CodecName(b.codec), p->codec) << p->name;
+      if (at >= b.begin && at < b.end) { EXPECT_EQ(dist::CodecName(b.codec), p->codec) << p->name; }
     }
   }
   // conv1.weight (epgc11) is the last parameter: the control words get a bucket of their own.

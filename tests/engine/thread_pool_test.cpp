@@ -192,6 +192,26 @@ TEST(Math, ParallelGemmMatchesSerial) {
   }
 }
 
+// Sizes beyond BLAS's int are refused with the size named, before any memory is touched (a
+// truncated size would silently compute part of the product).
+TEST(Math, GemmSizesBeyondIntAreRefused) {
+  const int64_t huge = int64_t{1} << 31;
+  for (bool f32 : {true, false}) {
+    try {
+      if (f32) {
+        GemmLd<float>(false, false, huge, 1, 1, 1.0f, nullptr, 1, nullptr, 1, 0.0f, nullptr, 1);
+      } else {
+        GemmLd<double>(false, false, 1, 1, huge, 1.0, nullptr, huge, nullptr, 1, 0.0, nullptr, 1);
+      }
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(f32 ? "m = 2147483648" : "k = 2147483648"), std::string::npos) << m;
+      EXPECT_NE(m.find("exceeds what BLAS takes"), std::string::npos) << m;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace cortado
 
