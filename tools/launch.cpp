@@ -15,6 +15,7 @@
 #include "cortado/dist/env.h"
 #include "cortado/dist/error.h"
 #include "cortado/dist/launcher.h"
+#include "engine/env.h"
 #include "engine/error.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
@@ -143,14 +144,7 @@ void AddLaunchCommand(CLI::App& app) {
       UsageFail("--master HOST:PORT is required with --nnodes > 1");
     }
     double grace = args->grace_s;
-    if (cmd->count("--grace") == 0) {
-      if (const char* g = std::getenv("CORTADO_LAUNCH_GRACE_S"); g != nullptr && *g != '\0') {
-        char* end = nullptr;
-        grace = std::strtod(g, &end);
-        CORTADO_CHECK(*end == '\0' && grace >= 0 && grace < 1e9, "CORTADO_LAUNCH_GRACE_S='", g,
-                      "' is not a number of seconds >= 0");
-      }
-    }
+    if (cmd->count("--grace") == 0) grace = EnvDouble("CORTADO_LAUNCH_GRACE_S", grace, 0, 1e6);
     o.grace = std::chrono::milliseconds(static_cast<int64_t>(grace * 1000.0));
     o.command = args->command;
     o.command[0] = ResolveSelf(o.command[0]);

@@ -168,7 +168,11 @@ void AddBenchCommand(CLI::App& app) {
 
 int main(int argc, char** argv) {
   using namespace cortado::tools;
-  cortado::InitLogLevelFromEnv();
+  try {
+    cortado::InitLogLevelFromEnv();
+  } catch (const std::exception& e) {
+    return PrintError("", e.what(), 1);
+  }
   SetCommandLine(argc, argv);
   CLI::App app{"Cortado: a data-parallel training engine"};
   app.name("cortado");

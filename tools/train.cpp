@@ -1,5 +1,5 @@
 // `cortado train --config F [--set k=v]... [--resume auto|PATH] [--metrics PATH] [--threads N]
-//  [--stop-at-iter N] [--trace PATH [--trace-iters N]] [--dry-run]`; under `cortado launch`,
+//  [--stop-at-iter N] [--trace PATH [--trace-iters N]] [--overwrite] [--dry-run]`; under `cortado launch`,
 // mpirun or srun, one rank of a data-parallel job. Exits 0 at the end of training, 128 + the
 // signal after SIGINT/SIGTERM (130 after --stop-at-iter), having saved a checkpoint and printed
 // the command that resumes.
@@ -33,6 +33,7 @@ struct TrainArgs {
   std::string trace;
   int64_t trace_iters = 20;
   bool dry_run = false;
+  bool overwrite = false;
 };
 
 namespace fs = std::filesystem;
@@ -48,20 +49,6 @@ fs::path FirstMissing(const fs::path& dir) {
     if (p == p.parent_path()) break;
   }
   return missing;
-}
-
-// Checks that a file can be created in `dir` (creating the folder as training would), then
-// removes what it created.
-void ProbeFolder(const std::string& what, const fs::path& dir) {
-  const fs::path created = FirstMissing(dir);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  CORTADO_CHECK(!ec, what, ": cannot create folder '", dir.string(), "': ", ec.message());
-  const fs::path probe = dir / StrCat(".cortado-dry-run-", ::getpid());
-  const bool ok = std::ofstream(probe).good();
-  fs::remove(probe, ec);
-  if (!created.empty()) fs::remove_all(created, ec);
-  CORTADO_CHECK(ok, what, ": cannot write in folder '", dir.string(), "'");
 }
 
 // A file that training appends to (metrics) or rewrites (trace): opened for appending when it
@@ -90,8 +77,9 @@ int DryRun(RunConfig config, const TrainOptions& options) {
   const std::string ckpt_dir = config.checkpoint.dir;
   const RunConfig copy = config;
   Trainer trainer(std::move(config));
-  trainer.Start(options.resume);  // checks the checkpoint it would resume from
-  ProbeFolder("checkpoint.dir", ckpt_dir);
+  // Checks the checkpoint it would resume from, and that the run may use its folder.
+  const RunFolder folder = trainer.RunFolderOf(options);
+  trainer.Start(options.resume, &folder);
   if (!options.metrics_path.empty()) ProbeFile("--metrics", options.metrics_path);
   if (!options.trace_path.empty()) ProbeFile("--trace", options.trace_path);
   std::printf("# resolved config (%s with the --set overrides)\n%s\n", file.c_str(),
@@ -103,6 +91,11 @@ int DryRun(RunConfig config, const TrainOptions& options) {
               static_cast<long long>(trainer.iteration()),
               static_cast<long long>(trainer.max_iter()), ckpt_dir.c_str(),
               options.metrics_path.empty() ? "" : ", metrics to ", options.metrics_path.c_str());
+  if (options.overwrite && CountCheckpoints(ckpt_dir) > 0) {
+    std::printf("--overwrite: training would first delete the %d checkpoint(s) in '%s'%s\n",
+                CountCheckpoints(ckpt_dir), ckpt_dir.c_str(),
+                options.metrics_path.empty() ? "" : " and empty the metrics file");
+  }
   std::printf(
       "dry run: the config, net, data and output paths are fine; nothing was trained "
       "or written\n");
@@ -149,6 +142,9 @@ void AddTrainCommand(CLI::App& app) {
                   "this file (per rank: PATH with .rank<r> before the extension)");
   cmd->add_option("--trace-iters", args->trace_iters, "Iterations the trace records (0: all)")
       ->check(IntAtLeast(0, "0: all"));
+  cmd->add_flag("--overwrite", args->overwrite,
+                "Start over in a checkpoint.dir an earlier run left checkpoints in: delete them "
+                "(and empty the --metrics file) first. Without it such a start is refused");
   cmd->add_flag("--dry-run", args->dry_run,
                 "Check the config, build the net, open the data, check that the outputs can be "
                 "written, print the resolved config and the net, and exit without training");
@@ -160,8 +156,12 @@ void AddTrainCommand(CLI::App& app) {
                      "a checkpoint file (ckpt-*.cortado), or 'auto' for the newest in "
                      "checkpoint.dir");
     }
+    if (args->overwrite && !args->resume.empty()) {
+      UsageFail("--overwrite starts a run over; it cannot be combined with --resume");
+    }
     TrainOptions options;
     options.resume = args->resume;
+    options.overwrite = args->overwrite;
     options.metrics_path = args->metrics;
     options.progress_bar = !args->no_progress && isatty(STDOUT_FILENO);
     options.stop_at = args->stop_at;

@@ -13,6 +13,7 @@
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/thread_pool.h"
+#include "engine/yaml_config.h"
 #include "models/builders.h"
 #include "tools/command_line.h"
 
@@ -189,7 +190,7 @@ std::string DataSummary(const RunConfig& config, const BatchSource& train) {
 }
 
 Trainer::Trainer(RunConfig config, World world)
-    : config_(std::move(config)), world_(std::move(world)) {
+    : config_(std::move(config)), world_(std::move(world)), run_id_(tools::NewRunId()) {
   const uint64_t seed = config_.seed;
   const ShardSpec shard{world_.rank, world_.size};
   train_source_ = MakeTrainSource(config_.data, shard, seed);
@@ -275,6 +276,8 @@ void Trainer::SaveState(Checkpoint& ckpt) const {
   // the generator state is fully described by the seed and the position above.
   ckpt.meta["rng"] = "counter-based(seed, epoch, iteration)";
   ckpt.meta["config"] = config_.resolved_yaml;
+  ckpt.meta["config_hash"] = ConfigHash(config_.resolved_yaml);
+  ckpt.meta["run_id"] = run_id_;
   ckpt.meta["world_size"] = std::to_string(world_.size);
   ckpt.meta["batch_per_rank"] = std::to_string(config_.data.batch_size);
   ckpt.meta["global_batch"] = std::to_string(global_batch());
@@ -306,6 +309,9 @@ void Trainer::LoadState(const Checkpoint& ckpt, const std::string& path) {
                 saved_bpe, " batches per epoch, this run has ", batches_per_epoch_,
                 " (batch size or data changed)");
   iteration_ = iteration;
+  // Checkpoints written before runs had ids: the continuation is a run of its own.
+  auto id = ckpt.meta.find("run_id");
+  run_id_ = id != ckpt.meta.end() && !id->second.empty() ? id->second : tools::NewRunId();
 }
 
 Checkpoint Trainer::CollectState() const {
@@ -367,18 +373,6 @@ void Trainer::LoadFeedback(const Checkpoint& ckpt, const std::string& path) {
   }
 }
 
-std::string NewestLoadableCheckpoint(const std::string& dir, Checkpoint* checkpoint) {
-  for (const std::string& candidate : ListCheckpoints(dir)) {
-    try {
-      *checkpoint = LoadCheckpoint(candidate);
-      return candidate;
-    } catch (const Error& e) {
-      LogWarning("skipping unusable checkpoint: ", e.what());
-    }
-  }
-  return "";
-}
-
 void Trainer::Resume(const std::string& what) {
   std::string path = what;
   Checkpoint ckpt;
@@ -395,11 +389,35 @@ void Trainer::Resume(const std::string& what) {
   LoadAllState(ckpt, path);
   LogInfo("resumed from '", path, "' at iteration ", iteration_, " (epoch ",
           iteration_ / batches_per_epoch_, ")");
+  WarnAboutConfigChanges(ckpt, path);
 }
 
-void Trainer::Start(const std::string& resume) {
+// A resumed run may change its config on purpose (a longer schedule, a lower rate), but never
+// without saying so.
+void Trainer::WarnAboutConfigChanges(const Checkpoint& ckpt, const std::string& path) const {
+  auto stored = ckpt.meta.find("config");
+  if (stored == ckpt.meta.end() || stored->second == config_.resolved_yaml) return;
+  std::vector<std::string> changes;
+  try {
+    changes = YamlDifferences(stored->second, config_.resolved_yaml);
+  } catch (const Error& e) {
+    LogWarning("checkpoint '", path, "': cannot compare its stored config: ", e.what());
+    return;
+  }
+  if (changes.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < changes.size() && i < 8; ++i) list += (i ? "; " : "") + changes[i];
+  if (changes.size() > 8) list += StrCat("; and ", changes.size() - 8, " more");
+  LogWarning("resuming with a config that differs from the one '", path, "' was written with (",
+             changes.size(), " key(s), config hash ",
+             ckpt.meta.count("config_hash") ? ckpt.meta.at("config_hash") : "?", " -> ",
+             ConfigHash(config_.resolved_yaml), "): ", list);
+}
+
+void Trainer::Start(const std::string& resume, const tools::RunFolder* folder) {
   if (world_.size == 1) {
     if (!resume.empty()) Resume(resume);
+    if (folder) tools::CheckRunFolder(*folder, !resume.empty(), run_id_);
     return;
   }
   // Rank 0 resumes (or keeps its fresh initialization) and sends its whole state; a failure
@@ -408,6 +426,7 @@ void Trainer::Start(const std::string& resume) {
   if (is_root()) {
     try {
       if (!resume.empty()) Resume(resume);
+      if (folder) tools::CheckRunFolder(*folder, !resume.empty(), run_id_);
       blob = "S" + SerializeCheckpoint(CollectState());
     } catch (const Error& e) {
       blob = std::string("E") + e.what();
@@ -425,7 +444,7 @@ std::string Trainer::SaveCheckpointNow() {
   std::string path =
       (std::filesystem::path(config_.checkpoint.dir) / CheckpointFileName(iteration_)).string();
   SaveCheckpoint(CollectState(), path);
-  PruneCheckpoints(config_.checkpoint.dir, config_.checkpoint.keep);
+  PruneCheckpoints(config_.checkpoint.dir, config_.checkpoint.keep, run_id_);
   return path;
 }
 
@@ -589,11 +608,28 @@ void Trainer::StopHere(const char* why, const std::vector<std::string>& argv) {
   if (world_.comm) world_.comm->Barrier();
 }
 
+tools::RunFolder Trainer::RunFolderOf(const TrainOptions& options) const {
+  tools::RunFolder folder;
+  folder.checkpoint_dir = config_.checkpoint.dir;
+  folder.metrics_path = options.metrics_path;
+  folder.config_yaml = config_.resolved_yaml;
+  folder.overwrite = options.overwrite;
+  return folder;
+}
+
 int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
-  Start(options.resume);
+  const tools::RunFolder folder = RunFolderOf(options);
+  Start(options.resume, &folder);
   if (is_root()) {
+    if (options.overwrite) {
+      if (int n = tools::ClearRunFolder(folder); n > 0) {
+        LogWarning("--overwrite: deleted ", n, " checkpoint(s) of an earlier run from '",
+                   folder.checkpoint_dir, "'");
+      }
+    }
     progress_ = ProgressBar(options.progress_bar);
-    metrics_.Open(options.metrics_path, iteration_ > 0);
+    // A continued run appends; a fresh one has an empty file or was told to start over.
+    metrics_.Open(options.metrics_path, !options.resume.empty());
     // Marks where a run (or a resumed part of it) begins, so plots and readers can tell the
     // parts apart and check that they belong to one config.
     nlohmann::ordered_json m;
@@ -660,6 +696,7 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
 
   interval_.Reset();
   stop_agreed_ = false;
+  const auto run_start = Clock::now();
   while (iteration_ < max_iter_) {
     if (options.stop_at > 0 && iteration_ >= options.stop_at) {
       StopHere("stopped", options.argv);
@@ -691,6 +728,16 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
   if (trace_) FinishTrace();
   progress_.Clear();
   SourceStats stats = train_source_->stats();
+  if (is_root() && stats.loader_threads > 0) {
+    // The decode threads come on top of the compute budget (README, Threads): say what they
+    // cost, so a loader that competes with compute shows.
+    const double wall = Seconds(run_start, Clock::now());
+    LogInfo("data loader: ", stats.loader_threads, " decode thread(s) used ",
+            Fixed(stats.loader_cpu_seconds, 1), " CPU-s in ", Fixed(wall, 1), " s (",
+            Fixed(100 * stats.loader_cpu_seconds / std::max(wall, 1e-9), 1),
+            "% of one core) beside ", NumThreads(), " compute thread(s); training waited ",
+            Fixed(stats.wait_seconds, 1), " s for data");
+  }
   if (stats.skipped_records > 0) {
     LogWarning(stats.skipped_records, " corrupt record(s) were skipped during training");
   }

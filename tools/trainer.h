@@ -25,6 +25,7 @@
 #include "engine/trace.h"
 #include "tools/metrics.h"
 #include "tools/run_config.h"
+#include "tools/run_folder.h"
 #include "tools/world.h"
 
 namespace cortado {
@@ -52,13 +53,10 @@ std::string NetTable(Net& net);
 // drop_last leaves 7 out").
 std::string DataSummary(const RunConfig& config, const BatchSource& train);
 
-// The newest checkpoint in dir that loads (corrupt or truncated ones are skipped with a
-// warning), into *checkpoint; "" when there is none.
-std::string NewestLoadableCheckpoint(const std::string& dir, Checkpoint* checkpoint);
-
 struct TrainOptions {
   std::vector<std::string> argv;  // the command line it was started with (resume hint, metrics)
   std::string resume;             // "", "auto" or a checkpoint path
+  bool overwrite = false;         // start over in a folder an earlier run left (tools/run_folder.h)
   std::string metrics_path;       // JSON lines; "" for none
   bool progress_bar = false;      // live bar (when stdout is a terminal)
   int64_t stop_at = 0;            // > 0: stop there as if interrupted (for job time limits, tests)
@@ -77,10 +75,14 @@ class Trainer : public CheckpointState {
   // reached (checkpoint, prints the command that resumes, returns 130). Rank 0's metrics file
   // gets a "start" or "resume" event first.
   int Run(const TrainOptions& options, const std::atomic<bool>* stop = nullptr);
+  // The folder and metrics file a run with these options writes.
+  tools::RunFolder RunFolderOf(const TrainOptions& options) const;
 
   // Puts every rank in the same starting state: rank 0 resumes from `resume` ("", "auto" or a
-  // path) and sends its weights, buffers, solver state and position to the others.
-  void Start(const std::string& resume);
+  // path) and sends its weights, buffers, solver state and position to the others. With a
+  // folder, rank 0 also checks that this run may use it (tools/run_folder.h); every rank gets
+  // the same error when it may not.
+  void Start(const std::string& resume, const tools::RunFolder* folder = nullptr);
   // One training step on the next batch. With several ranks, a `stop` that is true once
   // forward has run is this rank's vote to stop after the step (see stop_agreed()).
   StepTimes Step(const std::atomic<bool>* stop = nullptr);
@@ -94,6 +96,9 @@ class Trainer : public CheckpointState {
   const World& world() const { return world_; }
   const EvalResult& last_eval() const { return last_eval_; }
   double last_loss() const { return last_loss_; }
+  // The id every checkpoint of this run carries: new for a fresh start, the checkpoint's on
+  // resume.
+  const std::string& run_id() const { return run_id_; }
 
   // Checkpoint state of the run itself: position in the data, seed, config, world shape.
   void SaveState(Checkpoint& checkpoint) const override;
@@ -104,6 +109,7 @@ class Trainer : public CheckpointState {
   Checkpoint CollectState() const;
   void LoadAllState(const Checkpoint& checkpoint, const std::string& path);
   void Resume(const std::string& what);
+  void WarnAboutConfigChanges(const Checkpoint& checkpoint, const std::string& path) const;
   // Every rank must call it (error feedback gathers the ranks' residuals); rank 0 writes the
   // checkpoint and returns its path, the others return "".
   std::string SaveCheckpointNow();
@@ -120,6 +126,7 @@ class Trainer : public CheckpointState {
 
   RunConfig config_;
   World world_;
+  std::string run_id_;
   std::unique_ptr<BatchSource> train_source_;
   std::unique_ptr<BatchSource> val_source_;
   std::unique_ptr<Net> net_;

@@ -4,6 +4,7 @@
 
 #include "cortado/dist/env.h"
 #include "cortado/dist/error.h"
+#include "engine/env.h"
 #include "engine/error.h"
 
 namespace cortado {
@@ -35,9 +36,9 @@ World JoinWorld(const DistributedConfig& config) {
                   ") started ", launched.world_size, " ranks; run under mpirun, or use "
                   "distributed.backend: tcp");
     // mpirun also says how many ranks share this machine.
-    const dist::EnvLookup env = dist::ProcessEnv();
-    if (auto n = env("OMPI_COMM_WORLD_LOCAL_SIZE")) world.local_size = std::max(1, std::atoi(n->c_str()));
-    if (auto r = env("OMPI_COMM_WORLD_LOCAL_RANK")) world.local_rank = std::atoi(r->c_str());
+    world.local_size = static_cast<int>(EnvInt("OMPI_COMM_WORLD_LOCAL_SIZE", 1, 1, 1 << 20));
+    world.local_rank =
+        static_cast<int>(EnvInt("OMPI_COMM_WORLD_LOCAL_RANK", 0, 0, world.local_size - 1));
     if (world.size == 1) world.comm.reset();
     world.backend = world.comm ? "mpi" : "local";
     return world;

@@ -557,9 +557,9 @@ TEST_F(CliTest, HelpShowsEveryDefault) {
   ASSERT_EQ(Cortado("help train", &out, &err), 0);
   EXPECT_TRUE(std::regex_search(out, std::regex("--trace-iters INT .*\\[default: 20\\]"))) << out;
   // Every option that takes a value has a default shown, unless it is required or has none.
-  for (const std::string& command : {"train", "eval", "convert", "launch", "inspect", "bench train",
+  for (const char* command : {"train", "eval", "convert", "launch", "inspect", "bench train",
                                      "bench data", "bench comm", "bench codec"}) {
-    ASSERT_EQ(Cortado("help " + command, &out, &err), 0) << command;
+    ASSERT_EQ(Cortado(std::string("help ") + command, &out, &err), 0) << command;
     for (const std::string& line : SplitLines(out)) {
       if (!std::regex_search(line, std::regex("^  --[a-z-]+ (INT|FLOAT|UINT)"))) continue;
       EXPECT_NE(line.find("[default: "), std::string::npos) << command << ": " << line;
@@ -704,12 +704,19 @@ TEST_F(CliTest, DryRunChecksEverythingAndLeavesNothingBehind) {
   EXPECT_FALSE(fs::exists(dir_ / "m"));
   EXPECT_FALSE(fs::exists(dir_ / "t"));
   EXPECT_FALSE(fs::exists(dir_ / "ckpt"));
-  // An existing metrics file is left as it was.
+  // An existing metrics file is left as it was: a fresh start would refuse it (as training
+  // would), a continued run would append to it.
   fs::create_directories(dir_ / "m");
   std::ofstream(metrics) << "{\"event\":\"train\"}\n";
-  ASSERT_EQ(
+  EXPECT_EQ(
       Cortado("train --dry-run --config " + config + " --metrics " + metrics.string(), &out, &err),
-      0)
+      1);
+  EXPECT_NE(err.find("--metrics '" + metrics.string() + "' already holds"), std::string::npos)
+      << err;
+  ASSERT_EQ(Cortado("train --dry-run --config " + config + " --metrics " + metrics.string() +
+                        " --resume auto",
+                    &out, &err),
+            0)
       << err;
   EXPECT_EQ(ReadFile(metrics), "{\"event\":\"train\"}\n");
   // What would fail in training fails here.

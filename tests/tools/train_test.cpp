@@ -239,6 +239,176 @@ TEST_F(TrainTest, ResumeSkipsACorruptNewestCheckpoint) {
   }
 }
 
+std::string ReadAll(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string RunError(Trainer& t, const TrainOptions& o) {
+  try {
+    t.Run(o);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A folder belongs to one run: a second fresh run there is refused before it writes anything
+// (naming the folder, how the configs differ and the two ways on), and --overwrite starts over.
+TEST_F(TrainTest, ASecondRunInTheSameFolderIsRefusedUnlessItStartsOver) {
+  const std::string config = Config();
+  const fs::path metrics = dir_ / "m.jsonl";
+  TrainOptions o;
+  o.metrics_path = metrics.string();
+  {
+    Trainer a(LoadRunConfig(config, {"solver.max_epochs=1"}));
+    ASSERT_EQ(a.Run(o), 0);
+  }
+  const fs::path ckpt = dir_ / "ckpt" / CheckpointFileName(10);
+  const std::string before = ReadAll(ckpt), metrics_before = ReadAll(metrics);
+  {
+    Trainer b(LoadRunConfig(config, {"solver.max_epochs=1", "seed=4"}));
+    const std::string m = RunError(b, o);
+    EXPECT_NE(m.find("checkpoint.dir '" + (dir_ / "ckpt").string() + "' holds 1 checkpoint(s)"),
+              std::string::npos) << m;
+    EXPECT_NE(m.find("differs in seed"), std::string::npos) << m;
+    EXPECT_NE(m.find("--resume auto"), std::string::npos) << m;
+    EXPECT_NE(m.find("--overwrite"), std::string::npos) << m;
+    EXPECT_EQ(b.iteration(), 0);
+  }
+  {
+    Trainer b(LoadRunConfig(config, {"solver.max_epochs=1"}));
+    EXPECT_NE(RunError(b, o).find("the same config as this run"), std::string::npos);
+  }
+  {
+    // Its own checkpoint folder, but the earlier run's metrics file.
+    Trainer b(LoadRunConfig(config, {"solver.max_epochs=1", "checkpoint.dir=" +
+                                                               (dir_ / "other").string()}));
+    const std::string m = RunError(b, o);
+    EXPECT_NE(m.find("--metrics '" + metrics.string() + "' already holds"), std::string::npos)
+        << m;
+  }
+  EXPECT_EQ(ReadAll(ckpt), before);
+  EXPECT_EQ(ReadAll(metrics), metrics_before);
+  std::string first_run;
+  {
+    Trainer b(LoadRunConfig(config, {"solver.max_epochs=1", "seed=4"}));
+    first_run = ReadCheckpointMeta(ckpt.string()).at("run_id");
+    TrainOptions over = o;
+    over.overwrite = true;
+    ASSERT_EQ(b.Run(over), 0);
+    EXPECT_NE(b.run_id(), first_run);
+    EXPECT_EQ(ReadCheckpointMeta(ckpt.string()).at("run_id"), b.run_id());
+    EXPECT_EQ(ReadCheckpointMeta(ckpt.string()).at("seed"), "4");
+  }
+  const std::string after = ReadAll(metrics);
+  size_t starts = 0;
+  for (size_t at = after.find("\"event\":\"start\""); at != std::string::npos;
+       at = after.find("\"event\":\"start\"", at + 1)) {
+    ++starts;
+  }
+  EXPECT_EQ(starts, 1u) << after;
+}
+
+// `keep` prunes the run's own checkpoints only: files of older Cortado versions (no run id)
+// stay, and a continued run refuses a folder that holds another run's files.
+TEST_F(TrainTest, KeepPrunesOnlyThisRunsCheckpoints) {
+  const std::string config = Config();
+  {
+    Trainer a(LoadRunConfig(config, {}));
+    TrainOptions o;
+    o.stop_at = 10;
+    ASSERT_EQ(a.Run(o), 130);
+  }
+  const std::string start = (dir_ / "ckpt" / CheckpointFileName(10)).string();
+  const fs::path shared = dir_ / "shared";
+  Checkpoint legacy = LoadCheckpoint(start);
+  legacy.meta.erase("run_id");
+  SaveCheckpoint(legacy, (shared / CheckpointFileName(5)).string());
+  {
+    Trainer b(LoadRunConfig(config, {"checkpoint.dir=" + shared.string(), "checkpoint.keep=1"}));
+    TrainOptions o;
+    o.resume = start;
+    ASSERT_EQ(b.Run(o), 0);  // writes 20, then 30 and prunes 20
+  }
+  EXPECT_TRUE(fs::exists(shared / CheckpointFileName(5)));
+  EXPECT_FALSE(fs::exists(shared / CheckpointFileName(20)));
+  EXPECT_TRUE(fs::exists(shared / CheckpointFileName(30)));
+
+  Checkpoint foreign = LoadCheckpoint(start);
+  foreign.meta["run_id"] = "0123456789abcdef";
+  SaveCheckpoint(foreign, (shared / CheckpointFileName(1)).string());
+  Trainer c(LoadRunConfig(config, {"checkpoint.dir=" + shared.string()}));
+  TrainOptions o;
+  o.resume = start;
+  const std::string m = RunError(c, o);
+  EXPECT_NE(m.find("also holds checkpoints of another run (" + CheckpointFileName(1)),
+            std::string::npos) << m;
+}
+
+// An unwritable checkpoint folder stops the run before its first step, not at its first
+// checkpoint.
+TEST_F(TrainTest, AnUnwritableCheckpointFolderStopsTheRunAtItsStart) {
+  std::ofstream(dir_ / "a-file") << "x";
+  const std::string bad = (dir_ / "a-file" / "ckpt").string();
+  Trainer t(LoadRunConfig(Config(), {"checkpoint.dir=" + bad}));
+  const std::string m = RunError(t, TrainOptions{});
+  EXPECT_NE(m.find("checkpoint.dir '" + bad + "'"), std::string::npos) << m;
+  EXPECT_EQ(t.iteration(), 0);
+}
+
+// Resuming with a changed config works, and says which keys changed from what to what.
+TEST_F(TrainTest, ResumeWithAChangedConfigWarnsNamingTheKeys) {
+  const std::string config = Config();
+  {
+    Trainer a(LoadRunConfig(config, {}));
+    TrainOptions o;
+    o.stop_at = 10;
+    ASSERT_EQ(a.Run(o), 130);
+  }
+  Trainer b(LoadRunConfig(config, {"solver.base_lr=0.02", "solver.max_epochs=2"}));
+  TrainOptions o;
+  o.resume = "auto";
+  ::testing::internal::CaptureStderr();
+  const int code = b.Run(o);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(code, 0) << err;
+  EXPECT_NE(err.find("resuming with a config that differs"), std::string::npos) << err;
+  EXPECT_NE(err.find("2 key(s)"), std::string::npos) << err;
+  EXPECT_NE(err.find("solver.base_lr: 0.05 -> 0.02"), std::string::npos) << err;
+  EXPECT_NE(err.find("solver.max_epochs: 3 -> 2"), std::string::npos) << err;
+}
+
+// Every shipped config parses (its data need not be on this machine), and the ImageNet
+// recipes say what they claim.
+TEST(ShippedConfigs, ParseAndTheImageNetRecipesHoldTheirSettings) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(CORTADO_SOURCE_DIR) / "configs")) {
+    if (e.path().extension() != ".yaml") continue;
+    SCOPED_TRACE(e.path().string());
+    // Synthetic data: the datasets of the ImageNet configs are not on this machine.
+    EXPECT_NO_THROW(LoadRunConfig(e.path().string(), {"data.type=synthetic"}, false));
+    ++n;
+  }
+  EXPECT_GE(n, 5);
+  const RunConfig r50 = LoadRunConfig(std::string(CORTADO_SOURCE_DIR) + "/configs/resnet50.yaml",
+                                      {"data.type=synthetic"}, false);
+  EXPECT_EQ(r50.model.builder, "resnet50");
+  EXPECT_DOUBLE_EQ(r50.model.label_smoothing, 0.1);
+  EXPECT_TRUE(r50.model.zero_init_residual);
+  EXPECT_DOUBLE_EQ(r50.solver.sgd.momentum, 0.875);
+  EXPECT_DOUBLE_EQ(r50.solver.sgd.weight_decay, 3.0517578125e-05);
+  EXPECT_TRUE(r50.solver.sgd.no_decay_bn_bias);
+  EXPECT_EQ(r50.solver.schedule.policy, "cosine");
+  EXPECT_EQ(r50.solver.max_epochs, 90);
+  // 0.256 per 256 images at the documented 8 ranks x 32.
+  EXPECT_DOUBLE_EQ(r50.solver.schedule.base_lr, 0.256 * (8 * r50.data.batch_size) / 256.0);
+  EXPECT_EQ(r50.data.crop, 224);
+  EXPECT_EQ(r50.data.val_resize, 256);
+}
+
 // Runs the cortado binary; returns the exit code and captures stderr.
 int RunCortado(const std::string& args, std::string* err) {
   std::string bin = std::string(CORTADO_BINARY_DIR) + "/tools/cortado";
