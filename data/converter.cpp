@@ -21,6 +21,7 @@
 #include <set>
 #include <thread>
 #include <vector>
+#include <nlohmann/json.hpp>
 
 #include "data/datum.h"
 #include "data/jpeg.h"
@@ -511,23 +512,6 @@ class ItemEncoder {
   ImageU8 converted_;
 };
 
-std::string JsonEscape(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 ConvertSummary ConvertImages(const ConvertOptions& o) {
@@ -678,13 +662,20 @@ ConvertSummary ConvertImages(const ConvertOptions& o) {
 }
 
 std::string SummaryJson(const ConvertSummary& s) {
-  return StrCat("{\"db\": \"", JsonEscape(s.db), "\", \"items\": ", s.items,
-                ", \"converted\": ", s.converted, ", \"reencoded\": ", s.reencoded,
-                ", \"skipped\": ", s.skipped, ", \"ignored\": ", s.ignored,
-                ", \"classes\": ", s.classes, ", \"bytes_read\": ", s.bytes_read,
-                ", \"bytes_written\": ", s.bytes_written, ", \"map_growths\": ", s.map_growths,
-                ", \"seconds\": ", s.seconds,
-                ", \"images_per_s\": ", s.seconds > 0 ? s.items / s.seconds : 0.0, "}");
+  nlohmann::ordered_json j;
+  j["db"] = s.db;
+  j["items"] = s.items;
+  j["converted"] = s.converted;
+  j["reencoded"] = s.reencoded;
+  j["skipped"] = s.skipped;
+  j["ignored"] = s.ignored;
+  j["classes"] = s.classes;
+  j["bytes_read"] = s.bytes_read;
+  j["bytes_written"] = s.bytes_written;
+  j["map_growths"] = s.map_growths;
+  j["seconds"] = s.seconds;
+  j["images_per_s"] = s.seconds > 0 ? static_cast<double>(s.items) / s.seconds : 0.0;
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string SummaryText(const ConvertSummary& s) {

@@ -39,7 +39,7 @@ void WriteLmdbCompletion(const std::string& dir, const LmdbCompletion& c) {
                             {"classes", c.classes},
                             {"channels", c.channels},
                             {"root", c.root}};
-  const std::string text = j.dump(2) + "\n";
+  const std::string text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   // Written with write(2) and fsync'd: the rename that publishes the database must not reach
   // the disk before the record that says it is whole.
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

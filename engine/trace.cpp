@@ -68,7 +68,7 @@ void Trace::Write(const std::string& path) const {
   {
     std::ofstream out(tmp, std::ios::trunc);
     CORTADO_CHECK(out.good(), "cannot write trace file '", tmp, "'");
-    out << doc.dump() << "\n";
+    out << doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     out.flush();
     CORTADO_CHECK(out.good(), "writing trace file '", tmp, "' failed (disk full?)");
   }

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include <nlohmann/json.hpp>
 
 #include "cortado/dist/communicator.h"
 #include "engine/error.h"
@@ -239,12 +240,20 @@ void RunBench(const BenchArgs& a) {
     double busbw = algbw * BusFactor(a.op, n);
     if (rank == 0 && compressed) {
       if (a.json) {
-        std::printf(
-            "{\"op\":\"%s\",\"algo\":\"ring\",\"codec\":\"%s\",\"rounding\":\"%s\","
-            "\"ranks\":%d,\"bytes\":%zu,\"time_us\":%.2f,\"algbw\":%.4f,\"busbw\":%.4f,"
-            "\"wirebw\":%.4f,\"max_rel_error\":%.3g,\"mean_rel_error\":%.3g}\n",
-            a.op.c_str(), a.codec.c_str(), a.rounding.c_str(), n, bytes,
-            static_cast<double>(worst), algbw, busbw, busbw * wire_ratio, max_error, mean_error);
+        nlohmann::ordered_json j;
+        j["op"] = a.op;
+        j["algo"] = "ring";
+        j["codec"] = a.codec;
+        j["rounding"] = a.rounding;
+        j["ranks"] = n;
+        j["bytes"] = bytes;
+        j["time_us"] = static_cast<double>(worst);
+        j["algbw"] = algbw;
+        j["busbw"] = busbw;
+        j["wirebw"] = busbw * wire_ratio;
+        j["max_rel_error"] = max_error;
+        j["mean_rel_error"] = mean_error;
+        std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       } else {
         std::printf("  %12zu  %-17s %12.2f %12.4f %12.4f %12.4f %10.3g %10.3g\n", bytes, "ring",
                     static_cast<double>(worst), algbw, busbw, busbw * wire_ratio, max_error,
@@ -253,10 +262,15 @@ void RunBench(const BenchArgs& a) {
       std::fflush(stdout);
     } else if (rank == 0) {
       if (a.json) {
-        std::printf(
-            "{\"op\":\"%s\",\"algo\":\"%s\",\"ranks\":%d,\"bytes\":%zu,\"time_us\":%.2f,"
-            "\"algbw\":%.4f,\"busbw\":%.4f}\n",
-            a.op.c_str(), algo_name.c_str(), n, bytes, static_cast<double>(worst), algbw, busbw);
+        nlohmann::ordered_json j;
+        j["op"] = a.op;
+        j["algo"] = algo_name;
+        j["ranks"] = n;
+        j["bytes"] = bytes;
+        j["time_us"] = static_cast<double>(worst);
+        j["algbw"] = algbw;
+        j["busbw"] = busbw;
+        std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       } else {
         std::printf("  %12zu  %-17s %12.2f %12.4f %12.4f\n", bytes, algo_name.c_str(),
                     static_cast<double>(worst), algbw, busbw);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <nlohmann/json.hpp>
 
 #include "data/data_options.h"
 #include "data/lmdb_source.h"
@@ -79,14 +80,18 @@ void AddBenchDataCommand(CLI::App& bench) {
     const int threads = NumThreads();
     const SourceStats stats = source->stats();
     if (args->json) {
-      std::printf(
-          "{\"db\": \"%s\", \"transform\": \"%s\", \"threads\": %d, \"batch_size\": %lld, "
-          "\"crop\": %lld, \"images\": %lld, \"seconds\": %.3f, \"images_per_s\": %.1f, "
-          "\"images_per_s_per_thread\": %.1f, \"skipped_records\": %lld}\n",
-          args->db.c_str(), args->val ? "val" : "train", threads,
-          static_cast<long long>(args->batch_size), static_cast<long long>(args->crop),
-          static_cast<long long>(images), seconds, rate, rate / threads,
-          static_cast<long long>(stats.skipped_records));
+      nlohmann::ordered_json j;
+      j["db"] = args->db;
+      j["transform"] = args->val ? "val" : "train";
+      j["threads"] = threads;
+      j["batch_size"] = args->batch_size;
+      j["crop"] = args->crop;
+      j["images"] = images;
+      j["seconds"] = seconds;
+      j["images_per_s"] = rate;
+      j["images_per_s_per_thread"] = rate / threads;
+      j["skipped_records"] = stats.skipped_records;
+      std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
       std::printf(
           "%s transform, %d thread(s), batch %lld, crop %lld: %.1f images/s "

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "engine/log.h"
 #include "engine/thread_pool.h"
@@ -80,27 +81,32 @@ void AddBenchTrainCommand(CLI::App& bench) {
     std::string model = config.model.builder.empty() ? "graph" : config.model.builder;
     const int ranks = trainer.world().size;
     if (args->json) {
-      std::printf("{\"model\":\"%s\",\"batch\":%lld,\"ranks\":%d,\"threads\":%d,\"iters\":%lld,"
-                  "\"overlap\":%s,\"img_per_s\":%.2f,\"ms_per_iter\":%.3f,"
-                  "\"step_ms_median\":%.3f,\"step_ms_min\":%.3f,\"step_ms_max\":%.3f,"
-                  "\"compute_ms\":%.3f,\"comm_wait_ms\":%.3f,\"sync_bn_ms\":%.3f,"
-                  "\"data_ms_per_iter\":%.3f",
-                  model.c_str(), static_cast<long long>(config.data.batch_size), ranks,
-                  NumThreads(), static_cast<long long>(args->iters),
-                  config.distributed.overlap ? "true" : "false", img_per_s,
-                  1000 * seconds / n, 1000 * median, 1000 * step_s.front(),
-                  1000 * step_s.back(), 1000 * sum.compute / n, 1000 * sum.comm_wait / n,
-                  1000 * sum.sync_bn / n, 1000 * sum.data_wait / n);
+      nlohmann::ordered_json j;
+      j["model"] = model;
+      j["batch"] = config.data.batch_size;
+      j["ranks"] = ranks;
+      j["threads"] = NumThreads();
+      j["iters"] = args->iters;
+      j["overlap"] = config.distributed.overlap;
+      j["img_per_s"] = img_per_s;
+      j["ms_per_iter"] = 1000 * seconds / n;
+      j["step_ms_median"] = 1000 * median;
+      j["step_ms_min"] = 1000 * step_s.front();
+      j["step_ms_max"] = 1000 * step_s.back();
+      j["compute_ms"] = 1000 * sum.compute / n;
+      j["comm_wait_ms"] = 1000 * sum.comm_wait / n;
+      j["sync_bn_ms"] = 1000 * sum.sync_bn / n;
+      j["data_ms_per_iter"] = 1000 * sum.data_wait / n;
       if (args->profile) {
-        std::printf(",\"layers\":[");
-        for (size_t i = 0; i < order.size(); ++i) {
-          auto [f, b] = per_layer[order[i]];
-          std::printf("%s{\"name\":\"%s\",\"forward_ms\":%.3f,\"backward_ms\":%.3f}", i ? "," : "",
-                      order[i].c_str(), 1000 * f / n, 1000 * b / n);
+        nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+        for (const std::string& name : order) {
+          auto [f, b] = per_layer[name];
+          layers.push_back({{"name", name}, {"forward_ms", 1000 * f / n},
+                            {"backward_ms", 1000 * b / n}});
         }
-        std::printf("]");
+        j["layers"] = std::move(layers);
       }
-      std::printf("}\n");
+      std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
       std::printf("%s: batch %lld x %d rank(s), %d thread(s) each: %.1f img/s (%.2f ms/iter: "
                   "compute %.2f, comm wait %.2f, data %.2f)\n",

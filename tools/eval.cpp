@@ -5,6 +5,7 @@
 // loadable checkpoint in the config's checkpoint.dir, so it needs --config. Under `cortado
 // launch`, mpirun or srun the ranks split the validation set and rank 0 prints the totals.
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "engine/checkpoint.h"
 #include "engine/log.h"
@@ -83,8 +84,12 @@ void AddEvalCommand(CLI::App& app) {
     EvalResult r = Evaluate(net, *val, world.comm.get());
     if (world.rank != 0) return SetExitCode(0);
     if (args->json) {
-      std::printf("{\"top1\":%.6f,\"top5\":%.6f,\"loss\":%.6f,\"images\":%lld}\n", r.top1, r.top5,
-                  r.loss, static_cast<long long>(r.images));
+      nlohmann::ordered_json j;
+      j["top1"] = r.top1;
+      j["top5"] = r.top5;
+      j["loss"] = r.loss;
+      j["images"] = r.images;
+      std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
       std::printf("top1 %.2f%%  top5 %.2f%%  loss %.4f  (%lld images, checkpoint %s)\n",
                   r.top1 * 100, r.top5 * 100, r.loss, static_cast<long long>(r.images),

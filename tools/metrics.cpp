@@ -46,7 +46,7 @@ void MetricsFile::Write(const nlohmann::ordered_json& record) {
     line[key] = value;
     if (key == "event") line["time"] = static_cast<double>(ms) / 1000.0;
   }
-  out_ << line.dump() << "\n";
+  out_ << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   out_.flush();
   CORTADO_CHECK(out_.good(), "writing metrics file '", path_, "' failed (disk full?)");
 }
