@@ -32,6 +32,8 @@ struct Batch {
 struct SourceStats {
   int64_t skipped_records = 0;   // corrupt records met and replaced
   double wait_seconds = 0;       // time Next() spent waiting for data, summed
+  int loader_threads = 0;        // decode threads, for sources that have them
+  double loader_cpu_seconds = 0; // CPU time those threads spent decoding, summed
 };
 
 class BatchSource {

@@ -9,9 +9,9 @@
 #include <optional>
 #include <set>
 
-#include "data/datum.h"
 #include "data/lmdb.h"
 #include "data/loader.h"
+#include "data/record_decoder.h"
 #include "data/sharding.h"
 #include "engine/error.h"
 #include "engine/log.h"
@@ -132,6 +132,8 @@ class LmdbSourceBase : public BatchSource {
     SourceStats s;
     s.skipped_records = skipped_;
     s.wait_seconds = wait_seconds_;
+    s.loader_threads = loader_->threads();
+    s.loader_cpu_seconds = loader_->cpu_seconds();
     return s;
   }
 
@@ -158,42 +160,25 @@ class LmdbSourceBase : public BatchSource {
 
  private:
   struct Worker {
-    Worker(LmdbReader::ReadTxn t, const TransformOptions& o) : txn(std::move(t)), transformer(o) {}
+    Worker(LmdbReader::ReadTxn t, const TransformOptions& o) : txn(std::move(t)), decoder(o) {}
     LmdbReader::ReadTxn txn;
-    DatumParser parser;
-    ImageTransformer transformer;
-    ImageU8 raw;
+    RecordDecoder decoder;
     std::string why;
   };
 
   // Decodes record `record` into image/label; false (with w.why) if it is corrupt.
   bool DecodeRecord(Worker& w, int64_t record, uint64_t key, float* image, int32_t* label) {
-    const std::string_view value = w.txn.Get(record);
-    if (!w.parser.Parse(value.data(), value.size())) {
-      w.why = "not a Datum record";
+    if (!w.decoder.Decode(w.txn.Get(record), train_, key, image, label)) {
+      w.why = w.decoder.why();
       return false;
     }
-    const DatumFields& f = w.parser.fields();
-    bool ok;
-    if (f.encoded) {
-      const std::string_view bytes = w.parser.data();
-      ok = w.transformer.Encoded(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(),
-                                 train_, key, image);
-      if (!ok) w.why = w.transformer.message();
-    } else {
-      ok = w.parser.RawPixels(&w.raw, &w.why) &&
-           w.transformer.Pixels(w.raw, PixelLayout::kRGB, train_, key, image);
-      if (!ok && w.why.empty()) w.why = w.transformer.message();
-    }
-    if (!ok) return false;
     // A label outside the class list is not a corrupt image but a wrong database or class
     // list: stop rather than train on it.
-    CORTADO_CHECK(f.label >= 0 && (num_classes_ < 0 || f.label < num_classes_), "LMDB ",
-                  reader_->path(), ": record '", reader_->key(record), "' has label ", f.label,
+    CORTADO_CHECK(*label >= 0 && (num_classes_ < 0 || *label < num_classes_), "LMDB ",
+                  reader_->path(), ": record '", reader_->key(record), "' has label ", *label,
                   num_classes_ < 0
                       ? std::string(" (negative)")
                       : StrCat(", outside the ", num_classes_, " classes of its classes.txt"));
-    *label = f.label;
     return true;
   }
 

@@ -1,5 +1,7 @@
 #include "data/loader.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -7,6 +9,15 @@
 #include "engine/error.h"
 
 namespace cortado {
+namespace {
+
+int64_t ThreadCpuNs() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+
+}  // namespace
 
 BatchLoader::BatchLoader(int threads, int prefetch, int64_t batch_size, Shape sample_shape,
                          PlanFn plan, ProduceFn produce)
@@ -119,6 +130,7 @@ void BatchLoader::WorkerLoop(int worker) {
     int32_t* label = slot->labels.data<int32_t>() + pos;
     lock.unlock();
     int64_t skipped = 0;
+    const int64_t cpu0 = ThreadCpuNs();
     try {
       skipped = produce_(worker, batch, pos, sample, image, label);
     } catch (...) {
@@ -126,6 +138,7 @@ void BatchLoader::WorkerLoop(int worker) {
       RecordErrorLocked(batch);  // this batch never completes
       continue;
     }
+    cpu_ns_ += ThreadCpuNs() - cpu0;
     lock.lock();
     slot->skipped += skipped;
     if (++slot->done == static_cast<int64_t>(slot->samples.size())) ready_cv_.notify_all();

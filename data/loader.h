@@ -16,6 +16,7 @@
 // Next() rethrows the exception when it reaches the failed batch; Start() clears it.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -47,6 +48,8 @@ class BatchLoader {
   BatchLoader& operator=(const BatchLoader&) = delete;
 
   int threads() const { return threads_; }
+  // CPU time the workers spent producing samples (decode, transform), summed over them.
+  double cpu_seconds() const { return static_cast<double>(cpu_ns_.load()) * 1e-9; }
 
   // Restarts at batch 0 of a new plan (cancels and discards batches decoded ahead).
   void Start();
@@ -93,6 +96,7 @@ class BatchLoader {
   std::exception_ptr error_;  // the failure of batch error_batch_
   int64_t error_batch_ = std::numeric_limits<int64_t>::max();
   std::vector<std::thread> workers_;
+  std::atomic<int64_t> cpu_ns_{0};
 };
 
 }  // namespace cortado

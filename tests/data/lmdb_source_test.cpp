@@ -104,6 +104,10 @@ TEST_F(LmdbSourceTest, TrainBatchesHaveTheRightShapeAndLabels) {
   for (auto [label, count] : per_class) EXPECT_GE(count, 14) << "class " << label;
   EXPECT_EQ(source->stats().skipped_records, 0);
   EXPECT_GE(source->stats().wait_seconds, 0.0);
+  // The decode threads account for their CPU time (the trainer reports it at the end).
+  EXPECT_GE(source->stats().loader_threads, 1);
+  EXPECT_GT(source->stats().loader_cpu_seconds, 0.0);
+  EXPECT_LT(source->stats().loader_cpu_seconds, 60.0);
 }
 
 TEST_F(LmdbSourceTest, SameBatchesWhateverTheThreadCountAndAfterResume) {
