@@ -3,7 +3,7 @@
 # scripts/plot_metrics.py), with apt-get, non-interactively.
 # Idempotent: packages already present are skipped quickly.
 #   scripts/setup.sh          build + test dependencies, Fashion-MNIST, sample photos
-#   scripts/setup.sh --bench  also the peers the benchmarks compare against (PyTorch, PIL, iperf3)
+#   scripts/setup.sh --bench  also the peers the benchmarks compare against (PyTorch, PIL)
 #                             and iproute2 (ip, tc) for the scaling experiment
 set -euo pipefail
 
@@ -23,14 +23,13 @@ packages=(
   liblmdb-dev libturbojpeg0-dev libjpeg62-turbo-dev
   libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev
   libprotobuf-dev protobuf-compiler python3-protobuf
-  libibverbs-dev rdma-core
   openmpi-bin libopenmpi-dev
   zlib1g-dev nlohmann-json3-dev
   dataset-fashion-mnist opencv-doc
-  python3-matplotlib
+  python3-matplotlib clang-format
 )
 if [[ $want_bench == 1 ]]; then
-  packages+=(python3-torch python3-torchvision python3-pil python3-numpy iperf3 iproute2)
+  packages+=(python3-torch python3-torchvision python3-pil python3-numpy iproute2)
 fi
 
 missing=()

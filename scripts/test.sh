@@ -1,22 +1,87 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs every test: the whole project (Release, -j2, into build/), then the
-# communication library on its own (cmake -S distributed), which proves it links alone.
-# CUDA and RDMA tests are labeled and skip with a reason where there is no hardware.
+# Sets up, builds and runs every test (what CI runs), in four stages:
+#   1. format: every C++ file follows .clang-format (scripts/check_format.sh);
+#   2. the whole project (Release, into build/) and the communication library on its own
+#      (build/distributed-alone/, which proves it links alone): every test, including the
+#      bounded runs of the fuzz targets (tests/fuzz/);
+#   3. ASan + UBSan (build/asan/, build/asan/distributed-alone/): every test again, any
+#      report fatal;
+#   4. TSan (build/tsan/, build/tsan/distributed-alone/): the thread pool, the batch loader and
+#      LMDB sources, and the communication library.
+# Warnings are errors in every build (CORTADO_WERROR).
+#   scripts/test.sh [--no-sanitize]     --no-sanitize: stages 1 and 2 only (a quick local run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+sanitize=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-sanitize) sanitize=0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "test.sh: unknown option '$arg' (known: --no-sanitize)" >&2; exit 2 ;;
+  esac
+done
+
 scripts/setup.sh
 jobs=${CORTADO_BUILD_JOBS:-2}
+stage_start=$SECONDS
+stage() {
+  echo "== $1 (at $((SECONDS - stage_start)) s)"
+}
 
-echo "== configure + build (build/)"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCORTADO_CUDA=OFF >/dev/null
-cmake --build build -j"$jobs"
+# build DIR SOURCE [cmake options...] [-- targets...]
+build() {
+  local dir=$1 src=$2
+  shift 2
+  local options=() targets=()
+  while (($#)); do
+    if [[ $1 == -- ]]; then
+      shift
+      targets=("$@")
+      break
+    fi
+    options+=("$1")
+    shift
+  done
+  cmake -S "$src" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCORTADO_WERROR=ON "${options[@]}" >/dev/null
+  if ((${#targets[@]})); then
+    cmake --build "$dir" -j"$jobs" --target "${targets[@]}"
+  else
+    cmake --build "$dir" -j"$jobs"
+  fi
+}
 
-echo "== communication library, stand-alone (build/distributed-alone/)"
-cmake -S distributed -B build/distributed-alone -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build/distributed-alone -j"$jobs"
+stage "format"
+scripts/check_format.sh
 
-echo "== tests"
+stage "build (build/, build/distributed-alone/)"
+build build .
+build build/distributed-alone distributed
+
+stage "tests"
 # The distributed suites run once, in the stand-alone build; everything else in build/.
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 600 -LE distributed
 ctest --test-dir build/distributed-alone --output-on-failure -j"$jobs" --timeout 600
+
+if ((sanitize)); then
+  # Every report stops the test that caused it; the process tests' children inherit these.
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+
+  stage "ASan + UBSan build (build/asan/)"
+  build build/asan . -DCORTADO_SANITIZE=address,undefined
+  build build/asan/distributed-alone distributed -DCORTADO_SANITIZE=address,undefined
+  stage "ASan + UBSan tests"
+  ctest --test-dir build/asan --output-on-failure -j"$jobs" --timeout 900 -LE distributed
+  ctest --test-dir build/asan/distributed-alone --output-on-failure -j"$jobs" --timeout 900
+
+  stage "TSan build (build/tsan/)"
+  build build/tsan . -DCORTADO_SANITIZE=thread -- test_engine test_data
+  build build/tsan/distributed-alone distributed -DCORTADO_SANITIZE=thread
+  stage "TSan tests"
+  build/tsan/tests/test_engine --gtest_filter='ThreadPool.*'
+  build/tsan/tests/test_data --gtest_filter='Loader.*:LmdbSourceTest.*'
+  ctest --test-dir build/tsan/distributed-alone --output-on-failure -j"$jobs" --timeout 900
+fi
+stage "all tests passed"
