@@ -24,16 +24,16 @@
 namespace cortado {
 
 struct Batch {
-  Tensor images;  // f32 [N, C, H, W]
-  Tensor labels;  // i32 [N]
+  Tensor images;     // f32 [N, C, H, W]
+  Tensor labels;     // i32 [N]
   int64_t size = 0;  // valid samples, == N except maybe the last evaluation batch
 };
 
 struct SourceStats {
-  int64_t skipped_records = 0;   // corrupt records met and replaced
-  double wait_seconds = 0;       // time Next() spent waiting for data, summed
-  int loader_threads = 0;        // decode threads, for sources that have them
-  double loader_cpu_seconds = 0; // CPU time those threads spent decoding, summed
+  int64_t skipped_records = 0;    // corrupt records met and replaced
+  double wait_seconds = 0;        // time Next() spent waiting for data, summed
+  int loader_threads = 0;         // decode threads, for sources that have them
+  double loader_cpu_seconds = 0;  // CPU time those threads spent decoding, summed
 };
 
 class BatchSource {

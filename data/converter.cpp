@@ -16,12 +16,12 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <opencv2/core.hpp>
 #include <opencv2/imgproc.hpp>
 #include <set>
 #include <thread>
 #include <vector>
-#include <nlohmann/json.hpp>
 
 #include "data/datum.h"
 #include "data/jpeg.h"

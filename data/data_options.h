@@ -12,23 +12,23 @@
 namespace cortado {
 
 struct DataOptions {
-  std::string type = "idx";   // idx | lmdb | synthetic
-  std::string train;          // idx: folder with train-images-idx3-ubyte[.gz]; lmdb: DB folder
-  std::string val;            // idx: folder with t10k-*; lmdb: DB folder
-  int64_t batch_size = 64;    // per rank
-  int64_t val_batch_size = 0; // 0: same as batch_size
-  int threads = 0;            // decode threads; 0: the thread budget
-  int prefetch = 4;           // batches decoded ahead
-  bool shuffle = true;        // reshuffle every epoch from (seed, epoch)
-  bool flip = false;          // random horizontal flip in training
-  bool drop_last = true;      // sharding: drop the tail (true) or pad by wrapping (false)
-  std::vector<double> mean;   // per channel, in [0,1] pixel units; empty: dataset default
-  std::vector<double> std;    // per channel; empty: dataset default
+  std::string type = "idx";    // idx | lmdb | synthetic
+  std::string train;           // idx: folder with train-images-idx3-ubyte[.gz]; lmdb: DB folder
+  std::string val;             // idx: folder with t10k-*; lmdb: DB folder
+  int64_t batch_size = 64;     // per rank
+  int64_t val_batch_size = 0;  // 0: same as batch_size
+  int threads = 0;             // decode threads; 0: the thread budget
+  int prefetch = 4;            // batches decoded ahead
+  bool shuffle = true;         // reshuffle every epoch from (seed, epoch)
+  bool flip = false;           // random horizontal flip in training
+  bool drop_last = true;       // sharding: drop the tail (true) or pad by wrapping (false)
+  std::vector<double> mean;    // per channel, in [0,1] pixel units; empty: dataset default
+  std::vector<double> std;     // per channel; empty: dataset default
 
   // lmdb (ImageNet-style) transforms
-  int64_t crop = 224;         // output side for training and validation
-  int64_t val_resize = 256;   // validation: resize shorter side to this, then center crop
-  double scale_min = 0.08, scale_max = 1.0;            // RandomResizedCrop area fraction
+  int64_t crop = 224;        // output side for training and validation
+  int64_t val_resize = 256;  // validation: resize shorter side to this, then center crop
+  double scale_min = 0.08, scale_max = 1.0;             // RandomResizedCrop area fraction
   double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;  // RandomResizedCrop aspect ratio
 
   // synthetic: random images of this shape, for benchmarks

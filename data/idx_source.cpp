@@ -94,8 +94,7 @@ class IdxTrainSource final : public IdxSourceBase {
  public:
   IdxTrainSource(const DataOptions& options, ShardSpec shard, uint64_t seed)
       : IdxSourceBase(options.train, options, options.batch_size),
-        sharder_(data_.count, options.batch_size, shard, options.shuffle, options.drop_last,
-                 seed),
+        sharder_(data_.count, options.batch_size, shard, options.shuffle, options.drop_last, seed),
         seed_(seed) {}
 
   int64_t samples_per_epoch() const override { return sharder_.samples_per_epoch(); }
@@ -137,9 +136,8 @@ class IdxTrainSource final : public IdxSourceBase {
 class IdxEvalSource final : public IdxSourceBase {
  public:
   IdxEvalSource(const DataOptions& options, ShardSpec shard)
-      : IdxSourceBase(options.val,
-                      options, options.val_batch_size > 0 ? options.val_batch_size
-                                                          : options.batch_size) {
+      : IdxSourceBase(options.val, options,
+                      options.val_batch_size > 0 ? options.val_batch_size : options.batch_size) {
     // Rank r evaluates samples r, r+W, ...: disjoint, and together they cover the set once.
     for (int64_t i = shard.rank; i < data_.count; i += shard.world_size) indices_.push_back(i);
   }
@@ -191,8 +189,8 @@ IdxDataset ReadIdxDataset(const std::string& images_path) {
   d.height = BigEndian32(img, 8);
   d.width = BigEndian32(img, 12);
   CORTADO_CHECK(static_cast<int64_t>(img.size()) == 16 + d.count * d.height * d.width, "'",
-                images_path, "' is truncated: header says ", d.count, " images of ", d.height,
-                "x", d.width);
+                images_path, "' is truncated: header says ", d.count, " images of ", d.height, "x",
+                d.width);
   CORTADO_CHECK(BigEndian32(lab, 4) == d.count && static_cast<int64_t>(lab.size()) == 8 + d.count,
                 "'", labels_path, "' does not hold one label per image of '", images_path, "'");
   d.pixels.assign(img.begin() + 16, img.end());

@@ -7,8 +7,8 @@
 
 namespace cortado {
 
-EpochSharder::EpochSharder(int64_t dataset_size, int64_t batch_size, ShardSpec shard,
-                           bool shuffle, bool drop_last, uint64_t seed)
+EpochSharder::EpochSharder(int64_t dataset_size, int64_t batch_size, ShardSpec shard, bool shuffle,
+                           bool drop_last, uint64_t seed)
     : dataset_size_(dataset_size),
       batch_size_(batch_size),
       shard_(shard),
@@ -19,8 +19,8 @@ EpochSharder::EpochSharder(int64_t dataset_size, int64_t batch_size, ShardSpec s
                 "bad shard: rank ", shard.rank, " of ", shard.world_size);
   CORTADO_CHECK(dataset_size > 0, "the dataset is empty");
   const int64_t global_batch = batch_size * shard.world_size;
-  batches_per_epoch_ = drop_last ? dataset_size / global_batch
-                                 : (dataset_size + global_batch - 1) / global_batch;
+  batches_per_epoch_ =
+      drop_last ? dataset_size / global_batch : (dataset_size + global_batch - 1) / global_batch;
   CORTADO_CHECK(batches_per_epoch_ > 0, "the dataset has ", dataset_size,
                 " samples, fewer than one global batch (", batch_size, " x ", shard.world_size,
                 " ranks); lower data.batch_size or set data.drop_last: false");

@@ -38,7 +38,8 @@ class Reader {
  public:
   Reader(const std::string& data, const std::string& path) : data_(data), path_(path) {}
   void Bytes(void* out, size_t n) {
-    CORTADO_CHECK(n <= data_.size() - pos_, "checkpoint '", path_, "' is corrupt (record past end)");
+    CORTADO_CHECK(n <= data_.size() - pos_, "checkpoint '", path_,
+                  "' is corrupt (record past end)");
     std::memcpy(out, data_.data() + pos_, n);
     pos_ += n;
   }
@@ -50,7 +51,8 @@ class Reader {
   }
   std::string String() {
     uint64_t n = Get<uint64_t>();
-    CORTADO_CHECK(n <= data_.size() - pos_, "checkpoint '", path_, "' is corrupt (string past end)");
+    CORTADO_CHECK(n <= data_.size() - pos_, "checkpoint '", path_,
+                  "' is corrupt (string past end)");
     std::string s = data_.substr(pos_, n);
     pos_ += n;
     return s;
@@ -163,8 +165,8 @@ void SaveCheckpoint(const Checkpoint& checkpoint, const std::string& path) {
   CORTADO_CHECK(fd >= 0, "cannot create '", tmp, "': ", std::strerror(errno));
   try {
     WriteAll(fd, file, tmp);
-    CORTADO_CHECK(!Injected("fsync", file.size()) && ::fsync(fd) == 0, "writing checkpoint '",
-                  tmp, "': fsync: ", std::strerror(errno));
+    CORTADO_CHECK(!Injected("fsync", file.size()) && ::fsync(fd) == 0, "writing checkpoint '", tmp,
+                  "': fsync: ", std::strerror(errno));
   } catch (...) {
     ::close(fd);
     ::unlink(tmp.c_str());
@@ -192,8 +194,8 @@ Checkpoint LoadCheckpoint(const std::string& path) {
 }
 
 Checkpoint ParseCheckpoint(const std::string& file, const std::string& path) {
-  CORTADO_CHECK(file.size() >= kHeaderBytes && std::memcmp(file.data(), kMagic, 8) == 0,
-                "'", path, "' is not a Cortado checkpoint (bad magic or too short)");
+  CORTADO_CHECK(file.size() >= kHeaderBytes && std::memcmp(file.data(), kMagic, 8) == 0, "'", path,
+                "' is not a Cortado checkpoint (bad magic or too short)");
   uint32_t version, crc;
   uint64_t size;
   std::memcpy(&version, file.data() + 8, 4);
@@ -219,8 +221,8 @@ Checkpoint ParseCheckpoint(const std::string& file, const std::string& path) {
   for (uint32_t i = 0; i < n_tensors; ++i) {
     std::string name = r.String();
     uint8_t dtype = r.Get<uint8_t>();
-    CORTADO_CHECK(dtype <= static_cast<uint8_t>(DType::kU8), "checkpoint '", path,
-                  "': tensor '", name, "' has unknown dtype ", int{dtype});
+    CORTADO_CHECK(dtype <= static_cast<uint8_t>(DType::kU8), "checkpoint '", path, "': tensor '",
+                  name, "' has unknown dtype ", int{dtype});
     uint32_t ndim = r.Get<uint32_t>();
     CORTADO_CHECK(ndim <= 8, "checkpoint '", path, "': tensor '", name, "' has ", ndim, " dims");
     Shape shape(ndim);

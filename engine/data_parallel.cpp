@@ -117,11 +117,11 @@ dist::DataType WireTypeOf(DType dtype, const std::string& what) {
 
 DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptions options)
     : net_(net), comm_(comm), options_(options) {
-  CORTADO_CHECK(options_.bucket_mb > 0 && options_.first_bucket_mb > 0 &&
-                    options_.last_bucket_mb > 0,
-                "gradient bucket sizes must be positive (distributed.bucket_mb ",
-                options_.bucket_mb, ", first_bucket_mb ", options_.first_bucket_mb,
-                ", last_bucket_mb ", options_.last_bucket_mb, ")");
+  CORTADO_CHECK(
+      options_.bucket_mb > 0 && options_.first_bucket_mb > 0 && options_.last_bucket_mb > 0,
+      "gradient bucket sizes must be positive (distributed.bucket_mb ", options_.bucket_mb,
+      ", first_bucket_mb ", options_.first_bucket_mb, ", last_bucket_mb ", options_.last_bucket_mb,
+      ")");
   // Parameters in the order backward finishes them: layers in reverse.
   std::vector<Param*> order;
   for (auto it = net_.layers().rbegin(); it != net_.layers().rend(); ++it) {
@@ -134,9 +134,8 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
                   DTypeName(p->grad.dtype()), " but '", order.front()->name, "' is ",
                   DTypeName(dtype), "; data-parallel gradients need one dtype");
   }
-  CORTADO_CHECK(dtype == DType::kF32 || dtype == DType::kF64, "gradient of '",
-                order.front()->name, "': data-parallel training supports f32 and f64 gradients, got ",
-                DTypeName(dtype));
+  CORTADO_CHECK(dtype == DType::kF32 || dtype == DType::kF64, "gradient of '", order.front()->name,
+                "': data-parallel training supports f32 and f64 gradients, got ", DTypeName(dtype));
   wire_type_ = WireTypeOf(dtype, "gradient of '" + order.front()->name + "'");
   const int64_t esize = static_cast<int64_t>(DTypeSize(dtype));
 
@@ -189,8 +188,12 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
   std::vector<int64_t> offset(order.size());
   for (size_t b = 0; b < starts.size(); ++b) {
     const size_t end = b + 1 < starts.size() ? starts[b + 1] : order.size();
-    Bucket bucket{at, at, static_cast<int>(end - starts[b]), order[starts[b]]->name,
-                  order[end - 1]->name, codec[starts[b]]};
+    Bucket bucket{at,
+                  at,
+                  static_cast<int>(end - starts[b]),
+                  order[starts[b]]->name,
+                  order[end - 1]->name,
+                  codec[starts[b]]};
     for (size_t i = starts[b]; i < end; ++i) {
       offset[i] = at;
       bucket_of_[order[i]] = b;
@@ -254,8 +257,8 @@ void DataParallel::VerifySameJob(const std::string& description) {
     auto quoted = [](const std::vector<std::string>& lines, size_t i) {
       return i < lines.size() ? StrCat("'", Clip(lines[i], 120), "'") : std::string("nothing");
     };
-    report = StrCat("rank ", comm_.rank(), " has ", quoted(b, k), " where rank 0 has ",
-                    quoted(a, k));
+    report =
+        StrCat("rank ", comm_.rank(), " has ", quoted(b, k), " where rank 0 has ", quoted(a, k));
   }
   // Everyone's verdict to everyone, in fixed-size slots, so every rank throws the same error.
   constexpr size_t kSlotFloats = 96;  // 384 bytes
@@ -273,8 +276,10 @@ void DataParallel::VerifySameJob(const std::string& description) {
     details += text;
   }
   if (!ranks.empty()) {
-    Fail("rank(s) ", ranks, " do not run the same job as rank 0 (every rank needs the same config, "
-         "model and data): ", details);
+    Fail("rank(s) ", ranks,
+         " do not run the same job as rank 0 (every rank needs the same config, "
+         "model and data): ",
+         details);
   }
 }
 
@@ -378,9 +383,9 @@ std::vector<Tensor> DataParallel::GatherResiduals() {
 void DataParallel::SetResidual(const Tensor& residual) {
   CORTADO_CHECK(options_.error_feedback, "SetResidual without error feedback");
   CORTADO_CHECK(residual.dtype() == DType::kF32 && residual.numel() == residual_.numel(),
-                "an error-feedback residual of ", residual.numel(), " ", DTypeName(residual.dtype()),
-                " elements does not fit this model's ", residual_.numel(),
-                " (the model or its parameters changed)");
+                "an error-feedback residual of ", residual.numel(), " ",
+                DTypeName(residual.dtype()), " elements does not fit this model's ",
+                residual_.numel(), " (the model or its parameters changed)");
   std::memcpy(residual_.data<float>(), residual.data<float>(),
               static_cast<size_t>(residual_.numel()) * 4);
 }
@@ -397,12 +402,12 @@ DataParallel::StepResult DataParallel::FinishStep() {
     const double esize = static_cast<double>(DTypeSize(block_.dtype()));
     for (size_t b = 0; b < buckets_.size(); ++b) {
       const dist::Work& w = *work_[b];
-      trace_->Add(TraceTrack::kGradients, StrCat("all-reduce bucket ", b), "comm", queued_at_[b],
-                  w.finished_at(),
-                  {{"bytes", (buckets_[b].end - buckets_[b].begin) * esize},
-                   {"queued_ms", std::chrono::duration<double, std::milli>(w.started_at() -
-                                                                          queued_at_[b])
-                                     .count()}});
+      trace_->Add(
+          TraceTrack::kGradients, StrCat("all-reduce bucket ", b), "comm", queued_at_[b],
+          w.finished_at(),
+          {{"bytes", (buckets_[b].end - buckets_[b].begin) * esize},
+           {"queued_ms",
+            std::chrono::duration<double, std::milli>(w.started_at() - queued_at_[b]).count()}});
     }
     trace_->Add(TraceTrack::kCompute, "wait for gradients", "comm", t0, t1);
   }

@@ -67,9 +67,9 @@ struct DataParallelOptions {
 class DataParallel {
  public:
   struct Bucket {
-    int64_t begin = 0, end = 0;   // element range in the gradient block
-    int params = 0;               // parameters in it
-    std::string first, last;      // names of its first and last parameter (for logs)
+    int64_t begin = 0, end = 0;  // element range in the gradient block
+    int params = 0;              // parameters in it
+    std::string first, last;     // names of its first and last parameter (for logs)
     dist::CodecKind codec = dist::CodecKind::kF32;
   };
 

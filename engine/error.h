@@ -31,15 +31,15 @@ template <typename... Args>
 }  // namespace cortado
 
 // Throws cortado::Error with the message when cond is false.
-#define CORTADO_CHECK(cond, ...)                      \
-  do {                                                \
-    if (!(cond)) ::cortado::Fail(__VA_ARGS__);        \
+#define CORTADO_CHECK(cond, ...)               \
+  do {                                         \
+    if (!(cond)) ::cortado::Fail(__VA_ARGS__); \
   } while (0)
 
 // An internal invariant: failing it is a bug in Cortado, reported with file:line.
-#define CORTADO_ASSERT(cond)                                                               \
-  do {                                                                                     \
-    if (!(cond))                                                                           \
-      ::cortado::Fail("internal error at ", __FILE__, ":", __LINE__, ": ", #cond,          \
-                      " (please report this)");                                            \
+#define CORTADO_ASSERT(cond)                                                      \
+  do {                                                                            \
+    if (!(cond))                                                                  \
+      ::cortado::Fail("internal error at ", __FILE__, ":", __LINE__, ": ", #cond, \
+                      " (please report this)");                                   \
   } while (0)

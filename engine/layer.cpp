@@ -11,7 +11,9 @@ Layer::Layer(const LayerSpec& spec) : spec_(spec) {
   spec_.settings.set_owner(Describe() + (spec_.where.empty() ? "" : " at " + spec_.where));
 }
 
-std::string Layer::Describe() const { return StrCat("layer '", spec_.name, "' (", spec_.type, ")"); }
+std::string Layer::Describe() const {
+  return StrCat("layer '", spec_.name, "' (", spec_.type, ")");
+}
 
 const LayerContext& Layer::context() const {
   static const LayerContext kDefault;
@@ -35,8 +37,7 @@ void Layer::SetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& to
   Reshape(bottom, top);
 }
 
-Param& Layer::AddParam(const std::string& suffix, const Shape& shape, DType dtype,
-                       ParamKind kind) {
+Param& Layer::AddParam(const std::string& suffix, const Shape& shape, DType dtype, ParamKind kind) {
   Param p;
   p.name = spec_.name + "." + suffix;
   p.value = Tensor(shape, dtype);

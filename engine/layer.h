@@ -66,8 +66,8 @@ class BatchStatsReducer {
 // Run-time state shared by all layers of a net.
 struct LayerContext {
   Phase phase = Phase::kTrain;
-  uint64_t seed = 0;        // the run's seed; layers derive per-layer streams from it
-  int64_t iteration = 0;    // current iteration, for counter-based randomness (dropout)
+  uint64_t seed = 0;      // the run's seed; layers derive per-layer streams from it
+  int64_t iteration = 0;  // current iteration, for counter-based randomness (dropout)
   // Data parallelism: this rank's local sample j is sample sample_base + j * sample_stride of
   // the global batch (rank r of W: r and W), so per-sample randomness matches one process.
   int64_t sample_base = 0;
@@ -161,10 +161,10 @@ struct LayerRegistrar {
 };
 
 // Registers class `cls` under the type name `type`, e.g. CORTADO_REGISTER_LAYER(ReLU, ReluLayer).
-#define CORTADO_REGISTER_LAYER(type, cls)                                              \
-  static ::cortado::LayerRegistrar g_cortado_layer_registrar_##type(                   \
+#define CORTADO_REGISTER_LAYER(type, cls)                                                \
+  static ::cortado::LayerRegistrar g_cortado_layer_registrar_##type(                     \
       #type, [](const ::cortado::LayerSpec& spec) -> std::unique_ptr<::cortado::Layer> { \
-        return std::make_unique<cls>(spec);                                            \
+        return std::make_unique<cls>(spec);                                              \
       })
 
 // Calls fn(T{}) with T = float or double according to dtype; other dtypes throw naming `what`.

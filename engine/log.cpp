@@ -1,7 +1,5 @@
 #include "engine/log.h"
 
-#include "engine/env.h"
-
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -9,6 +7,8 @@
 #include <ctime>
 #include <mutex>
 #include <string_view>
+
+#include "engine/env.h"
 
 namespace cortado {
 namespace {

@@ -19,8 +19,8 @@ namespace {
 // BLAS takes int sizes: a product whose sizes do not fit fails here instead of computing
 // garbage from a truncated size.
 int BlasInt(int64_t v, const char* what) {
-  CORTADO_CHECK(v >= 0 && v <= std::numeric_limits<int>::max(), "matrix product: ", what, " = ",
-                v, " exceeds what BLAS takes (", std::numeric_limits<int>::max(), ")");
+  CORTADO_CHECK(v >= 0 && v <= std::numeric_limits<int>::max(), "matrix product: ", what, " = ", v,
+                " exceeds what BLAS takes (", std::numeric_limits<int>::max(), ")");
   return static_cast<int>(v);
 }
 
@@ -38,13 +38,13 @@ void GemmLd<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alph
   // so every calling thread asks for one OpenMP thread (set once per thread).
   static thread_local const bool single = (omp_set_num_threads(1), true);
   (void)single;
-  dnnl_status_t status = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b,
-                                    ldb, beta, c, ldc);
+  dnnl_status_t status =
+      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (status == dnnl_success) return;
-  // Fall through to OpenBLAS on the (unexpected) failure of oneDNN.
+    // Fall through to OpenBLAS on the (unexpected) failure of oneDNN.
 #endif
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, im,
-              in, ik, alpha, a, ilda, b, ildb, beta, c, ildc);
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, im, in,
+              ik, alpha, a, ilda, b, ildb, beta, c, ildc);
 }
 
 template <>
@@ -54,8 +54,8 @@ void GemmLd<double>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double al
   if (m == 0 || n == 0) return;
   const int im = BlasInt(m, "m"), in = BlasInt(n, "n"), ik = BlasInt(k, "k");
   const int ilda = BlasInt(lda, "lda"), ildb = BlasInt(ldb, "ldb"), ildc = BlasInt(ldc, "ldc");
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, im,
-              in, ik, alpha, a, ilda, b, ildb, beta, c, ildc);
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, im, in,
+              ik, alpha, a, ilda, b, ildb, beta, c, ildc);
 }
 
 template <typename T>
@@ -90,8 +90,8 @@ void Axpy(int64_t n, T alpha, const T* x, T* y) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
-template void Gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*,
-                          const float*, float, float*);
+template void Gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, const float*,
+                          float, float*);
 template void Gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*,
                            const double*, double, double*);
 template void ParallelGemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*,

@@ -19,8 +19,8 @@ void GemmLd(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha
 
 // Multithreaded GEMM: splits the rows of C (or, when M is small, the columns) across the pool.
 template <typename T>
-void ParallelGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
-                  const T* a, const T* b, T beta, T* c);
+void ParallelGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                  const T* b, T beta, T* c);
 
 // y = alpha * x + y
 template <typename T>

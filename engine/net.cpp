@@ -87,8 +87,7 @@ void Net::AddLayer(LayerSpec spec) {
            "' is not a net input nor an output of an earlier layer");
     }
     bottom.push_back(blobs_[it->second].get());
-    propagate.push_back(blob_needs_grad_[it->second] &&
-                        layer->CanBackpropTo(static_cast<int>(i)));
+    propagate.push_back(blob_needs_grad_[it->second] && layer->CanBackpropTo(static_cast<int>(i)));
   }
   for (const std::string& name : spec.outputs) {
     CORTADO_CHECK(!blob_index_.count(name), layer->Describe(), at, ": output '", name,
@@ -245,14 +244,15 @@ int64_t Net::num_parameters() {
 std::string Net::Summary() {
   std::ostringstream out;
   out << std::left << std::setw(22) << "layer" << std::setw(18) << "type" << std::setw(24)
-      << "output" << "params\n";
+      << "output"
+      << "params\n";
   for (size_t i = 0; i < layers_.size(); ++i) {
     Layer& layer = *layers_[i];
     int64_t n = 0;
     for (const Param& p : layer.params()) n += p.value.numel();
     std::string shape = tops_[i].empty() ? "-" : ShapeString(tops_[i][0]->data.shape());
-    out << std::setw(22) << layer.name() << std::setw(18) << layer.type() << std::setw(24)
-        << shape << n << "\n";
+    out << std::setw(22) << layer.name() << std::setw(18) << layer.type() << std::setw(24) << shape
+        << n << "\n";
   }
   out << "total parameters: " << num_parameters() << "\n";
   return out.str();

@@ -39,7 +39,7 @@ class Rng {
  public:
   explicit Rng(uint64_t seed);
   uint64_t Next();
-  double Uniform();                     // [0, 1)
+  double Uniform();                      // [0, 1)
   double Uniform(double lo, double hi);  // [lo, hi)
   double Normal(double mean, double stddev);
   // Uniform integer in [0, n).

@@ -123,7 +123,7 @@ std::vector<int64_t> Settings::GetInts(const std::string& key,
 }
 
 std::vector<double> Settings::GetFloats(const std::string& key,
-                                      const std::vector<double>& fallback) const {
+                                        const std::vector<double>& fallback) const {
   used_.insert(key);  // a key asked for is a known key, present or not
   if (!Has(key)) return fallback;
   const Value& v = Lookup(key);

@@ -42,8 +42,8 @@ void SgdSolver::Step(double lr, double grad_scale) {
     Tensor& v = momentum_[i].value;
     DispatchFloat(p.value.dtype(), p.name, [&](auto tag) {
       using T = decltype(tag);
-      SgdUpdate<T>(p.value.data<T>(), p.grad.data<T>(), v.data<T>(), p.value.numel(), plr,
-                   decay, options_.momentum, options_.nesterov, grad_scale);
+      SgdUpdate<T>(p.value.data<T>(), p.grad.data<T>(), v.data<T>(), p.value.numel(), plr, decay,
+                   options_.momentum, options_.nesterov, grad_scale);
     });
   }
 }

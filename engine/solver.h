@@ -49,14 +49,14 @@ class SgdSolver : public CheckpointState {
 struct LrScheduleOptions {
   std::string policy = "cosine";  // fixed | step | multistep | cosine | poly
   double base_lr = 0.1;
-  double gamma = 0.1;                  // step, multistep: factor per decay
-  double step_size = 30;               // step: decay every step_size units
-  std::vector<double> milestones;      // multistep: decay at these units
-  double power = 1.0;                  // poly: (1 - t/T)^power
-  double min_lr = 0.0;                 // cosine, poly: the floor
-  double warmup = 0.0;                 // linear warmup length in units (from warmup_factor)
-  double warmup_factor = 0.0;          // warmup starts at base_lr * warmup_factor
-  double total = 1.0;                  // length of training in units (cosine, poly)
+  double gamma = 0.1;              // step, multistep: factor per decay
+  double step_size = 30;           // step: decay every step_size units
+  std::vector<double> milestones;  // multistep: decay at these units
+  double power = 1.0;              // poly: (1 - t/T)^power
+  double min_lr = 0.0;             // cosine, poly: the floor
+  double warmup = 0.0;             // linear warmup length in units (from warmup_factor)
+  double warmup_factor = 0.0;      // warmup starts at base_lr * warmup_factor
+  double total = 1.0;              // length of training in units (cosine, poly)
 };
 
 class LrSchedule {

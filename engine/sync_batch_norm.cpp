@@ -11,8 +11,7 @@ SyncBatchNormReducer::SyncBatchNormReducer(std::unique_ptr<dist::Communicator> g
 
 void SyncBatchNormReducer::AllReduceSum(double* values, int64_t count) {
   const auto t0 = Trace::Clock::now();
-  group_->AllReduce(values, static_cast<size_t>(count), dist::DataType::kF64,
-                    dist::ReduceOp::kSum);
+  group_->AllReduce(values, static_cast<size_t>(count), dist::DataType::kF64, dist::ReduceOp::kSum);
   const auto t1 = Trace::Clock::now();
   seconds_ += std::chrono::duration<double>(t1 - t0).count();
   if (trace_ != nullptr) {

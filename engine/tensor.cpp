@@ -112,10 +112,18 @@ void Tensor::Zero() {
 
 void Tensor::Fill(double value) {
   switch (dtype_) {
-    case DType::kF32: std::fill_n(data<float>(), numel_, static_cast<float>(value)); break;
-    case DType::kF64: std::fill_n(data<double>(), numel_, value); break;
-    case DType::kI32: std::fill_n(data<int32_t>(), numel_, static_cast<int32_t>(value)); break;
-    case DType::kU8: std::fill_n(data<uint8_t>(), numel_, static_cast<uint8_t>(value)); break;
+    case DType::kF32:
+      std::fill_n(data<float>(), numel_, static_cast<float>(value));
+      break;
+    case DType::kF64:
+      std::fill_n(data<double>(), numel_, value);
+      break;
+    case DType::kI32:
+      std::fill_n(data<int32_t>(), numel_, static_cast<int32_t>(value));
+      break;
+    case DType::kU8:
+      std::fill_n(data<uint8_t>(), numel_, static_cast<uint8_t>(value));
+      break;
     case DType::kF16:
       std::fill_n(data<Half>(), numel_, FloatToHalf(static_cast<float>(value)));
       break;
@@ -141,12 +149,18 @@ void Tensor::CopyFrom(const Tensor& src) {
 
 double ElementAsDouble(const Tensor& t, int64_t i) {
   switch (t.dtype()) {
-    case DType::kF32: return t.data<float>()[i];
-    case DType::kF64: return t.data<double>()[i];
-    case DType::kF16: return HalfToFloat(t.data<Half>()[i]);
-    case DType::kBF16: return BFloat16ToFloat(t.data<BFloat16>()[i]);
-    case DType::kI32: return t.data<int32_t>()[i];
-    case DType::kU8: return t.data<uint8_t>()[i];
+    case DType::kF32:
+      return t.data<float>()[i];
+    case DType::kF64:
+      return t.data<double>()[i];
+    case DType::kF16:
+      return HalfToFloat(t.data<Half>()[i]);
+    case DType::kBF16:
+      return BFloat16ToFloat(t.data<BFloat16>()[i]);
+    case DType::kI32:
+      return t.data<int32_t>()[i];
+    case DType::kU8:
+      return t.data<uint8_t>()[i];
   }
   return 0;
 }
@@ -157,12 +171,24 @@ void Tensor::ConvertFrom(const Tensor& src) {
   for (int64_t i = 0; i < numel_; ++i) {
     double v = ElementAsDouble(src, i);
     switch (dtype_) {
-      case DType::kF32: data<float>()[i] = static_cast<float>(v); break;
-      case DType::kF64: data<double>()[i] = v; break;
-      case DType::kF16: data<Half>()[i] = FloatToHalf(static_cast<float>(v)); break;
-      case DType::kBF16: data<BFloat16>()[i] = FloatToBFloat16(static_cast<float>(v)); break;
-      case DType::kI32: data<int32_t>()[i] = static_cast<int32_t>(v); break;
-      case DType::kU8: data<uint8_t>()[i] = static_cast<uint8_t>(v); break;
+      case DType::kF32:
+        data<float>()[i] = static_cast<float>(v);
+        break;
+      case DType::kF64:
+        data<double>()[i] = v;
+        break;
+      case DType::kF16:
+        data<Half>()[i] = FloatToHalf(static_cast<float>(v));
+        break;
+      case DType::kBF16:
+        data<BFloat16>()[i] = FloatToBFloat16(static_cast<float>(v));
+        break;
+      case DType::kI32:
+        data<int32_t>()[i] = static_cast<int32_t>(v);
+        break;
+      case DType::kU8:
+        data<uint8_t>()[i] = static_cast<uint8_t>(v);
+        break;
     }
   }
 }

@@ -1,7 +1,5 @@
 #include "engine/thread_pool.h"
 
-#include "engine/env.h"
-
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -12,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/env.h"
 #include "engine/error.h"
 
 extern "C" void openblas_set_num_threads(int);

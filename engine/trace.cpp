@@ -12,9 +12,12 @@ namespace {
 
 const char* TrackName(TraceTrack track) {
   switch (track) {
-    case TraceTrack::kCompute: return "compute";
-    case TraceTrack::kGradients: return "gradients (all-reduce)";
-    case TraceTrack::kBatchNorm: return "batchnorm (all-reduce)";
+    case TraceTrack::kCompute:
+      return "compute";
+    case TraceTrack::kGradients:
+      return "gradients (all-reduce)";
+    case TraceTrack::kBatchNorm:
+      return "batchnorm (all-reduce)";
   }
   return "?";
 }
@@ -36,21 +39,37 @@ void Trace::Write(const std::string& path) const {
   using nlohmann::json;
   json events = json::array();
   // Metadata: the process is the rank, the threads are the tracks (sorted in track order).
-  events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank_}, {"tid", 0},
+  events.push_back({{"ph", "M"},
+                    {"name", "process_name"},
+                    {"pid", rank_},
+                    {"tid", 0},
                     {"args", {{"name", StrCat("rank ", rank_)}}}});
-  events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rank_}, {"tid", 0},
+  events.push_back({{"ph", "M"},
+                    {"name", "process_sort_index"},
+                    {"pid", rank_},
+                    {"tid", 0},
                     {"args", {{"sort_index", rank_}}}});
   for (TraceTrack t : {TraceTrack::kCompute, TraceTrack::kGradients, TraceTrack::kBatchNorm}) {
     const int tid = static_cast<int>(t);
-    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank_}, {"tid", tid},
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_name"},
+                      {"pid", rank_},
+                      {"tid", tid},
                       {"args", {{"name", TrackName(t)}}}});
-    events.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", rank_}, {"tid", tid},
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_sort_index"},
+                      {"pid", rank_},
+                      {"tid", tid},
                       {"args", {{"sort_index", tid}}}});
   }
   for (const Event& e : events_) {
-    json event = {{"ph", "X"},           {"name", e.name},       {"cat", e.category},
-                  {"pid", rank_},        {"tid", static_cast<int>(e.track)},
-                  {"ts", e.begin_us},    {"dur", e.duration_us}};
+    json event = {{"ph", "X"},
+                  {"name", e.name},
+                  {"cat", e.category},
+                  {"pid", rank_},
+                  {"tid", static_cast<int>(e.track)},
+                  {"ts", e.begin_us},
+                  {"dur", e.duration_us}};
     if (!e.args.empty()) {
       json args = json::object();
       for (const auto& [k, v] : e.args) args[k] = v;

@@ -54,7 +54,8 @@ void DropoutLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<B
     uint8_t* mask = mask_.data<uint8_t>();
     // Element f of local sample j is element f of global sample sample_base + j * stride, so
     // W ranks draw the masks one process draws for the combined batch.
-    const int64_t samples = std::max<int64_t>(1, bottom[0]->data.ndim() > 0 ? bottom[0]->data.dim(0) : 1);
+    const int64_t samples =
+        std::max<int64_t>(1, bottom[0]->data.ndim() > 0 ? bottom[0]->data.dim(0) : 1);
     const int64_t per_sample = n / samples;
     const int64_t sample_base = context().sample_base, stride = context().sample_stride;
     ParallelFor(n, kDropoutChunk, [&](int64_t begin, int64_t end) {

@@ -14,8 +14,8 @@ class GraphBuilder {
  public:
   explicit GraphBuilder(NetSpec& spec) : spec_(spec) {}
 
-  std::string Add(const std::string& name, const std::string& type,
-                  std::vector<std::string> inputs, Settings settings = {}) {
+  std::string Add(const std::string& name, const std::string& type, std::vector<std::string> inputs,
+                  Settings settings = {}) {
     LayerSpec layer;
     layer.name = name;
     layer.type = type;
@@ -180,15 +180,25 @@ const std::map<std::string, Builder>& Builders() {
       {"resnet44", [](const ModelOptions& o) { return CifarResNet("resnet44", 7, o); }},
       {"resnet56", [](const ModelOptions& o) { return CifarResNet("resnet56", 9, o); }},
       {"resnet18",
-       [](const ModelOptions& o) { return ImageNetResNet("resnet18", {2, 2, 2, 2}, false, o); }},
+       [](const ModelOptions& o) {
+         return ImageNetResNet("resnet18", {2, 2, 2, 2}, false, o);
+       }},
       {"resnet34",
-       [](const ModelOptions& o) { return ImageNetResNet("resnet34", {3, 4, 6, 3}, false, o); }},
+       [](const ModelOptions& o) {
+         return ImageNetResNet("resnet34", {3, 4, 6, 3}, false, o);
+       }},
       {"resnet50",
-       [](const ModelOptions& o) { return ImageNetResNet("resnet50", {3, 4, 6, 3}, true, o); }},
+       [](const ModelOptions& o) {
+         return ImageNetResNet("resnet50", {3, 4, 6, 3}, true, o);
+       }},
       {"resnet101",
-       [](const ModelOptions& o) { return ImageNetResNet("resnet101", {3, 4, 23, 3}, true, o); }},
+       [](const ModelOptions& o) {
+         return ImageNetResNet("resnet101", {3, 4, 23, 3}, true, o);
+       }},
       {"resnet152",
-       [](const ModelOptions& o) { return ImageNetResNet("resnet152", {3, 8, 36, 3}, true, o); }},
+       [](const ModelOptions& o) {
+         return ImageNetResNet("resnet152", {3, 8, 36, 3}, true, o);
+       }},
   };
   return builders;
 }

@@ -20,7 +20,7 @@ struct ModelOptions {
   int64_t in_channels = 1;
   int64_t height = 28;
   int64_t width = 28;
-  int64_t batch_size = 1;      // batch dimension of the declared inputs (reshaped per batch)
+  int64_t batch_size = 1;  // batch dimension of the declared inputs (reshaped per batch)
   double label_smoothing = 0.0;
   bool zero_init_residual = false;  // gamma = 0 in the last BN of each residual block
 };

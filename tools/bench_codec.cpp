@@ -202,7 +202,9 @@ void RunBench(const BenchArgs& a) {
       }
     }
   }
-  if (a.json) std::printf("%s\n", json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  if (a.json)
+    std::printf("%s\n",
+                json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
 }
 
 }  // namespace

@@ -14,9 +14,9 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-#include <nlohmann/json.hpp>
 
 #include "cortado/dist/communicator.h"
 #include "engine/error.h"
@@ -87,7 +87,8 @@ float CodecInput(int rank, size_t i) {
   const uint32_t h = Mix(static_cast<uint32_t>(i));
   const float unit = static_cast<float>(h % 20001u) / 20000.0f + 0.5f;  // [0.5, 1.5]
   const float base = std::ldexp(h & 1u ? unit : -unit, static_cast<int>(h >> 29) - 12);
-  const uint32_t g = Mix(static_cast<uint32_t>(i) ^ (static_cast<uint32_t>(rank) + 1) * 0x9e3779b9u);
+  const uint32_t g =
+      Mix(static_cast<uint32_t>(i) ^ (static_cast<uint32_t>(rank) + 1) * 0x9e3779b9u);
   return base * (1.0f + 0.25f * (static_cast<float>(g % 20001u) / 10000.0f - 1.0f));
 }
 
@@ -253,7 +254,8 @@ void RunBench(const BenchArgs& a) {
         j["wirebw"] = busbw * wire_ratio;
         j["max_rel_error"] = max_error;
         j["mean_rel_error"] = mean_error;
-        std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+        std::printf("%s\n",
+                    j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       } else {
         std::printf("  %12zu  %-17s %12.2f %12.4f %12.4f %12.4f %10.3g %10.3g\n", bytes, "ring",
                     static_cast<double>(worst), algbw, busbw, busbw * wire_ratio, max_error,
@@ -270,7 +272,8 @@ void RunBench(const BenchArgs& a) {
         j["time_us"] = static_cast<double>(worst);
         j["algbw"] = algbw;
         j["busbw"] = busbw;
-        std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+        std::printf("%s\n",
+                    j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       } else {
         std::printf("  %12zu  %-17s %12.2f %12.4f %12.4f\n", bytes, algo_name.c_str(),
                     static_cast<double>(worst), algbw, busbw);

@@ -7,8 +7,8 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
-#include <string>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "data/data_options.h"
 #include "data/lmdb_source.h"

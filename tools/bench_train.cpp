@@ -101,24 +101,25 @@ void AddBenchTrainCommand(CLI::App& bench) {
         nlohmann::ordered_json layers = nlohmann::ordered_json::array();
         for (const std::string& name : order) {
           auto [f, b] = per_layer[name];
-          layers.push_back({{"name", name}, {"forward_ms", 1000 * f / n},
-                            {"backward_ms", 1000 * b / n}});
+          layers.push_back(
+              {{"name", name}, {"forward_ms", 1000 * f / n}, {"backward_ms", 1000 * b / n}});
         }
         j["layers"] = std::move(layers);
       }
       std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
-      std::printf("%s: batch %lld x %d rank(s), %d thread(s) each: %.1f img/s (%.2f ms/iter: "
-                  "compute %.2f, comm wait %.2f, data %.2f)\n",
-                  model.c_str(), static_cast<long long>(config.data.batch_size), ranks,
-                  NumThreads(), img_per_s, 1000 * seconds / n, 1000 * sum.compute / n,
-                  1000 * sum.comm_wait / n, 1000 * sum.data_wait / n);
+      std::printf(
+          "%s: batch %lld x %d rank(s), %d thread(s) each: %.1f img/s (%.2f ms/iter: "
+          "compute %.2f, comm wait %.2f, data %.2f)\n",
+          model.c_str(), static_cast<long long>(config.data.batch_size), ranks, NumThreads(),
+          img_per_s, 1000 * seconds / n, 1000 * sum.compute / n, 1000 * sum.comm_wait / n,
+          1000 * sum.data_wait / n);
       if (args->profile) {
         std::printf("%-26s %10s %10s %7s\n", "layer", "fwd ms", "bwd ms", "share");
         for (const std::string& name : order) {
           auto [f, b] = per_layer[name];
-          std::printf("%-26s %10.3f %10.3f %6.1f%%\n", name.c_str(), 1000 * f / n,
-                      1000 * b / n, 100 * (f + b) / seconds);
+          std::printf("%-26s %10.3f %10.3f %6.1f%%\n", name.c_str(), 1000 * f / n, 1000 * b / n,
+                      100 * (f + b) / seconds);
         }
       }
     }

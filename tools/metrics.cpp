@@ -63,11 +63,11 @@ void ProgressBar::Update(int64_t iteration, int64_t max_iter, int64_t first_iter
   bar.resize(width, '.');
   const double elapsed = std::chrono::duration<double>(now - run_start_).count();
   const double rate = static_cast<double>(iteration - first_iteration) / std::max(1e-9, elapsed);
-  std::printf("\r[%s] %5.1f%%  iter %lld/%lld  loss %.4f  ETA %s", bar.c_str(),
-              100.0 * static_cast<double>(iteration) / static_cast<double>(max_iter),
-              static_cast<long long>(iteration), static_cast<long long>(max_iter), loss,
-              FormatDuration(static_cast<double>(max_iter - iteration) / std::max(rate, 1e-9))
-                  .c_str());
+  std::printf(
+      "\r[%s] %5.1f%%  iter %lld/%lld  loss %.4f  ETA %s", bar.c_str(),
+      100.0 * static_cast<double>(iteration) / static_cast<double>(max_iter),
+      static_cast<long long>(iteration), static_cast<long long>(max_iter), loss,
+      FormatDuration(static_cast<double>(max_iter - iteration) / std::max(rate, 1e-9)).c_str());
   std::fflush(stdout);
 }
 

@@ -124,7 +124,8 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train) {
   if (m.Has("layers")) {
     YAML::Node layers = m.Node("layers");
     Require(layers.IsSequence(), m, "layers", "expected a list of layers");
-    for (size_t i = 0; i < layers.size(); ++i) c.model.layers.push_back(ParseLayer(yaml, layers[i], i));
+    for (size_t i = 0; i < layers.size(); ++i)
+      c.model.layers.push_back(ParseLayer(yaml, layers[i], i));
   }
   Require(c.model.builder.empty() != c.model.layers.empty(), m, "",
           "give exactly one of 'builder' (lenet, resnet20, ...) or 'layers' (a graph)");
@@ -285,7 +286,8 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train) {
   dc.error_feedback = dd.Bool("error_feedback", false);
   if (dd.Has("codec_keep_f32")) {
     YAML::Node kinds = dd.Node("codec_keep_f32");
-    if (!kinds.IsSequence()) dd.Error("codec_keep_f32", "must be a list of batch_norm, bias, weight");
+    if (!kinds.IsSequence())
+      dd.Error("codec_keep_f32", "must be a list of batch_norm, bias, weight");
     dc.codec.keep_f32.clear();
     for (const auto& k : kinds) {
       const std::string kind = k.IsScalar() ? k.as<std::string>() : "";
@@ -296,15 +298,16 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train) {
       } else if (kind == "weight") {
         dc.codec.keep_f32.push_back(ParamKind::kWeight);
       } else {
-        dd.Error("codec_keep_f32", "unknown parameter kind '" + kind +
-                                       "' (known: batch_norm, bias, weight)");
+        dd.Error("codec_keep_f32",
+                 "unknown parameter kind '" + kind + "' (known: batch_norm, bias, weight)");
       }
     }
   }
   if (dd.Has("codec_overrides")) {
     YAML::Node overrides = dd.Node("codec_overrides");
     if (!overrides.IsMap()) {
-      dd.Error("codec_overrides", "must map parameter-name patterns to codecs, e.g. {\"fc.*\": f32}");
+      dd.Error("codec_overrides",
+               "must map parameter-name patterns to codecs, e.g. {\"fc.*\": f32}");
     }
     for (const auto& item : overrides) {
       const std::string pattern = item.first.as<std::string>();
@@ -320,7 +323,8 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train) {
 
   YamlSection pr = root.Section("precision");
   const std::string compute = pr.String("compute", "fp32");
-  Require(compute == "fp32" || compute == "fp64", pr, "compute", "must be fp32 or fp64, got '" + compute + "'");
+  Require(compute == "fp32" || compute == "fp64", pr, "compute",
+          "must be fp32 or fp64, got '" + compute + "'");
   c.precision.compute = compute == "fp64" ? DType::kF64 : DType::kF32;
   pr.Finish();
   if (c.precision.compute != DType::kF32 && dc.codec.codec != "f32") {

@@ -16,43 +16,43 @@
 namespace cortado {
 
 struct ModelConfig {
-  std::string builder;             // a models/ builder name, or empty with `layers`
-  std::vector<LayerSpec> layers;   // a YAML graph (instead of builder)
-  int64_t num_classes = 0;         // 0: from the data
-  int64_t in_channels = 0;         // 0: from the data
+  std::string builder;            // a models/ builder name, or empty with `layers`
+  std::vector<LayerSpec> layers;  // a YAML graph (instead of builder)
+  int64_t num_classes = 0;        // 0: from the data
+  int64_t in_channels = 0;        // 0: from the data
   double label_smoothing = 0.0;
   bool zero_init_residual = false;
 };
 
 struct SolverConfig {
   SgdOptions sgd;
-  LrScheduleOptions schedule;      // units: epochs when max_epochs is set, else iterations
+  LrScheduleOptions schedule;  // units: epochs when max_epochs is set, else iterations
   int64_t max_epochs = 0;
   int64_t max_iter = 0;
   bool epoch_based = true;
-  double eval_interval = 1;        // in schedule units; 0: evaluate only at the end
+  double eval_interval = 1;  // in schedule units; 0: evaluate only at the end
 };
 
 struct CheckpointConfig {
-  std::string dir;                 // default: runs/<config file stem>
-  double every = 1;                // in schedule units; 0: only at the end
+  std::string dir;   // default: runs/<config file stem>
+  double every = 1;  // in schedule units; 0: only at the end
   int keep = 3;
 };
 
 // The `distributed:` section: how ranks talk and how gradients and batch-norm statistics are
 // combined. Rank and world size come from the launcher (tools/world.h).
 struct DistributedConfig {
-  std::string backend;             // tcp | mpi; "": CORTADO_BACKEND, else tcp
-  double bucket_mb = 25;           // gradient bucket size
-  double first_bucket_mb = 1;      // the first bucket (the last layers), so comm starts early
-  double last_bucket_mb = 1;       // the last bucket (the first layers): all of it is exposed
-  bool overlap = true;             // all-reduce buckets during backward
-  double timeout_s = 0;            // deadline of every collective; 0: CORTADO_TIMEOUT_S or 300
-  double connect_timeout_s = 0;    // rendezvous deadline; 0: CORTADO_CONNECT_TIMEOUT_S or timeout
-  bool sync_bn = false;            // synchronized batch norm, net-wide (a layer's `sync` wins)
-  int sync_bn_group = 0;           // ranks per batch-norm group; 0: all ranks
+  std::string backend;           // tcp | mpi; "": CORTADO_BACKEND, else tcp
+  double bucket_mb = 25;         // gradient bucket size
+  double first_bucket_mb = 1;    // the first bucket (the last layers), so comm starts early
+  double last_bucket_mb = 1;     // the last bucket (the first layers): all of it is exposed
+  bool overlap = true;           // all-reduce buckets during backward
+  double timeout_s = 0;          // deadline of every collective; 0: CORTADO_TIMEOUT_S or 300
+  double connect_timeout_s = 0;  // rendezvous deadline; 0: CORTADO_CONNECT_TIMEOUT_S or timeout
+  bool sync_bn = false;          // synchronized batch norm, net-wide (a layer's `sync` wins)
+  int sync_bn_group = 0;         // ranks per batch-norm group; 0: all ranks
   // Gradient compression (see engine/data_parallel.h, CodecPolicy).
-  CodecPolicy codec;               // codec, codec_keep_f32, codec_overrides
+  CodecPolicy codec;  // codec, codec_keep_f32, codec_overrides
   dist::Rounding rounding = dist::Rounding::kNearest;
   bool error_feedback = false;
 };
@@ -61,7 +61,7 @@ struct DistributedConfig {
 // 2-4x slower, for numerical reference runs (the data-parallel equivalence tests compare in it,
 // where f32 rounding would flip single ReLUs between runs and hide what is being compared).
 struct PrecisionConfig {
-  DType compute = DType::kF32;     // fp32 | fp64
+  DType compute = DType::kF32;  // fp32 | fp64
 };
 
 struct RunConfig {
@@ -74,7 +74,7 @@ struct RunConfig {
   DistributedConfig distributed;
   PrecisionConfig precision;
   int64_t log_interval = 50;
-  std::string resolved_yaml;       // the document with overrides applied
+  std::string resolved_yaml;  // the document with overrides applied
 };
 
 // Parses `path` with the `--set` overrides applied in order. A missing file, a folder, or a

@@ -68,16 +68,16 @@ void ProbeWritable(const std::string& dir) {
   out.close();
   fs::remove(probe, ec);
   if (!created.empty()) fs::remove_all(created, ec);
-  CORTADO_CHECK(ok, "checkpoint.dir '", dir, "': cannot write in the folder (",
-                std::strerror(err), "); checkpoints could not be saved");
+  CORTADO_CHECK(ok, "checkpoint.dir '", dir, "': cannot write in the folder (", std::strerror(err),
+                "); checkpoints could not be saved");
 }
 
 }  // namespace
 
 std::string NewRunId() {
   std::random_device entropy;
-  const uint64_t now = static_cast<uint64_t>(
-      std::chrono::system_clock::now().time_since_epoch().count());
+  const uint64_t now =
+      static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   std::mt19937_64 mix(now ^ (static_cast<uint64_t>(entropy()) << 32) ^ entropy() ^
                       static_cast<uint64_t>(::getpid()));
   char buf[17];
@@ -127,8 +127,8 @@ void CheckRunFolder(const RunFolder& folder, bool continuing, const std::string&
   if (!folder.metrics_path.empty()) {
     std::error_code ec;
     const auto size = fs::file_size(folder.metrics_path, ec);
-    CORTADO_CHECK(ec || size == 0, "--metrics '", folder.metrics_path, "' already holds ",
-                  size, " bytes of an earlier run's records. Continue that run with --resume "
+    CORTADO_CHECK(ec || size == 0, "--metrics '", folder.metrics_path, "' already holds ", size,
+                  " bytes of an earlier run's records. Continue that run with --resume "
                   "auto (which appends), write to another file, or start over with --overwrite "
                   "(which empties it)");
   }

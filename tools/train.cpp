@@ -1,5 +1,6 @@
 // `cortado train --config F [--set k=v]... [--resume auto|PATH] [--metrics PATH] [--threads N]
-//  [--stop-at-iter N] [--trace PATH [--trace-iters N]] [--overwrite] [--dry-run]`; under `cortado launch`,
+//  [--stop-at-iter N] [--trace PATH [--trace-iters N]] [--overwrite] [--dry-run]`; under `cortado
+//  launch`,
 // mpirun or srun, one rank of a data-parallel job. Exits 0 at the end of training, 128 + the
 // signal after SIGINT/SIGTERM (130 after --stop-at-iter), having saved a checkpoint and printed
 // the command that resumes.

@@ -31,12 +31,11 @@ void FeedBatch(Net& net, const Batch& batch) {
                 "data source produced ", batch.images.ToString(), " images and ",
                 batch.labels.ToString(), " labels (want f32 and i32)");
   Tensor& data = net.input("data");
-  CORTADO_CHECK(batch.images.ndim() == 4 && data.ndim() == 4 &&
-                    batch.images.dim(1) == data.dim(1) && batch.images.dim(2) == data.dim(2) &&
-                    batch.images.dim(3) == data.dim(3),
-                "data source produced images ", batch.images.ToString(),
-                " but the net expects [N, ", data.dim(1), ", ", data.dim(2), ", ", data.dim(3),
-                "]");
+  CORTADO_CHECK(
+      batch.images.ndim() == 4 && data.ndim() == 4 && batch.images.dim(1) == data.dim(1) &&
+          batch.images.dim(2) == data.dim(2) && batch.images.dim(3) == data.dim(3),
+      "data source produced images ", batch.images.ToString(), " but the net expects [N, ",
+      data.dim(1), ", ", data.dim(2), ", ", data.dim(3), "]");
   if (data.dtype() == DType::kF32) {
     data = batch.images;
   } else {
@@ -64,8 +63,9 @@ NetSpec MakeNetSpec(const RunConfig& config, const Shape& sample_shape, int64_t 
                 ShapeString(sample_shape));
   ModelOptions o;
   o.num_classes = config.model.num_classes > 0 ? config.model.num_classes : num_classes;
-  CORTADO_CHECK(o.num_classes >= 1, "model.num_classes is not set and the data does not say "
-                                    "how many classes it has");
+  CORTADO_CHECK(o.num_classes >= 1,
+                "model.num_classes is not set and the data does not say "
+                "how many classes it has");
   CORTADO_CHECK(num_classes <= 0 || o.num_classes >= num_classes, "model.num_classes is ",
                 o.num_classes, " but the data has labels up to ", num_classes - 1);
   o.in_channels = sample_shape[0];
@@ -197,8 +197,8 @@ Trainer::Trainer(RunConfig config, World world)
   if (!config_.data.val.empty() || config_.data.type == "synthetic") {
     val_source_ = MakeEvalSource(config_.data, shard);
   }
-  NetSpec spec = MakeNetSpec(config_, train_source_->sample_shape(),
-                             train_source_->num_classes(), config_.data.batch_size);
+  NetSpec spec = MakeNetSpec(config_, train_source_->sample_shape(), train_source_->num_classes(),
+                             config_.data.batch_size);
   net_ = std::make_unique<Net>(spec, seed, config_.precision.compute);
   solver_ = std::make_unique<SgdSolver>(net_->params(), config_.solver.sgd);
   schedule_ = std::make_unique<LrSchedule>(config_.solver.schedule);
@@ -246,7 +246,8 @@ std::string Trainer::JobDescription() const {
   std::istringstream config(config_.resolved_yaml);
   for (std::string line; std::getline(config, line);) out << "config: " << line << "\n";
   for (Param* p : net_->params()) out << "model: " << p->name << " " << p->value.ToString() << "\n";
-  for (Buffer* b : net_->buffers()) out << "model: " << b->name << " " << b->value.ToString() << "\n";
+  for (Buffer* b : net_->buffers())
+    out << "model: " << b->name << " " << b->value.ToString() << "\n";
   out << "data: " << batches_per_epoch_ << " batches per epoch of samples "
       << ShapeString(train_source_->sample_shape()) << ", " << train_source_->num_classes()
       << " classes\n";
@@ -292,15 +293,14 @@ void Trainer::LoadState(const Checkpoint& ckpt, const std::string& path) {
     const int64_t saved = ckpt.MetaInt("global_batch");
     if (saved != global_batch()) {
       const int64_t ranks = ckpt.MetaInt("world_size");
-      std::string fix =
-          saved % world_.size == 0
-              ? StrCat("resume with --set data.batch_size=", saved / world_.size, " on ",
-                       world_.size, " rank(s)")
-              : StrCat("no per-rank batch gives ", saved, " on ", world_.size,
-                       " rank(s); resume on a rank count that divides it");
+      std::string fix = saved % world_.size == 0
+                            ? StrCat("resume with --set data.batch_size=", saved / world_.size,
+                                     " on ", world_.size, " rank(s)")
+                            : StrCat("no per-rank batch gives ", saved, " on ", world_.size,
+                                     " rank(s); resume on a rank count that divides it");
       Fail("checkpoint '", path, "' was written with a global batch of ", saved, " (", ranks,
-           " rank(s) x ", ckpt.MetaInt("batch_per_rank"), "), this run's is ", global_batch(),
-           " (", world_.size, " x ", config_.data.batch_size, "); ", fix,
+           " rank(s) x ", ckpt.MetaInt("batch_per_rank"), "), this run's is ", global_batch(), " (",
+           world_.size, " x ", config_.data.batch_size, "); ", fix,
            ", or start a new run in another checkpoint.dir");
     }
   }
@@ -537,8 +537,8 @@ void Trainer::RunEval() {
   double epoch = static_cast<double>(iteration_) / batches_per_epoch_;
   progress_.Clear();
   LogInfo("eval  iter ", iteration_, "  epoch ", Fixed(epoch, 2), "  top1 ",
-          Fixed(last_eval_.top1 * 100, 2), "%  top5 ", Fixed(last_eval_.top5 * 100, 2),
-          "%  loss ", Fixed(last_eval_.loss, 4), "  (", last_eval_.images, " images, ",
+          Fixed(last_eval_.top1 * 100, 2), "%  top5 ", Fixed(last_eval_.top5 * 100, 2), "%  loss ",
+          Fixed(last_eval_.loss, 4), "  (", last_eval_.images, " images, ",
           Fixed(Seconds(t0, Clock::now()), 1), " s)");
   nlohmann::ordered_json m;
   m["event"] = "eval";
@@ -653,9 +653,10 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
     if (dp_) dp_->set_trace(trace_.get());
     if (sync_bn_) sync_bn_->set_trace(trace_.get());
   }
-  LogInfo("model: ", net_->num_parameters(), " parameters; data: ",
-          train_source_->samples_per_epoch(), " training samples, ", batches_per_epoch_,
-          " batches of ", config_.data.batch_size, " per epoch; ", NumThreads(), " thread(s)");
+  LogInfo("model: ", net_->num_parameters(),
+          " parameters; data: ", train_source_->samples_per_epoch(), " training samples, ",
+          batches_per_epoch_, " batches of ", config_.data.batch_size, " per epoch; ", NumThreads(),
+          " thread(s)");
   if (dp_) {
     const auto& buckets = dp_->buckets();
     std::string sizes;
@@ -665,9 +666,8 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
                      static_cast<double>(DTypeSize(dp_->gradient_block().dtype())));
     }
     LogInfo("data-parallel: ", world_.size, " ranks (", world_.backend, "), global batch ",
-            global_batch(), " (", world_.size, " x ", config_.data.batch_size,
-            "), learning rate ", config_.solver.schedule.base_lr,
-            " (solver.base_lr, not scaled with the global batch)");
+            global_batch(), " (", world_.size, " x ", config_.data.batch_size, "), learning rate ",
+            config_.solver.schedule.base_lr, " (solver.base_lr, not scaled with the global batch)");
     std::string codecs;
     for (const auto& b : buckets) {
       if (codecs.find(dist::CodecName(b.codec)) == std::string::npos) {
@@ -676,8 +676,8 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
     }
     if (codecs != "f32") {
       codecs = StrCat("; codecs ", codecs, " (", dist::RoundingName(dp_->options().rounding),
-                      dp_->options().error_feedback ? ", error feedback" : "", "): ",
-                      Bytes(dp_->wire_bytes_per_step()), " sent per step instead of ",
+                      dp_->options().error_feedback ? ", error feedback" : "",
+                      "): ", Bytes(dp_->wire_bytes_per_step()), " sent per step instead of ",
                       Bytes(dp_->f32_bytes_per_step()));
     } else {
       codecs = StrCat("; ", Bytes(dp_->wire_bytes_per_step()), " sent per step");

@@ -23,7 +23,8 @@ World JoinWorld(const DistributedConfig& config) {
   }
   World world;
   if (options.backend == dist::Backend::kMpi) {
-    CORTADO_CHECK(dist::HasMpiBackend(), "distributed.backend is mpi, but this build has no MPI "
+    CORTADO_CHECK(dist::HasMpiBackend(),
+                  "distributed.backend is mpi, but this build has no MPI "
                   "backend (install openmpi-bin and libopenmpi-dev, then reconfigure)");
     world.comm = dist::CreateCommunicator(dist::CommConfigFor(dist::LaunchInfo{}, options));
     world.rank = world.comm->rank();
@@ -31,9 +32,11 @@ World JoinWorld(const DistributedConfig& config) {
     // Started by another launcher (cortado launch, torchrun), each process is an MPI job of
     // its own: W independent trainings into one folder. Refuse.
     const dist::LaunchInfo launched = dist::DiscoverLaunchInfo();
-    CORTADO_CHECK(world.size > 1 || launched.world_size == 1, "distributed.backend is mpi, but "
-                  "this process is a 1-rank MPI job while its launcher (", launched.source,
-                  ") started ", launched.world_size, " ranks; run under mpirun, or use "
+    CORTADO_CHECK(world.size > 1 || launched.world_size == 1,
+                  "distributed.backend is mpi, but "
+                  "this process is a 1-rank MPI job while its launcher (",
+                  launched.source, ") started ", launched.world_size,
+                  " ranks; run under mpirun, or use "
                   "distributed.backend: tcp");
     // mpirun also says how many ranks share this machine.
     world.local_size = static_cast<int>(EnvInt("OMPI_COMM_WORLD_LOCAL_SIZE", 1, 1, 1 << 20));

@@ -19,7 +19,7 @@ struct World {
   int rank = 0;
   int size = 1;
   int local_rank = 0;
-  int local_size = 1;   // ranks on this machine (they share its cores)
+  int local_size = 1;  // ranks on this machine (they share its cores)
   std::string backend = "local";
   std::unique_ptr<dist::Communicator> comm;  // null when size == 1
 };

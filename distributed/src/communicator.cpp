@@ -226,8 +226,8 @@ void CheckCompressed(float* data, size_t count, ReduceOp op) {
   CheckBuffer("allreduce", data, count, 1, DataType::kF32);
   if (op == ReduceOp::kMax) {
     throw Error(ErrorKind::kInvalidArgument,
-                "allreduce: a compressed all-reduce sums or averages (op 'max' is not encoded)",
-                -1, "allreduce");
+                "allreduce: a compressed all-reduce sums or averages (op 'max' is not encoded)", -1,
+                "allreduce");
   }
 }
 
@@ -261,8 +261,7 @@ void Communicator::AllReduceCompressed(float* data, size_t count, ReduceOp op,
   RunOrdered([&] { RunCompressed(data, count, op, compression); });
 }
 
-std::shared_ptr<Work> Communicator::AllReduceCompressedAsync(float* data, size_t count,
-                                                             ReduceOp op,
+std::shared_ptr<Work> Communicator::AllReduceCompressedAsync(float* data, size_t count, ReduceOp op,
                                                              const Compression& compression) {
   CheckCompressed(data, count, op);
   return Enqueue([=, this] { RunCompressed(data, count, op, compression); });

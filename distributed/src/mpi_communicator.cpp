@@ -237,15 +237,14 @@ class MpiCommunicator final : public Communicator {
         const int xs = gather ? mod(r + 1 - (t - (n - 1))) : mod(r - t);
         const int xr = gather ? mod(r - (t - (n - 1))) : mod(r - t - 1);
         if (!gather) encode(t, xs);
-        const char* send = (gather && t > n - 1 ? gathered : mine) + static_cast<size_t>(xs) * stride;
+        const char* send =
+            (gather && t > n - 1 ? gathered : mine) + static_cast<size_t>(xs) * stride;
         char* into = gather ? gathered + static_cast<size_t>(xr) * stride : recv;
         MPI_Request reqs[2];
-        Issue("allreduce", seq, [&] {
-          return MPI_Irecv(into, bytes(xr), MPI_BYTE, mod(r - 1), t, comm_, &reqs[0]);
-        });
-        Issue("allreduce", seq, [&] {
-          return MPI_Isend(send, bytes(xs), MPI_BYTE, mod(r + 1), t, comm_, &reqs[1]);
-        });
+        Issue("allreduce", seq,
+              [&] { return MPI_Irecv(into, bytes(xr), MPI_BYTE, mod(r - 1), t, comm_, &reqs[0]); });
+        Issue("allreduce", seq,
+              [&] { return MPI_Isend(send, bytes(xs), MPI_BYTE, mod(r + 1), t, comm_, &reqs[1]); });
         Poll("allreduce", seq, &reqs[0], deadline);
         Poll("allreduce", seq, &reqs[1], deadline);
         float* out = data + seg_offset(xr);

@@ -148,7 +148,9 @@ TEST(CommOptions, ReadFromEnvironment) {
             }).find("CORTADO_TIMEOUT_S"),
             std::string::npos);
   // 4G does not fit setsockopt's int: it is refused, not wrapped to 0.
-  const std::string e = ErrorOf([] { CommOptions::FromEnv(Fake({{"CORTADO_SOCKET_BUFFER", "4G"}})); });
+  const std::string e = ErrorOf([] {
+    CommOptions::FromEnv(Fake({{"CORTADO_SOCKET_BUFFER", "4G"}}));
+  });
   EXPECT_NE(e.find("CORTADO_SOCKET_BUFFER: 4294967296 bytes is more than"), std::string::npos) << e;
   EXPECT_EQ(CommOptions::FromEnv(Fake({{"CORTADO_SOCKET_BUFFER", "1G"}})).socket_buffer_bytes,
             1 << 30);

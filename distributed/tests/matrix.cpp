@@ -131,7 +131,7 @@ float CompressedInput(int rank, size_t i) {
   uint32_t h = static_cast<uint32_t>(i) * 2654435761u + static_cast<uint32_t>(rank) * 40503u;
   h ^= h >> 15;
   float unit = static_cast<float>(h % 20001u) / 10000.0f - 1.0f;  // [-1, 1]
-  return std::ldexp(unit, static_cast<int>(h >> 28) % 6 - 2);    // times 2^-2 .. 2^3
+  return std::ldexp(unit, static_cast<int>(h >> 28) % 6 - 2);     // times 2^-2 .. 2^3
 }
 
 // The compressed ring: every codec, sum and average, with and without error feedback. The
@@ -143,8 +143,8 @@ template <typename Label>
 void CompressedAllReduces(Communicator& comm, Checker& check, size_t count, Label label) {
   const int n = comm.size(), rank = comm.rank();
   const bool large = count >= kLarge;
-  for (CodecKind codec : {CodecKind::kF16, CodecKind::kBF16, CodecKind::kEpgc11,
-                          CodecKind::kEpgc9, CodecKind::kEpgc8}) {
+  for (CodecKind codec : {CodecKind::kF16, CodecKind::kBF16, CodecKind::kEpgc11, CodecKind::kEpgc9,
+                          CodecKind::kEpgc8}) {
     for (Rounding rounding : {Rounding::kNearest, Rounding::kTruncate, Rounding::kStochastic}) {
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
         for (bool feedback : {false, true}) {
@@ -152,10 +152,10 @@ void CompressedAllReduces(Communicator& comm, Checker& check, size_t count, Labe
             continue;
           }
           if (rounding != Rounding::kNearest && op == ReduceOp::kSum) continue;
-          std::string what = label("allreduce", std::string("compressed ") + CodecName(codec) +
-                                                    " " + RoundingName(rounding) + " " +
-                                                    ReduceOpName(op) +
-                                                    (feedback ? " error-feedback" : ""));
+          std::string what =
+              label("allreduce", std::string("compressed ") + CodecName(codec) + " " +
+                                     RoundingName(rounding) + " " + ReduceOpName(op) +
+                                     (feedback ? " error-feedback" : ""));
           const float scale = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(n) : 1.0f;
           std::vector<float> data(count + 2, 0.0f), residual(count, 0.0f);
           for (size_t i = 0; i < count; ++i) {
@@ -188,7 +188,7 @@ void CompressedAllReduces(Communicator& comm, Checker& check, size_t count, Labe
           if (data[count] != 0.0f) check.Failed(what + ": wrote past the end");
           check.Identical(what, reinterpret_cast<const char*>(data.data()), count * 4);
           const int bits = CodecBits(codec);
-          const int mantissa = bits == 16 ? (codec == CodecKind::kF16 ? 10 : 7)
+          const int mantissa = bits == 16   ? (codec == CodecKind::kF16 ? 10 : 7)
                                : bits == 11 ? 5
                                : bits == 9  ? 0
                                             : 2;

@@ -1,7 +1,6 @@
 #include "engine/checkpoint.h"
 
 #include <gtest/gtest.h>
-
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -148,9 +147,9 @@ TEST_F(CheckpointTest, KilledWhileWritingLeavesTheLastCheckpoint) {
     size_t offset;
     bool new_survives;
   };
-  const Point points[] = {{"write", 0, false},          {"write", size_t{8} << 20, false},
-                          {"write", size_t{16} << 20, false}, {"fsync", size, false},
-                          {"rename", size, false},      {"renamed", size, true}};
+  const Point points[] = {
+      {"write", 0, false},    {"write", size_t{8} << 20, false}, {"write", size_t{16} << 20, false},
+      {"fsync", size, false}, {"rename", size, false},           {"renamed", size, true}};
   for (const Point& p : points) {
     SCOPED_TRACE(std::string(p.stage) + " at " + std::to_string(p.offset));
     fs::remove(new_path);
@@ -188,9 +187,8 @@ TEST_F(CheckpointTest, FailedWriteNamesTheFileAndKeepsThePrevious) {
   SaveCheckpoint(OfRun(Sample(), "r"), old_path);
   for (const char* stage : {"write", "fsync", "rename"}) {
     SCOPED_TRACE(stage);
-    SetCheckpointWriteHookForTesting([stage](const char* at, size_t) {
-      return std::string(at) == stage ? ENOSPC : 0;
-    });
+    SetCheckpointWriteHookForTesting(
+        [stage](const char* at, size_t) { return std::string(at) == stage ? ENOSPC : 0; });
     std::string message;
     try {
       SaveCheckpoint(OfRun(Sample(), "r"), (dir_ / CheckpointFileName(20)).string());

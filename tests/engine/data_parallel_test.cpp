@@ -15,7 +15,9 @@
 namespace cortado {
 namespace {
 
-std::unique_ptr<dist::Communicator> OneRank() { return dist::CreateCommunicator(dist::CommConfig{}); }
+std::unique_ptr<dist::Communicator> OneRank() {
+  return dist::CreateCommunicator(dist::CommConfig{});
+}
 
 NetSpec Model(const std::string& name, int64_t side, int64_t channels, int64_t batch) {
   ModelOptions o;
@@ -54,14 +56,18 @@ std::vector<double> CheckLayout(Net& net, const DataParallel& dp, const DataPara
   std::vector<double> mb;
   for (size_t i = 0; i < buckets.size(); ++i) {
     EXPECT_EQ(seen[i], buckets[i].params) << "bucket " << i;
-    if (i > 0) { EXPECT_EQ(buckets[i].begin, buckets[i - 1].end); }
+    if (i > 0) {
+      EXPECT_EQ(buckets[i].begin, buckets[i - 1].end);
+    }
     const double bytes = 4.0 * static_cast<double>(buckets[i].end - buckets[i].begin);
     mb.push_back(bytes / 1048576.0);
-    const double cap = i == 0 ? o.first_bucket_mb
+    const double cap = i == 0                    ? o.first_bucket_mb
                        : i + 1 == buckets.size() ? o.last_bucket_mb
                                                  : o.bucket_mb;
     // A bucket may exceed its cap only by holding a single parameter (padding aside).
-    if (buckets[i].params > 1) { EXPECT_LE(mb.back(), cap * 1.01) << "bucket " << i; }
+    if (buckets[i].params > 1) {
+      EXPECT_LE(mb.back(), cap * 1.01) << "bucket " << i;
+    }
   }
   EXPECT_EQ(buckets.front().begin, 0);
   EXPECT_EQ(buckets.back().end, block.numel());
@@ -99,7 +105,9 @@ TEST(DataParallel, BucketSizesFollowTheOptions) {
     if (size == 25.0) {
       EXPECT_EQ(mb.size(), 1u);  // the first bucket holds the whole net
     }
-    if (size == 0.01) { EXPECT_GT(mb.size(), 20u); }
+    if (size == 0.01) {
+      EXPECT_GT(mb.size(), 20u);
+    }
   }
   DataParallelOptions bad;
   bad.last_bucket_mb = 0;
@@ -147,7 +155,8 @@ TEST(DataParallel, OneRankLeavesGradientsAsBackwardWroteThem) {
     for (Net* net : {&plain, &glued}) {
       Rng rng(100 + step);
       Tensor& x = net->input("data");
-      for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(rng.Normal(0, 1));
+      for (int64_t i = 0; i < x.numel(); ++i)
+        x.data<float>()[i] = static_cast<float>(rng.Normal(0, 1));
       for (int64_t i = 0; i < 3; ++i) net->input("label").data<int32_t>()[i] = (step + i) % 10;
     }
     const double loss_plain = plain.Forward();
@@ -223,7 +232,9 @@ TEST(DataParallel, BucketsNeverMixCodecsAndTheControlWordsStayF32) {
   for (Param* p : net.params()) {
     const int64_t at = p->grad.storage_offset();
     for (const auto& b : buckets) {
-      if (at >= b.begin && at < b.end) { EXPECT_EQ(dist::CodecName(b.codec), p->codec) << p->name; }
+      if (at >= b.begin && at < b.end) {
+        EXPECT_EQ(dist::CodecName(b.codec), p->codec) << p->name;
+      }
     }
   }
   // conv1.weight (epgc11) is the last parameter: the control words get a bucket of their own.

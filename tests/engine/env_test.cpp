@@ -56,8 +56,10 @@ TEST(Env, UnsetOrEmptyIsTheDefaultAndBadValuesAreNamed) {
   for (const char* bad : {"11", "0", "7x", "seven"}) {
     ::setenv("CORTADO_TEST_VAR", bad, 1);
     const std::string m = ErrorOf([] { EnvInt("CORTADO_TEST_VAR", 5, 1, 10); });
-    EXPECT_NE(m.find(std::string("CORTADO_TEST_VAR='") + bad + "': must be an integer from 1 to 10"),
-              std::string::npos) << m;
+    EXPECT_NE(
+        m.find(std::string("CORTADO_TEST_VAR='") + bad + "': must be an integer from 1 to 10"),
+        std::string::npos)
+        << m;
   }
   ::setenv("CORTADO_TEST_VAR", "loud", 1);
   const std::string m = ErrorOf([] { EnvChoice("CORTADO_TEST_VAR", "info", {"info", "debug"}); });

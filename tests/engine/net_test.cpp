@@ -79,8 +79,7 @@ TEST(Net, GradientCheckThroughSplitAndEltwise) {
       w = saved;
       double numeric = (plus - minus) / (2 * eps);
       double a = analytic.data<double>()[i];
-      EXPECT_NEAR(a, numeric, 1e-6 * std::max(1.0, std::abs(numeric)))
-          << p->name << " index " << i;
+      EXPECT_NEAR(a, numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << p->name << " index " << i;
     }
   }
 }
@@ -88,7 +87,8 @@ TEST(Net, GradientCheckThroughSplitAndEltwise) {
 TEST(Net, GradReadyHookRunsInReverseLayerOrder) {
   Net net(ResidualSpec(2), 1, DType::kF32);
   std::vector<std::string> order;
-  net.set_grad_ready_hook([&](Layer& layer, std::vector<Param>&) { order.push_back(layer.name()); });
+  net.set_grad_ready_hook(
+      [&](Layer& layer, std::vector<Param>&) { order.push_back(layer.name()); });
   net.Forward();
   net.Backward();
   EXPECT_EQ(order, (std::vector<std::string>{"fc3", "fc2", "fc1"}));

@@ -103,9 +103,9 @@ TEST(Half, RoundTripAndSpecialValues) {
     EXPECT_EQ(FloatToHalf(f).bits, h.bits) << "bits " << bits;
   }
   EXPECT_EQ(FloatToHalf(65504.0f).bits, 0x7bffu);
-  EXPECT_EQ(FloatToHalf(65520.0f).bits, 0x7c00u);  // rounds to inf
+  EXPECT_EQ(FloatToHalf(65520.0f).bits, 0x7c00u);            // rounds to inf
   EXPECT_EQ(FloatToHalf(1.0f + 1.0f / 2048).bits, 0x3c00u);  // tie rounds to even
-  EXPECT_EQ(FloatToHalf(5.96046448e-8f).bits, 0x0001u);  // smallest subnormal
+  EXPECT_EQ(FloatToHalf(5.96046448e-8f).bits, 0x0001u);      // smallest subnormal
   EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(NAN))));
 }
 

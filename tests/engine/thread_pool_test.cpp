@@ -39,7 +39,8 @@ TEST(ThreadPool, ManyShortRegionsComplete) {
     std::atomic<int64_t> sum{0};
     ParallelFor(64, 1, [&](int64_t b, int64_t e) { sum += e - b; });
     total += sum.load();
-    if (r % 5000 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let workers sleep
+    if (r % 5000 == 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let workers sleep
   }
   EXPECT_EQ(total, 20000 * 64);
 }

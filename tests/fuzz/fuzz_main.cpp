@@ -89,12 +89,51 @@ Bytes ReadFile(const fs::path& path) {
 // Tokens that mean something to one of the parsers (YAML syntax and keys, numbers at the
 // edges of their types, JPEG markers).
 const std::vector<std::string>& Dictionary() {
-  static const std::vector<std::string> words = {
-      ":", "\n", "- ", "{", "}", "[", "]", ",", "'", "\"", "&a ", "*a", "!!binary ", "~", "#",
-      "model", "layers", "type", "solver", "data", "distributed", "checkpoint", "precision",
-      "builder", "codec", "inputs", "outputs", "num_output", "kernel", "stride", "batch_size",
-      "1e309", "-1", "0", "nan", ".inf", "9223372036854775808", "4294967296", "-0",
-      "\xff\xd8\xff\xe0", "\xff\xc0", "\xff\xc4", "\xff\xda", "\xff\xd9", "\xff\xdb"};
+  static const std::vector<std::string> words = {":",
+                                                 "\n",
+                                                 "- ",
+                                                 "{",
+                                                 "}",
+                                                 "[",
+                                                 "]",
+                                                 ",",
+                                                 "'",
+                                                 "\"",
+                                                 "&a ",
+                                                 "*a",
+                                                 "!!binary ",
+                                                 "~",
+                                                 "#",
+                                                 "model",
+                                                 "layers",
+                                                 "type",
+                                                 "solver",
+                                                 "data",
+                                                 "distributed",
+                                                 "checkpoint",
+                                                 "precision",
+                                                 "builder",
+                                                 "codec",
+                                                 "inputs",
+                                                 "outputs",
+                                                 "num_output",
+                                                 "kernel",
+                                                 "stride",
+                                                 "batch_size",
+                                                 "1e309",
+                                                 "-1",
+                                                 "0",
+                                                 "nan",
+                                                 ".inf",
+                                                 "9223372036854775808",
+                                                 "4294967296",
+                                                 "-0",
+                                                 "\xff\xd8\xff\xe0",
+                                                 "\xff\xc0",
+                                                 "\xff\xc4",
+                                                 "\xff\xda",
+                                                 "\xff\xd9",
+                                                 "\xff\xdb"};
   return words;
 }
 
@@ -114,16 +153,16 @@ class Mutator {
   size_t Below(size_t n) { return n == 0 ? 0 : static_cast<size_t>(rng_() % n); }
 
   void Step(Bytes& b, const std::vector<Bytes>& corpus) {
-    static const uint64_t kInteresting[] = {0,          1,          0x7f,       0x80,
-                                            0xff,       0x7fff,     0x8000,     0xffff,
-                                            0x7fffffff, 0x80000000, 0xffffffff, ~0ull,
-                                            1ull << 40, 1ull << 63};
+    static const uint64_t kInteresting[] = {0,          1,      0x7f,       0x80,       0xff,
+                                            0x7fff,     0x8000, 0xffff,     0x7fffffff, 0x80000000,
+                                            0xffffffff, ~0ull,  1ull << 40, 1ull << 63};
     switch (Below(9)) {
       case 0:  // flip a bit
         if (!b.empty()) b[Below(b.size())] ^= static_cast<uint8_t>(1u << Below(8));
         break;
       case 1:  // a random or interesting byte
-        if (!b.empty()) b[Below(b.size())] = static_cast<uint8_t>(Below(2) ? rng_() : kInteresting[Below(5)]);
+        if (!b.empty())
+          b[Below(b.size())] = static_cast<uint8_t>(Below(2) ? rng_() : kInteresting[Below(5)]);
         break;
       case 2: {  // an interesting 1-, 2-, 4- or 8-byte integer
         const size_t width = size_t{1} << Below(4);
@@ -207,7 +246,8 @@ bool RunOne(const cortado::fuzz::Target& target, const Bytes& input, const std::
 }
 
 [[noreturn]] void Usage(const char* message) {
-  std::fprintf(stderr, "fuzz_cortado: %s\nusage: fuzz_cortado TARGET --corpus DIR [--runs N] "
+  std::fprintf(stderr,
+               "fuzz_cortado: %s\nusage: fuzz_cortado TARGET --corpus DIR [--runs N] "
                "[--seed S] [--max-len BYTES] [--crash-dir DIR] | TARGET FILE... | --list\n",
                message);
   std::exit(2);
@@ -239,7 +279,8 @@ int main(int argc, char** argv) {
   for (const auto* t = cortado::fuzz::Targets(); t->name; ++t) {
     if (std::string(argv[1]) == t->name) target = t;
   }
-  if (target == nullptr) Usage((std::string("unknown target '") + argv[1] + "' (see --list)").c_str());
+  if (target == nullptr)
+    Usage((std::string("unknown target '") + argv[1] + "' (see --list)").c_str());
 
   std::vector<fs::path> corpus_dirs, files;
   long long runs = 10000, seed = 1, max_len = 1 << 20;
@@ -272,7 +313,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> names;
   for (const fs::path& dir : corpus_dirs) {
     std::error_code ec;
-    if (!fs::is_directory(dir, ec)) Usage(("--corpus '" + dir.string() + "' is not a folder").c_str());
+    if (!fs::is_directory(dir, ec))
+      Usage(("--corpus '" + dir.string() + "' is not a folder").c_str());
     std::vector<fs::path> entries;
     for (const auto& e : fs::directory_iterator(dir)) {
       if (e.is_regular_file()) entries.push_back(e.path());
@@ -303,8 +345,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  const double s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("fuzz_cortado %s: %zu seed(s) and %lld mutated input(s) in %.1f s, no finding\n",
               target->name, corpus.size(), runs, s);
   return 0;

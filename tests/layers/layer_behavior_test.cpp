@@ -328,8 +328,8 @@ int CheckSynchronizedEqualsFullBatch(const std::vector<int64_t>& slices, Setting
   for (int r = 0; r < n; ++r) {
     begin.push_back(at);
     Tensor xr({slices[r], 3, 2, 3}, kF64);
-    std::copy(x.data<double>() + at * per_sample,
-              x.data<double>() + (at + slices[r]) * per_sample, xr.data<double>());
+    std::copy(x.data<double>() + at * per_sample, x.data<double>() + (at + slices[r]) * per_sample,
+              xr.data<double>());
     at += slices[r];
     reducers.push_back(std::make_unique<ThreadStatsReducer>(&shared, r, n));
     ranks.push_back(std::make_unique<LayerHarness>("BatchNorm", settings, std::vector<Tensor>{xr},

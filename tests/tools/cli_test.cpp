@@ -558,7 +558,7 @@ TEST_F(CliTest, HelpShowsEveryDefault) {
   EXPECT_TRUE(std::regex_search(out, std::regex("--trace-iters INT .*\\[default: 20\\]"))) << out;
   // Every option that takes a value has a default shown, unless it is required or has none.
   for (const char* command : {"train", "eval", "convert", "launch", "inspect", "bench train",
-                                     "bench data", "bench comm", "bench codec"}) {
+                              "bench data", "bench comm", "bench codec"}) {
     ASSERT_EQ(Cortado(std::string("help ") + command, &out, &err), 0) << command;
     for (const std::string& line : SplitLines(out)) {
       if (!std::regex_search(line, std::regex("^  --[a-z-]+ (INT|FLOAT|UINT)"))) continue;

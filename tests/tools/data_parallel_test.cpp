@@ -24,14 +24,13 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
-#include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/checkpoint.h"
 #include "tests/tools/fashion_slice.h"
@@ -106,7 +105,8 @@ class DataParallelTest : public ::testing::Test {
       << "  train: " << (dir_ / "train-images-idx3-ubyte.gz").string() << "\n"
       << "  val: " << (dir_ / "t10k-images-idx3-ubyte.gz").string() << "\n"
       << "  flip: true\n"
-      << "solver: {" << lr << ", momentum: 0.9, weight_decay: 1.0e-4, max_iter: 6, "
+      << "solver: {" << lr
+      << ", momentum: 0.9, weight_decay: 1.0e-4, max_iter: 6, "
          "eval_interval: 0}\n"
       << "checkpoint: {every: 0}\n"
       << "log: {interval: 2}\n"
@@ -207,8 +207,8 @@ TEST_F(DataParallelTest, LeNetOnTwoAndThreeRanksEqualsOneProcessWithTheCombinedB
 // one step). In f64 rounding is 1e-16 and the runs agree to about 1e-13, which checks what
 // data parallelism promises: the same samples, augmentations, statistics and averages.
 TEST_F(DataParallelTest, ResNet20WithSyncBatchNormEqualsOneProcess) {
-  const std::string f64 = Config(kResNet20, "distributed: {sync_bn: true}\nprecision: {compute: fp64}\n",
-                                 "base_lr: 0.02");
+  const std::string f64 = Config(
+      kResNet20, "distributed: {sync_bn: true}\nprecision: {compute: fp64}\n", "base_lr: 0.02");
   const std::string f32 = Config(kResNet20, "distributed: {sync_bn: true}\n", "base_lr: 0.02");
   for (int ranks : {2, 3}) {
     SCOPED_TRACE(testing::Message() << ranks << " ranks");
@@ -233,8 +233,8 @@ TEST_F(DataParallelTest, DropoutFlipsAndSyncBatchNormFollowTheGlobalBatch) {
   ExpectClose(three, one, 1e-10, true);
   // Without synchronization each rank normalizes with its own statistics: no longer equal,
   // which shows the test above can fail.
-  const std::string local =
-      Config(kGraph, "distributed: {sync_bn: false}\nprecision: {compute: fp64}\n", "base_lr: 0.02");
+  const std::string local = Config(
+      kGraph, "distributed: {sync_bn: false}\nprecision: {compute: fp64}\n", "base_lr: 0.02");
   Checkpoint three_local = Train(local, 3, 4, "three_local", k);
   EXPECT_GT(RelativeDifference(three_local, one, "momentum/"), 1e-3);
 }
@@ -271,8 +271,8 @@ TEST_F(DataParallelTest, SyncBatchNormGroupsSpanTheirRanksOnly) {
 
 TEST_F(DataParallelTest, OverlapOnAndOffGiveBitwiseIdenticalParameters) {
   // Small buckets, so that many all-reduces overlap backward.
-  const std::string config = Config(
-      kResNet20, "distributed: {sync_bn: true, bucket_mb: 0.1, first_bucket_mb: 0.02}\n");
+  const std::string config =
+      Config(kResNet20, "distributed: {sync_bn: true, bucket_mb: 0.1, first_bucket_mb: 0.02}\n");
   Checkpoint on = Train(config, 3, 4, "on", "--set distributed.overlap=true");
   Checkpoint off = Train(config, 3, 4, "off", "--set distributed.overlap=false");
   ExpectBitwiseEqual(on, off);
@@ -358,9 +358,10 @@ TEST_F(DataParallelTest, MpirunAndSrunRunTheSameJobAsCortadoLaunch) {
 // all-reduces, the solver's wait, the data wait, the update and synchronized batch norm, on
 // one clock (the ranks' iterations overlap in time).
 TEST_F(DataParallelTest, TraceRecordsEveryRanksStepsOnOneClock) {
-  const std::string config = Config(
-      kGraph, "distributed: {sync_bn: true, bucket_mb: 0.001, first_bucket_mb: 0.001, "
-              "last_bucket_mb: 0.001}\n");
+  const std::string config =
+      Config(kGraph,
+             "distributed: {sync_bn: true, bucket_mb: 0.001, first_bucket_mb: 0.001, "
+             "last_bucket_mb: 0.001}\n");
   Train(config, 2, 4, "run", "--trace " + (dir_ / "t.json").string() + " --trace-iters 3");
   EXPECT_FALSE(fs::exists(dir_ / "t.json"));
   double first_begin[2] = {0, 0}, last_end[2] = {0, 0};
@@ -396,11 +397,11 @@ TEST_F(DataParallelTest, TraceRecordsEveryRanksStepsOnOneClock) {
   EXPECT_LT(std::max(first_begin[0], first_begin[1]), std::min(last_end[0], last_end[1]));
   // A trace that cannot be written stops the run before training, naming the path.
   std::string err;
-  EXPECT_NE(RunShell("timeout 60 " + CortadoBinary() + " train --no-progress --config " + config +
-                         " --set checkpoint.dir=" + (dir_ / "bad").string() +
-                         " --trace /proc/no/t.json",
-                     nullptr, &err),
-            0);
+  EXPECT_NE(
+      RunShell("timeout 60 " + CortadoBinary() + " train --no-progress --config " + config +
+                   " --set checkpoint.dir=" + (dir_ / "bad").string() + " --trace /proc/no/t.json",
+               nullptr, &err),
+      0);
   EXPECT_NE(err.find("--trace: cannot write trace file '/proc/no/t.json'"), std::string::npos)
       << err;
   EXPECT_EQ(err.find("train iter"), std::string::npos) << err;
@@ -411,8 +412,8 @@ std::map<std::string, double> EvalJson(const std::string& out) {
   std::smatch m;
   std::map<std::string, double> r;
   static const std::regex field("\"(top1|top5|loss|images)\":([0-9.e+-]+)");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), field);
-       it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), field); it != std::sregex_iterator();
+       ++it) {
     r[(*it)[1]] = std::stod((*it)[2]);
   }
   return r;
@@ -427,9 +428,8 @@ TEST_F(DataParallelTest, EvaluationOverThreeRanksEqualsOneProcess) {
                            " --checkpoint " + ckpt + " --set data.batch_size=16";
   std::string out1, out3, err;
   ASSERT_EQ(RunShell("timeout 120 " + eval, &out1, &err), 0) << err;
-  ASSERT_EQ(RunShell("timeout 120 " + CortadoBinary() + " launch --nproc 3 -- " + eval, &out3,
-                     &err),
-            0)
+  ASSERT_EQ(
+      RunShell("timeout 120 " + CortadoBinary() + " launch --nproc 3 -- " + eval, &out3, &err), 0)
       << err;
   auto a = EvalJson(out1), b = EvalJson(out3);
   ASSERT_EQ(a.size(), 4u) << out1;
@@ -447,17 +447,15 @@ TEST_F(DataParallelTest, ADifferentConfigOnOneRankStopsEveryRankNamingIt) {
   const std::string config = Config(kLeNet);
   // Rank 1 gets another learning rate through its environment.
   std::string err;
-  const int code = RunShell(
-      "timeout 120 " + CortadoBinary() + " launch --nproc 2 -- sh -c '" + CortadoBinary() +
-          " train --no-progress --threads 1 --config " + config +
-          " --set checkpoint.dir=" + (dir_ / "x").string() +
-          " --set solver.base_lr=0.0$((5 + CORTADO_RANK))'",
-      nullptr, &err);
+  const int code = RunShell("timeout 120 " + CortadoBinary() + " launch --nproc 2 -- sh -c '" +
+                                CortadoBinary() + " train --no-progress --threads 1 --config " +
+                                config + " --set checkpoint.dir=" + (dir_ / "x").string() +
+                                " --set solver.base_lr=0.0$((5 + CORTADO_RANK))'",
+                            nullptr, &err);
   EXPECT_NE(code, 0);
   EXPECT_NE(err.find("rank(s) 1 do not run the same job as rank 0"), std::string::npos) << err;
   EXPECT_NE(err.find("rank 1 has 'config: solver: {base_lr: 0.06"), std::string::npos) << err;
-  EXPECT_NE(err.find("where rank 0 has 'config: solver: {base_lr: 0.05"), std::string::npos)
-      << err;
+  EXPECT_NE(err.find("where rank 0 has 'config: solver: {base_lr: 0.05"), std::string::npos) << err;
   EXPECT_TRUE(ListCheckpoints((dir_ / "x").string()).empty());
 }
 
@@ -466,11 +464,11 @@ TEST_F(DataParallelTest, ResumeOnOtherRankCountsKeepsTheGlobalBatch) {
   const std::string ckpt_dir = (dir_ / "run").string();
   auto train = [&](int ranks, int batch, const std::string& extra, std::string* err) {
     std::string t = CortadoBinary() + " train --no-progress --threads 1 --config " + config +
-                    " --set checkpoint.dir=" + ckpt_dir + " --set data.batch_size=" +
-                    std::to_string(batch) + " " + extra;
-    return RunShell("timeout 120 " + CortadoBinary() + " launch --nproc " +
-                        std::to_string(ranks) + " -- " + t,
-                    nullptr, err);
+                    " --set checkpoint.dir=" + ckpt_dir +
+                    " --set data.batch_size=" + std::to_string(batch) + " " + extra;
+    return RunShell(
+        "timeout 120 " + CortadoBinary() + " launch --nproc " + std::to_string(ranks) + " -- " + t,
+        nullptr, err);
   };
   std::string err;
   ASSERT_EQ(train(2, 12, "--stop-at-iter 3", &err), 130) << err;
@@ -515,8 +513,8 @@ TEST_F(DataParallelTest, CompressedGradientsTrainCloseToF32) {
 // Error feedback with stochastic rounding: the residuals are checkpointed per rank, so a run
 // stopped and resumed ends bitwise where the uninterrupted run ends.
 TEST_F(DataParallelTest, ErrorFeedbackResumesBitwise) {
-  const std::string config =
-      Config(kResNet20, "distributed: {codec: epgc8, rounding: stochastic, error_feedback: true}\n");
+  const std::string config = Config(
+      kResNet20, "distributed: {codec: epgc8, rounding: stochastic, error_feedback: true}\n");
   Checkpoint whole = Train(config, 2, 8, "whole");
   const std::string ckpt_dir = (dir_ / "parts").string();
   const std::string train = CortadoBinary() + " launch --nproc 2 -- " + CortadoBinary() +
@@ -640,9 +638,8 @@ TEST_F(DataParallelTest, AKilledRankStopsTheOthersNamingItAndTheCheckpointResume
   ASSERT_FALSE(all.empty());
   const int64_t at = LoadCheckpoint(all[0]).MetaInt("iteration");
   std::string resume_err;
-  const int resumed = RunShell("timeout 120 " + CortadoBinary() + " launch --nproc 3 -- " +
-                                   train + " --resume auto --stop-at-iter " +
-                                   std::to_string(at + 2),
+  const int resumed = RunShell("timeout 120 " + CortadoBinary() + " launch --nproc 3 -- " + train +
+                                   " --resume auto --stop-at-iter " + std::to_string(at + 2),
                                nullptr, &resume_err);
   EXPECT_EQ(resumed, 130) << resume_err;
   EXPECT_NE(resume_err.find("resumed from '" + all[0] + "' at iteration " + std::to_string(at)),
@@ -664,8 +661,8 @@ TEST_F(DataParallelTest, SigintToTheLauncherCheckpointsOnceAndEveryRankExits130)
                            "; code=$?; echo \"rank $CORTADO_RANK exit $code\" >&2; exit $code'";
   const fs::path err_file = dir_ / "err.txt";
   pid_t launcher = StartLauncher("--nproc 2 -- " + rank, err_file, token);
-  ASSERT_TRUE(WaitFor([&] { return ReadFile(err_file).find("train iter") != std::string::npos; },
-                      120))
+  ASSERT_TRUE(
+      WaitFor([&] { return ReadFile(err_file).find("train iter") != std::string::npos; }, 120))
       << ReadFile(err_file);
   kill(launcher, SIGINT);
   const int code = WaitExit(launcher, 60);

@@ -53,8 +53,8 @@ void WriteFashionSlice(const std::filesystem::path& dir, const std::string& pref
 std::string CortadoBinary() { return std::string(CORTADO_BINARY_DIR) + "/tools/cortado"; }
 
 int RunShell(const std::string& command, std::string* out, std::string* err) {
-  const std::string base = std::filesystem::temp_directory_path() /
-                           ("cortado_run_" + std::to_string(getpid()) + "_");
+  const std::string base =
+      std::filesystem::temp_directory_path() / ("cortado_run_" + std::to_string(getpid()) + "_");
   const std::string out_file = base + "out", err_file = base + "err";
   int status = std::system((command + " >" + out_file + " 2>" + err_file).c_str());
   if (out != nullptr) *out = ReadAll(out_file);

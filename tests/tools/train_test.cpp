@@ -13,9 +13,9 @@
 #include <regex>
 #include <sstream>
 
-#include "tests/tools/fashion_slice.h"
 #include "engine/checkpoint.h"
 #include "engine/error.h"
+#include "tests/tools/fashion_slice.h"
 #include "tools/run_config.h"
 #include "tools/trainer.h"
 
@@ -44,7 +44,8 @@ class TrainTest : public ::testing::Test {
     y << "seed: 3\n"
       << "model:\n"
       << "  layers:\n"
-      << "    - {name: conv, type: Convolution, inputs: data, outputs: conv, num_output: 4, kernel: 3}\n"
+      << "    - {name: conv, type: Convolution, inputs: data, outputs: conv, num_output: 4, "
+         "kernel: 3}\n"
       << "    - {name: bn, type: BatchNorm, inputs: conv, outputs: bn}\n"
       << "    - {name: relu, type: ReLU, inputs: bn, outputs: relu}\n"
       << "    - {name: pool, type: Pooling, inputs: relu, outputs: pool, pool: max, kernel: 2}\n"
@@ -95,7 +96,8 @@ TEST_F(TrainTest, BadConfigsStopWithTheKeyAndPlace) {
 
   m = ErrorOf(Config(), {"data.train=/nonexistent/train-images-idx3-ubyte.gz"});
   EXPECT_NE(m.find("data.train: '/nonexistent/train-images-idx3-ubyte.gz' does not exist"),
-            std::string::npos) << m;
+            std::string::npos)
+      << m;
 
   m = ErrorOf(Config(), {"solver.momentun=0.9"});
   EXPECT_NE(m.find("unknown key 'solver.momentun'"), std::string::npos) << m;
@@ -196,8 +198,9 @@ TEST_F(TrainTest, ResumeReproducesAnUninterruptedRunBitForBit) {
             std::string::npos)
       << a[0];
   bool saw_eval = false;
-  for (const std::string& line : a) saw_eval |= line.find("\"event\":\"eval\"") != std::string::npos &&
-                                                line.find("\"top5\":") != std::string::npos;
+  for (const std::string& line : a)
+    saw_eval |= line.find("\"event\":\"eval\"") != std::string::npos &&
+                line.find("\"top5\":") != std::string::npos;
   EXPECT_TRUE(saw_eval);
 }
 
@@ -272,7 +275,8 @@ TEST_F(TrainTest, ASecondRunInTheSameFolderIsRefusedUnlessItStartsOver) {
     Trainer b(LoadRunConfig(config, {"solver.max_epochs=1", "seed=4"}));
     const std::string m = RunError(b, o);
     EXPECT_NE(m.find("checkpoint.dir '" + (dir_ / "ckpt").string() + "' holds 1 checkpoint(s)"),
-              std::string::npos) << m;
+              std::string::npos)
+        << m;
     EXPECT_NE(m.find("differs in seed"), std::string::npos) << m;
     EXPECT_NE(m.find("--resume auto"), std::string::npos) << m;
     EXPECT_NE(m.find("--overwrite"), std::string::npos) << m;
@@ -284,11 +288,10 @@ TEST_F(TrainTest, ASecondRunInTheSameFolderIsRefusedUnlessItStartsOver) {
   }
   {
     // Its own checkpoint folder, but the earlier run's metrics file.
-    Trainer b(LoadRunConfig(config, {"solver.max_epochs=1", "checkpoint.dir=" +
-                                                               (dir_ / "other").string()}));
+    Trainer b(LoadRunConfig(
+        config, {"solver.max_epochs=1", "checkpoint.dir=" + (dir_ / "other").string()}));
     const std::string m = RunError(b, o);
-    EXPECT_NE(m.find("--metrics '" + metrics.string() + "' already holds"), std::string::npos)
-        << m;
+    EXPECT_NE(m.find("--metrics '" + metrics.string() + "' already holds"), std::string::npos) << m;
   }
   EXPECT_EQ(ReadAll(ckpt), before);
   EXPECT_EQ(ReadAll(metrics), metrics_before);
@@ -345,7 +348,8 @@ TEST_F(TrainTest, KeepPrunesOnlyThisRunsCheckpoints) {
   o.resume = start;
   const std::string m = RunError(c, o);
   EXPECT_NE(m.find("also holds checkpoints of another run (" + CheckpointFileName(1)),
-            std::string::npos) << m;
+            std::string::npos)
+      << m;
 }
 
 // An unwritable checkpoint folder stops the run before its first step, not at its first
@@ -427,9 +431,10 @@ TEST_F(TrainTest, CommandLineErrorsAreOneLine) {
   std::string err;
   for (const std::string& bad : std::vector<std::string>{
            "train --config " + config + " --set data.batch_size=-1",
-        "train --config " + config + " --set nonsense",
-        "train --config " + config + " --set data.train=/missing/train-images-idx3-ubyte.gz",
-        std::string("train --config /missing.yaml"), "eval --config " + config + " --checkpoint /missing"}) {
+           "train --config " + config + " --set nonsense",
+           "train --config " + config + " --set data.train=/missing/train-images-idx3-ubyte.gz",
+           std::string("train --config /missing.yaml"),
+           "eval --config " + config + " --checkpoint /missing"}) {
     EXPECT_EQ(RunCortado(bad, &err), 1) << bad;
     EXPECT_EQ(err.rfind("cortado ", 0), 0u) << err;
     EXPECT_NE(err.find("error:"), std::string::npos) << err;
@@ -478,15 +483,17 @@ TEST_F(TrainTest, EvalCommandPrintsJson) {
   }
   std::string ckpt = ListCheckpoints((dir_ / "ckpt").string())[0];
   std::string bin = std::string(CORTADO_BINARY_DIR) + "/tools/cortado";
-  FILE* p = popen((bin + " eval --config " + config + " --checkpoint " + ckpt + " --json").c_str(), "r");
+  FILE* p =
+      popen((bin + " eval --config " + config + " --checkpoint " + ckpt + " --json").c_str(), "r");
   ASSERT_NE(p, nullptr);
   char buf[512] = {0};
   ASSERT_NE(fgets(buf, sizeof(buf), p), nullptr);
   EXPECT_EQ(pclose(p), 0);
   std::string out = buf;
   if (!out.empty() && out.back() == '\n') out.pop_back();
-  EXPECT_TRUE(std::regex_search(out, std::regex(
-      R"(^\{"top1":[0-9.]+,"top5":[0-9.]+,"loss":[0-9.]+,"images":100\}$)"))) << out;
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex(R"(^\{"top1":[0-9.]+,"top5":[0-9.]+,"loss":[0-9.]+,"images":100\}$)")))
+      << out;
 }
 
 }  // namespace

@@ -55,11 +55,11 @@ namespace cortado::dist {
 enum class CodecKind : uint8_t { kF32 = 0, kF16, kBF16, kEpgc11, kEpgc9, kEpgc8 };
 enum class Rounding : uint8_t { kNearest = 0, kTruncate, kStochastic };
 
-const char* CodecName(CodecKind kind);              // "f32", "f16", "bf16", "epgc11", ...
-CodecKind ParseCodec(const std::string& name);      // also "fp32", "fp16", "none"; throws
-const char* RoundingName(Rounding rounding);        // "nearest", "truncate", "stochastic"
-Rounding ParseRounding(const std::string& name);    // throws kInvalidArgument naming the text
-int CodecBits(CodecKind kind);                      // 32, 16, 16, 11, 9, 8
+const char* CodecName(CodecKind kind);            // "f32", "f16", "bf16", "epgc11", ...
+CodecKind ParseCodec(const std::string& name);    // also "fp32", "fp16", "none"; throws
+const char* RoundingName(Rounding rounding);      // "nearest", "truncate", "stochastic"
+Rounding ParseRounding(const std::string& name);  // throws kInvalidArgument naming the text
+int CodecBits(CodecKind kind);                    // 32, 16, 16, 11, 9, 8
 // Bytes that count values take encoded: ceil(count * bits / 8).
 size_t EncodedBytes(CodecKind kind, size_t count);
 // The largest finite value the format holds (what overflows beyond it).
