@@ -112,17 +112,25 @@ def report(args):
           ours0["threads"])
     print("  PyTorch: PIL %s + torchvision %s, %d processes x 1 thread" % (
         theirs0["versions"]["PIL"], theirs0["versions"]["torchvision"], theirs0["procs"]))
-    print("%-6s %18s %18s %22s %22s %8s" % ("", "cortado img/s", "torchvision img/s",
-                                           "cortado img/s/core", "torchvision img/s/core",
-                                           "ratio"))
+    def spread(d):
+        if "min_images_per_s" not in d:
+            return "%.1f" % d["images_per_s"]
+        return "%.1f [%.1f, %.1f]" % (d["images_per_s"], d["min_images_per_s"],
+                                      d["max_images_per_s"])
+
+    rounds = ours0.get("rounds", 1)
+    print("median of %d round(s) [min, max]" % rounds)
+    print("| transform | Cortado img/s | PIL+torchvision img/s | Cortado img/s/core | "
+          "PIL+torchvision img/s/core | per-core ratio |")
+    print("|---|---|---|---|---|---|")
     summary = {}
     for name, ours, theirs in rows:
         per_ours = ours["images_per_s"] / ours["threads"]
         per_theirs = theirs["images_per_s"] / theirs["procs"]
         ratio = per_ours / per_theirs
         summary[name] = round(ratio, 2)
-        print("%-6s %18.1f %18.1f %22.1f %22.1f %7.2fx" % (
-            name, ours["images_per_s"], theirs["images_per_s"], per_ours, per_theirs, ratio))
+        print("| %s | %s | %s | %.1f | %.1f | %.2fx |" % (
+            name, spread(ours), spread(theirs), per_ours, per_theirs, ratio))
     print("per-core ratio (train): %.2fx (goal: >= 1.5x)" % summary["train"])
     print(json.dumps({"per_core_ratio": summary}))
 
