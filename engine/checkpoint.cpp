@@ -58,6 +58,7 @@ class Reader {
     return s;
   }
   bool AtEnd() const { return pos_ == data_.size(); }
+  size_t Remaining() const { return data_.size() - pos_; }
 
  private:
   const std::string& data_;
@@ -231,6 +232,15 @@ Checkpoint ParseCheckpoint(const std::string& file, const std::string& path) {
       CORTADO_CHECK(d >= 0 && d < (int64_t{1} << 40), "checkpoint '", path, "': tensor '", name,
                     "' has a bad dimension");
     }
+    // The declared size must fit in what is left before anything is allocated: a damaged
+    // shape must not ask for terabytes.
+    uint64_t bytes = DTypeSize(static_cast<DType>(dtype));
+    for (int64_t d : shape) {
+      CORTADO_CHECK(!__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes),
+                    "checkpoint '", path, "': tensor '", name, "' has an impossible shape");
+    }
+    CORTADO_CHECK(bytes <= r.Remaining(), "checkpoint '", path, "' is corrupt: tensor '", name,
+                  "' declares ", bytes, " bytes, ", r.Remaining(), " are left");
     Tensor t(shape, static_cast<DType>(dtype));
     r.Bytes(t.raw_data(), t.nbytes());
     ckpt.Add(name, t);

@@ -719,7 +719,7 @@ TEST(CodecPacking, CountsEdgesAndAlignment) {
     }
     // src one byte past an aligned address; dst three bytes in, canaries around it.
     std::vector<uint8_t> src_buf(n * 4 + 1);
-    std::memcpy(src_buf.data() + 1, values.data(), n * 4);
+    if (n > 0) std::memcpy(src_buf.data() + 1, values.data(), n * 4);  // data() may be null
     const float* src = reinterpret_cast<const float*>(src_buf.data() + 1);
     for (CodecKind kind : kAllKinds) {
       const size_t bytes = EncodedBytes(kind, n);
