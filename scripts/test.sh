@@ -6,7 +6,7 @@
 #      bounded runs of the fuzz targets (tests/fuzz/);
 #   3. ASan + UBSan (build/asan/, -O1): every test again, any report fatal;
 #   4. TSan (build/tsan/, -O1): the thread pool, the batch loader and LMDB sources, and the
-#      communication library.
+#      communication library (its MPI backend aside: Open MPI is not instrumented).
 # Warnings are errors in every build (CORTADO_WERROR).
 #   scripts/test.sh [--no-sanitize]     --no-sanitize: stages 1 and 2 only (a quick local run)
 set -euo pipefail
@@ -66,7 +66,7 @@ if ((sanitize)); then
   # Every report stops the test that caused it; the process tests' children inherit these.
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-  export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+  export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp
 
   stage "ASan + UBSan build (build/asan/)"
   build build/asan . -DCORTADO_SANITIZE=address,undefined
@@ -82,6 +82,9 @@ if ((sanitize)); then
   build build/tsan . -DCORTADO_SANITIZE=thread -- test_concurrency cortado_distributed_tests dist_test_worker
   stage "TSan tests"
   build/tsan/tests/test_concurrency --gtest_filter='ThreadPool.*:Loader.*:LmdbSourceTest.*'
-  ctest --test-dir build/tsan --output-on-failure -j"$jobs" --timeout 900 -L distributed
+  # Without the MPI backend's tests: inside Open MPI, whose threads TSan cannot see, it
+  # reports lock-order inversions of Open MPI's own (mca_btl_tcp_add_procs).
+  ctest --test-dir build/tsan --output-on-failure -j"$jobs" --timeout 900 -L distributed \
+    -E "$mpi_tests"
 fi
 stage "all tests passed"
