@@ -41,18 +41,6 @@ std::string HowConfigDiffers(const std::map<std::string, std::string>& meta,
   return StrCat(", a config that differs in ", keys);
 }
 
-// The first folder of `dir`'s chain that does not exist yet ("" when all do).
-fs::path FirstMissing(const fs::path& dir) {
-  fs::path missing;
-  std::error_code ec;
-  for (fs::path p = dir; !p.empty(); p = p.parent_path()) {
-    if (fs::exists(p, ec)) break;
-    missing = p;
-    if (p == p.parent_path()) break;
-  }
-  return missing;
-}
-
 // Creates a file in dir and removes it again, with any folder it had to create (the first
 // checkpoint creates them for good): an unwritable folder stops the run at its start, not at
 // its first checkpoint an epoch later.
@@ -73,6 +61,18 @@ void ProbeWritable(const std::string& dir) {
 }
 
 }  // namespace
+
+// The first folder of `dir`'s chain that does not exist yet ("" when all do).
+fs::path FirstMissing(const fs::path& dir) {
+  fs::path missing;
+  std::error_code ec;
+  for (fs::path p = dir; !p.empty(); p = p.parent_path()) {
+    if (fs::exists(p, ec)) break;
+    missing = p;
+    if (p == p.parent_path()) break;
+  }
+  return missing;
+}
 
 std::string NewRunId() {
   std::random_device entropy;

@@ -6,6 +6,7 @@
 // (engine/checkpoint.h).
 #pragma once
 
+#include <filesystem>
 #include <string>
 
 namespace cortado::tools {
@@ -30,6 +31,10 @@ void CheckRunFolder(const RunFolder& folder, bool continuing, const std::string&
 // For --overwrite: deletes every checkpoint in the folder and returns how many there were (the
 // metrics file is truncated when it is opened).
 int ClearRunFolder(const RunFolder& folder);
+
+// The first folder of `dir`'s chain that does not exist yet ("" when all do): what a probe
+// that creates `dir` must remove again.
+std::filesystem::path FirstMissing(const std::filesystem::path& dir);
 
 // How many checkpoint files the folder holds.
 int CountCheckpoints(const std::string& dir);

@@ -39,19 +39,6 @@ struct TrainArgs {
 
 namespace fs = std::filesystem;
 
-// The first folder of `dir`'s chain that does not exist yet ("" when all do): what a probe
-// that creates `dir` must remove again.
-fs::path FirstMissing(const fs::path& dir) {
-  fs::path missing;
-  std::error_code ec;
-  for (fs::path p = dir; !p.empty(); p = p.parent_path()) {
-    if (fs::exists(p, ec)) break;
-    missing = p;
-    if (p == p.parent_path()) break;
-  }
-  return missing;
-}
-
 // A file that training appends to (metrics) or rewrites (trace): opened for appending when it
 // exists (changing nothing), else created and removed.
 void ProbeFile(const std::string& what, const fs::path& path) {
