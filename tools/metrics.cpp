@@ -1,6 +1,8 @@
 #include "tools/metrics.h"
 
+#include <array>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -36,6 +38,55 @@ void MetricsFile::Open(const std::string& path, bool append) {
   CORTADO_CHECK(out_.good(), "cannot write metrics file '", path, "': ", std::strerror(errno));
 }
 
+namespace {
+
+void AppendShortest(const nlohmann::ordered_json& v, std::string& out) {
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (!std::isfinite(d)) {
+      out += "null";  // what JSON has for inf and NaN (nlohmann writes the same)
+      return;
+    }
+    std::array<char, 32> buf;
+    const auto result = std::to_chars(buf.data(), buf.data() + buf.size(), d);
+    out.append(buf.data(), result.ptr);
+    // Keep it a float when read back: 2.0, not 2.
+    if (std::string_view(buf.data(), result.ptr - buf.data()).find_first_of(".eEn") ==
+        std::string_view::npos) {
+      out += ".0";
+    }
+  } else if (v.is_object()) {
+    out += '{';
+    bool first = true;
+    for (const auto& [key, value] : v.items()) {
+      if (!first) out += ',';
+      first = false;
+      out += nlohmann::ordered_json(key).dump(-1, ' ', false,
+                                              nlohmann::json::error_handler_t::replace);
+      out += ':';
+      AppendShortest(value, out);
+    }
+    out += '}';
+  } else if (v.is_array()) {
+    out += '[';
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i) out += ',';
+      AppendShortest(v[i], out);
+    }
+    out += ']';
+  } else {
+    out += v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+}
+
+}  // namespace
+
+std::string DumpShortest(const nlohmann::ordered_json& value) {
+  std::string out;
+  AppendShortest(value, out);
+  return out;
+}
+
 void MetricsFile::Write(const nlohmann::ordered_json& record) {
   if (!out_.is_open()) return;
   const int64_t ms = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -46,7 +97,7 @@ void MetricsFile::Write(const nlohmann::ordered_json& record) {
     line[key] = value;
     if (key == "event") line["time"] = static_cast<double>(ms) / 1000.0;
   }
-  out_ << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  out_ << DumpShortest(line) << "\n";
   out_.flush();
   CORTADO_CHECK(out_.good(), "writing metrics file '", path_, "' failed (disk full?)");
 }

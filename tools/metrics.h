@@ -32,10 +32,13 @@ struct IntervalStats {
   void Reset() { *this = IntervalStats{}; }
 };
 
-// One JSON object per line, flushed per record so a crash loses nothing written. Numbers are
-// written in their shortest round-trip form (nlohmann::json's dump: 0.4, not
-// 0.40000000000000002); every record gets "time", Unix seconds with milliseconds, after its
-// "event".
+// JSON text with every floating-point number in its shortest round-trip form (0.4, not
+// 0.40000000000000002). nlohmann::json's own dump uses Grisu2, which is short for most values
+// but not all (0.014226513999999999 for 0.014226514), so numbers go through std::to_chars.
+std::string DumpShortest(const nlohmann::ordered_json& value);
+
+// One JSON object per line (DumpShortest), flushed per record so a crash loses nothing
+// written; every record gets "time", Unix seconds with milliseconds, after its "event".
 class MetricsFile {
  public:
   // path "": no file. append: a resumed run continues the file; otherwise it starts afresh.

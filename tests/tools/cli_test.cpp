@@ -14,18 +14,23 @@
 
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <regex>
 #include <sstream>
+#include <vector>
 
 #include "data/datum.h"
 #include "data/jpeg.h"
 #include "data/lmdb.h"
 #include "engine/checkpoint.h"
 #include "tests/tools/fashion_slice.h"
+#include "tools/metrics.h"
 
 namespace cortado {
 namespace {
@@ -585,6 +590,30 @@ bool Shortest(const std::string& token) {
   char buf[64];
   const auto r = std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::scientific);
   return Significant(token) == Significant(std::string(buf, r.ptr));
+}
+
+TEST(DumpShortest, WritesEveryFloatInItsShortestFormAndKeepsTheRest) {
+  // 0.014226514 is one of the values nlohmann's Grisu2 writes long (0.014226513999999999).
+  nlohmann::ordered_json j;
+  j["event"] = "x\x01\"";
+  j["a"] = 0.014226514;
+  j["b"] = 2.0;
+  j["c"] = 1e300;
+  j["d"] = int64_t{-7};
+  j["e"] = std::vector<double>{0.1, 0.2 + 0.1};
+  j["f"] = std::numeric_limits<double>::infinity();
+  j["g"] = nlohmann::ordered_json::object({{"h", true}, {"i", nullptr}});
+  EXPECT_EQ(DumpShortest(j),
+            R"({"event":"x\u0001\"","a":0.014226514,"b":2.0,"c":1e+300,"d":-7,)"
+            R"("e":[0.1,0.30000000000000004],"f":null,"g":{"h":true,"i":null}})");
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 20000; ++i) {
+    const double v = std::uniform_real_distribution<double>(0, 1)(rng) *
+                     std::pow(10.0, std::uniform_int_distribution<int>(-12, 12)(rng));
+    const std::string text = DumpShortest(nlohmann::ordered_json(v));
+    ASSERT_TRUE(Shortest(text)) << text;
+    ASSERT_EQ(std::strtod(text.c_str(), nullptr), v) << text;
+  }
 }
 
 TEST_F(CliTest, TheMetricsFileHasShortestNumbersTimesAndStartAndResumeEvents) {
