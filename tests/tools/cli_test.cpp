@@ -603,9 +603,8 @@ TEST(DumpShortest, WritesEveryFloatInItsShortestFormAndKeepsTheRest) {
   j["e"] = std::vector<double>{0.1, 0.2 + 0.1};
   j["f"] = std::numeric_limits<double>::infinity();
   j["g"] = nlohmann::ordered_json::object({{"h", true}, {"i", nullptr}});
-  EXPECT_EQ(DumpShortest(j),
-            R"({"event":"x\u0001\"","a":0.014226514,"b":2.0,"c":1e+300,"d":-7,)"
-            R"("e":[0.1,0.30000000000000004],"f":null,"g":{"h":true,"i":null}})");
+  EXPECT_EQ(DumpShortest(j), R"({"event":"x\u0001\"","a":0.014226514,"b":2.0,"c":1e+300,"d":-7,)"
+                             R"("e":[0.1,0.30000000000000004],"f":null,"g":{"h":true,"i":null}})");
   std::mt19937_64 rng(5);
   for (int i = 0; i < 20000; ++i) {
     const double v = std::uniform_real_distribution<double>(0, 1)(rng) *
