@@ -260,8 +260,7 @@ void ConvolutionLayer::LayerSetUp(const std::vector<Blob*>& bottom, const std::v
   const std::vector<int64_t> dilation = settings().GetPair("dilation", 1);
   groups_ = settings().GetInt("groups", 1);
   has_bias_ = settings().GetBool("bias", true);
-  const WeightInit init =
-      ParseWeightInit(*this, settings().GetString("weight_init", "kaiming_uniform"));
+  const InitSpec init = ParseInit(*this, settings());
   kernel_h_ = kernel[0], kernel_w_ = kernel[1];
   stride_h_ = stride[0], stride_w_ = stride[1];
   pad_h_ = pad[0], pad_w_ = pad[1];

@@ -13,8 +13,7 @@ void InnerProductLayer::LayerSetUp(const std::vector<Blob*>& bottom,
                                    const std::vector<Blob*>& top) {
   num_output_ = settings().GetInt("num_output");
   has_bias_ = settings().GetBool("bias", true);
-  const WeightInit init =
-      ParseWeightInit(*this, settings().GetString("weight_init", "kaiming_uniform"));
+  const InitSpec init = ParseInit(*this, settings());
   if (num_output_ <= 0) Fail(Describe(), ": key 'num_output' must be positive, got ", num_output_);
   const Tensor& x = bottom[0]->data;
   CheckFloatInput(*this, x, "input");

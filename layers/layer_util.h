@@ -46,28 +46,65 @@ inline void CheckParamDType(const Layer& layer, DType dtype) {
 // Weight initializers, by the name used in the `weight_init` setting.
 //   kaiming_uniform: PyTorch's default for nn.Conv2d / nn.Linear (kaiming_uniform_ with
 //                    a = sqrt(5)), which is U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
-//   kaiming_normal:  torchvision ResNet's kaiming_normal_(mode='fan_out',
+//   kaiming_normal:  torchvision ResNet's and VGG's convolutions, kaiming_normal_(mode='fan_out',
 //                    nonlinearity='relu'): N(0, 2 / fan_out).
-// The bias, when present, always takes PyTorch's default U(-1/sqrt(fan_in), 1/sqrt(fan_in))
-// (torchvision re-initializes only the weight).
-enum class WeightInit { kKaimingUniform, kKaimingNormal };
+//   normal:          N(0, weight_std^2), weight_std 0.01 by default (torchvision VGG's Linear).
+// The bias, when present, takes PyTorch's default U(-1/sqrt(fan_in), 1/sqrt(fan_in)), or 0 with
+// `bias_init: zero` (torchvision VGG re-initializes its biases to 0; ResNet leaves them).
+enum class WeightInit { kKaimingUniform, kKaimingNormal, kNormal };
 
-inline WeightInit ParseWeightInit(const Layer& layer, const std::string& name) {
-  if (name == "kaiming_uniform") return WeightInit::kKaimingUniform;
-  if (name == "kaiming_normal") return WeightInit::kKaimingNormal;
-  Fail(layer.Describe(), ": key 'weight_init' expects kaiming_uniform or kaiming_normal, got '",
-       name, "'");
+struct InitSpec {
+  WeightInit weight = WeightInit::kKaimingUniform;
+  double weight_std = 0.01;  // kNormal only
+  bool zero_bias = false;
+};
+
+// Reads weight_init, weight_std and bias_init from the layer's settings (errors name the layer).
+inline InitSpec ParseInit(const Layer& layer, const Settings& settings) {
+  InitSpec spec;
+  const std::string name = settings.GetString("weight_init", "kaiming_uniform");
+  if (name == "kaiming_uniform") {
+    spec.weight = WeightInit::kKaimingUniform;
+  } else if (name == "kaiming_normal") {
+    spec.weight = WeightInit::kKaimingNormal;
+  } else if (name == "normal") {
+    spec.weight = WeightInit::kNormal;
+  } else {
+    Fail(layer.Describe(),
+         ": key 'weight_init' expects kaiming_uniform, kaiming_normal or normal, got '", name, "'");
+  }
+  if (settings.Has("weight_std")) {
+    if (spec.weight != WeightInit::kNormal) {
+      Fail(layer.Describe(), ": key 'weight_std' applies to weight_init: normal only");
+    }
+    spec.weight_std = settings.GetFloat("weight_std", spec.weight_std);
+    if (!(spec.weight_std > 0)) {
+      Fail(layer.Describe(), ": key 'weight_std' must be positive, got ", spec.weight_std);
+    }
+  }
+  const std::string bias = settings.GetString("bias_init", "default");
+  if (bias != "default" && bias != "zero") {
+    Fail(layer.Describe(), ": key 'bias_init' expects default or zero, got '", bias, "'");
+  }
+  spec.zero_bias = bias == "zero";
+  return spec;
 }
 
 // Fills weight (and bias, if defined) from rng. fan_in/fan_out as PyTorch computes them.
-inline void InitWeights(WeightInit init, int64_t fan_in, int64_t fan_out, Rng& rng, Tensor& weight,
-                        Tensor* bias) {
+inline void InitWeights(const InitSpec& init, int64_t fan_in, int64_t fan_out, Rng& rng,
+                        Tensor& weight, Tensor* bias) {
   const double bound = fan_in > 0 ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : 0.0;
-  const double stddev = fan_out > 0 ? std::sqrt(2.0 / static_cast<double>(fan_out)) : 0.0;
+  const double stddev = init.weight == WeightInit::kNormal ? init.weight_std
+                        : fan_out > 0 ? std::sqrt(2.0 / static_cast<double>(fan_out))
+                                      : 0.0;
   auto fill = [&](Tensor& t, bool is_weight) {
     for (int64_t i = 0; i < t.numel(); ++i) {
-      double v = (is_weight && init == WeightInit::kKaimingNormal) ? rng.Normal(0.0, stddev)
-                                                                   : rng.Uniform(-bound, bound);
+      double v = 0.0;
+      if (is_weight && init.weight != WeightInit::kKaimingUniform) {
+        v = rng.Normal(0.0, stddev);
+      } else if (is_weight || !init.zero_bias) {
+        v = rng.Uniform(-bound, bound);
+      }
       if (t.dtype() == DType::kF32) {
         t.data<float>()[i] = static_cast<float>(v);
       } else {

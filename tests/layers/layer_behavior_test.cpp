@@ -123,7 +123,17 @@ TEST(LayerErrors, BadSettingValues) {
   EXPECT_NE(conv_error(no_kernel).find("'kernel'"), std::string::npos);
   Settings init;
   init.Set("num_output", 2).Set("kernel", 3).Set("weight_init", "xavier");
-  EXPECT_NE(conv_error(init).find("kaiming_uniform or kaiming_normal"), std::string::npos);
+  EXPECT_NE(conv_error(init).find("kaiming_uniform, kaiming_normal or normal"), std::string::npos);
+  Settings stray_std;
+  stray_std.Set("num_output", 2).Set("kernel", 3).Set("weight_std", 0.1);
+  EXPECT_NE(conv_error(stray_std).find("'weight_std' applies to weight_init: normal only"),
+            std::string::npos);
+  Settings bad_std;
+  bad_std.Set("num_output", 2).Set("kernel", 3).Set("weight_init", "normal").Set("weight_std", 0.0);
+  EXPECT_NE(conv_error(bad_std).find("'weight_std' must be positive"), std::string::npos);
+  Settings bad_bias;
+  bad_bias.Set("num_output", 2).Set("kernel", 3).Set("bias_init", "ones");
+  EXPECT_NE(conv_error(bad_bias).find("'bias_init' expects default or zero"), std::string::npos);
   Settings neg;
   neg.Set("num_output", -1).Set("kernel", 3);
   EXPECT_NE(conv_error(neg).find("'num_output' must be positive"), std::string::npos);
@@ -212,6 +222,24 @@ TEST(LayerParams, NamesKindsAndInitialization) {
   for (int64_t i = 0; i < w2.numel(); ++i) sum_sq += std::pow(w2.data<float>()[i], 2);
   EXPECT_NEAR(std::sqrt(sum_sq / w2.numel()), std::sqrt(2.0 / 576.0),
               0.03 * std::sqrt(2.0 / 576.0));
+
+  // normal with weight_std, and zero biases (torchvision VGG's Linear and Conv2d).
+  Settings fc;
+  fc.Set("num_output", 300).Set("weight_init", "normal").Set("weight_std", 0.02);
+  fc.Set("bias_init", "zero");
+  LayerHarness linear("InnerProduct", fc, {RandomTensor({2, 100}, kF32, 1)});
+  ASSERT_EQ(linear.layer().params().size(), 2u);
+  const Tensor& w3 = linear.layer().params()[0].value;
+  double sum = 0;
+  sum_sq = 0;
+  for (int64_t i = 0; i < w3.numel(); ++i) {
+    sum += w3.data<float>()[i];
+    sum_sq += std::pow(w3.data<float>()[i], 2);
+  }
+  EXPECT_NEAR(sum / w3.numel(), 0.0, 0.001);
+  EXPECT_NEAR(std::sqrt(sum_sq / w3.numel()), 0.02, 0.0006);
+  const Tensor& b3 = linear.layer().params()[1].value;
+  for (int64_t i = 0; i < b3.numel(); ++i) EXPECT_EQ(b3.data<float>()[i], 0.0f);
 
   // Initialization depends on the run seed and the layer name, nothing else.
   LayerHarness same("Convolution", s, {RandomTensor({1, 16, 8, 8}, kF32, 9)}, 1, Phase::kTrain,
