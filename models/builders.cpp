@@ -171,6 +171,51 @@ NetSpec ImageNetResNet(const std::string& name, std::vector<int64_t> depths, boo
   return spec;
 }
 
+// VGG (torchvision layout): 3x3 convolutions (pad 1, bias) with ReLU, optionally batch norm
+// between them, 2x2/2 max pools between stages, then fc 4096, ReLU, dropout 0.5, fc 4096, ReLU,
+// dropout 0.5, fc. torchvision pools the features adaptively to 7x7 before the classifier;
+// here the classifier reads the 512 x H/32 x W/32 feature map as it is, which is the same at
+// 224x224 (7x7: the adaptive pool is the identity) and keeps small inputs cheap. Initialized as
+// torchvision does: kaiming_normal (fan out) convolutions, N(0, 0.01) fc weights, zero biases.
+NetSpec Vgg(const std::string& name, const std::vector<int64_t>& stages, bool batch_norm,
+            const ModelOptions& o) {
+  NetSpec spec;
+  spec.name = name;
+  spec.inputs = ImageInputs(o);
+  GraphBuilder g(spec);
+  std::string x = "data";
+  int64_t width = 64;
+  int layer = 0;  // torchvision's index into `features`, so names match its state dict
+  for (size_t stage = 0; stage < stages.size(); ++stage) {
+    for (int64_t c = 0; c < stages[stage]; ++c) {
+      Settings conv;
+      conv.Set("num_output", width).Set("kernel", int64_t{3}).Set("pad", int64_t{1});
+      conv.Set("weight_init", "kaiming_normal").Set("bias_init", "zero");
+      x = g.Add(StrCat("features.", layer++), "Convolution", {x}, conv);
+      if (batch_norm) x = g.BatchNorm(StrCat("features.", layer++), x);
+      x = g.Relu(StrCat("features.", layer++), x);
+    }
+    x = g.MaxPool(StrCat("features.", layer++), x, 2, 2);
+    width = std::min<int64_t>(width * 2, 512);
+  }
+  auto fc = [&](const std::string& layer_name, const std::string& in, int64_t out) {
+    Settings s;
+    s.Set("num_output", out).Set("weight_init", "normal").Set("bias_init", "zero");
+    return g.Add(layer_name, "InnerProduct", {in}, s);
+  };
+  auto dropout = [&](const std::string& layer_name, const std::string& in) {
+    Settings s;
+    s.Set("ratio", 0.5);
+    return g.Add(layer_name, "Dropout", {in}, s);
+  };
+  x = dropout("classifier.2", g.Relu("classifier.1", fc("classifier.0", x, 4096)));
+  x = dropout("classifier.5", g.Relu("classifier.4", fc("classifier.3", x, 4096)));
+  // The classifier's last layer is `logits`, as every builder's is.
+  fc("logits", x, o.num_classes);
+  AddClassifierHead(spec, o);
+  return spec;
+}
+
 using Builder = std::function<NetSpec(const ModelOptions&)>;
 const std::map<std::string, Builder>& Builders() {
   static const std::map<std::string, Builder> builders = {
@@ -198,6 +243,22 @@ const std::map<std::string, Builder>& Builders() {
       {"resnet152",
        [](const ModelOptions& o) {
          return ImageNetResNet("resnet152", {3, 8, 36, 3}, true, o);
+       }},
+      {"vgg11",
+       [](const ModelOptions& o) {
+         return Vgg("vgg11", {1, 1, 2, 2, 2}, false, o);
+       }},
+      {"vgg11_bn",
+       [](const ModelOptions& o) {
+         return Vgg("vgg11_bn", {1, 1, 2, 2, 2}, true, o);
+       }},
+      {"vgg16",
+       [](const ModelOptions& o) {
+         return Vgg("vgg16", {2, 2, 3, 3, 3}, false, o);
+       }},
+      {"vgg16_bn",
+       [](const ModelOptions& o) {
+         return Vgg("vgg16_bn", {2, 2, 3, 3, 3}, true, o);
        }},
   };
   return builders;

@@ -26,8 +26,8 @@ struct ModelOptions {
 };
 
 // Builds the named model: lenet, resnet20, resnet32, resnet44, resnet56 (CIFAR-style),
-// resnet18, resnet34, resnet50, resnet101, resnet152 (ImageNet-style). Throws listing the
-// known names for an unknown one.
+// resnet18, resnet34, resnet50, resnet101, resnet152 (ImageNet-style, v1.5), vgg11, vgg11_bn,
+// vgg16, vgg16_bn. Throws listing the known names for an unknown one.
 NetSpec BuildModel(const std::string& name, const ModelOptions& options);
 std::vector<std::string> ModelNames();
 

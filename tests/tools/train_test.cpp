@@ -411,6 +411,10 @@ TEST(ShippedConfigs, ParseAndTheImageNetRecipesHoldTheirSettings) {
   EXPECT_DOUBLE_EQ(r50.solver.schedule.base_lr, 0.256 * (8 * r50.data.batch_size) / 256.0);
   EXPECT_EQ(r50.data.crop, 224);
   EXPECT_EQ(r50.data.val_resize, 256);
+  const RunConfig vgg = LoadRunConfig(std::string(CORTADO_SOURCE_DIR) + "/configs/vgg16.yaml",
+                                      {"data.type=synthetic"}, false);
+  EXPECT_EQ(vgg.model.builder, "vgg16");
+  EXPECT_DOUBLE_EQ(vgg.solver.schedule.base_lr, 0.01 * (8 * vgg.data.batch_size) / 256.0);
 }
 
 // Runs the cortado binary; returns the exit code and captures stderr.
