@@ -20,6 +20,35 @@ cv::Mat MatOf(const ImageU8& image) {
                  const_cast<uint8_t*>(image.pixels.data()), image.stride());
 }
 
+// Parallelism comes from the loader's and the converter's threads, each working on its own
+// images; OpenCV's own thread pool (TBB on Debian) inside them would only oversubscribe the
+// thread budget (in `cortado convert --threads 1` it spent 14% of the CPU time on handing work
+// to TBB threads). Process-wide; data/ is Cortado's only user of OpenCV.
+void KeepOpenCVOnTheCallingThread() {
+  static std::once_flag once;
+  std::call_once(once, [] { cv::setNumThreads(0); });
+}
+
+// Resizes src into dst (already sized). Shrinking by at most 2x per side is bilinear, which
+// reads every source pixel there and so does not alias. A larger shrink is antialiased in two
+// steps: bilinear to an exact integer multiple of the target (less than 2x away), then OpenCV's
+// integer-ratio area average, a plain box filter; OpenCV's area averaging at an odd ratio
+// gives about the same pixels but took 4-5x as long (47% of `cortado convert --resize` time).
+// Growing is bicubic.
+void ResizeInto(const cv::Mat& src, cv::Mat& dst) {
+  KeepOpenCVOnTheCallingThread();
+  const int w = dst.cols, h = dst.rows;
+  const int fx = std::max(1, src.cols / w), fy = std::max(1, src.rows / h);
+  if (fx > 1 || fy > 1) {
+    cv::Mat multiple;
+    cv::resize(src, multiple, cv::Size(w * fx, h * fy), 0, 0, cv::INTER_LINEAR);
+    cv::resize(multiple, dst, dst.size(), 0, 0, cv::INTER_AREA);
+  } else {
+    const bool shrink = w < src.cols || h < src.rows;
+    cv::resize(src, dst, dst.size(), 0, 0, shrink ? cv::INTER_LINEAR : cv::INTER_CUBIC);
+  }
+}
+
 }  // namespace
 
 PixelRect RandomResizedCropRect(int width, int height, const TransformOptions& o, uint64_t key) {
@@ -72,11 +101,7 @@ PixelRect CenterCropRect(int width, int height, const TransformOptions& o) {
 bool FlipOf(uint64_t key) { return Uniform(key, 0x464c4950) < 0.5; }
 
 ImageTransformer::ImageTransformer(const TransformOptions& options) : options_(options) {
-  // Parallelism comes from the loader's threads, each transforming its own images; OpenCV's
-  // own thread pool (TBB on Debian) inside them would only oversubscribe the thread budget.
-  // This is process-wide, and data/ is Cortado's only user of OpenCV.
-  static std::once_flag once;
-  std::call_once(once, [] { cv::setNumThreads(0); });
+  KeepOpenCVOnTheCallingThread();
   CORTADO_CHECK(options.crop > 0, "crop size must be positive, got ", options.crop);
   CORTADO_CHECK(options.val_resize >= options.crop, "val_resize (", options.val_resize,
                 ") must be at least the crop size (", options.crop, ")");
@@ -150,11 +175,8 @@ void ImageTransformer::Finish(const ImageU8& image, const PixelRect& roi, PixelL
   cv::Mat src = MatOf(image)(cv::Rect(roi.x, roi.y, roi.width, roi.height));
   resized_.Reshape(crop, crop, c);
   cv::Mat dst = MatOf(resized_);
-  // Bilinear reads every source pixel while shrinking by up to 2x (at exactly 2x it is a 2x2
-  // box filter), so it does not alias there; DCT scaling leaves less than 2x to do except for
-  // very large images, which get area averaging (antialiased, but 4x slower for odd ratios).
-  const bool shrink_much = roi.width > 2 * crop || roi.height > 2 * crop;
-  cv::resize(src, dst, cv::Size(crop, crop), 0, 0, shrink_much ? cv::INTER_AREA : cv::INTER_LINEAR);
+  // DCT scaling leaves less than 2x to shrink except for very large images (ResizeInto).
+  ResizeInto(src, dst);
   if (flip) {
     flipped_.Reshape(crop, crop, c);
     cv::Mat flipped = MatOf(flipped_);
@@ -184,6 +206,7 @@ void ImageTransformer::Finish(const ImageU8& image, const PixelRect& roi, PixelL
 
 bool DecodeWithOpenCV(const uint8_t* data, size_t size, bool keep_gray, ImageU8* out,
                       std::string* why) {
+  KeepOpenCVOnTheCallingThread();
   if (size == 0) {
     *why = "empty input";
     return false;
@@ -233,9 +256,7 @@ void ResizeImage(const ImageU8& in, int width, int height, ImageU8* out) {
   CORTADO_CHECK(width > 0 && height > 0, "resize to ", width, "x", height);
   out->Reshape(width, height, in.channels);
   cv::Mat dst = MatOf(*out);
-  const bool shrink = width < in.width || height < in.height;
-  cv::resize(MatOf(in), dst, cv::Size(width, height), 0, 0,
-             shrink ? cv::INTER_AREA : cv::INTER_CUBIC);
+  ResizeInto(MatOf(in), dst);
 }
 
 }  // namespace cortado

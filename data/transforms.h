@@ -94,7 +94,9 @@ class ImageTransformer {
 bool DecodeWithOpenCV(const uint8_t* data, size_t size, bool keep_gray, ImageU8* out,
                       std::string* why);
 
-// Resizes to exactly width x height (area averaging when shrinking, bicubic when growing).
+// Resizes to exactly width x height: bilinear when shrinking by less than 2x per side; a
+// larger shrink is bilinear to an integer multiple of the size, then a box filter (antialiased);
+// bicubic when growing.
 void ResizeImage(const ImageU8& in, int width, int height, ImageU8* out);
 
 }  // namespace cortado
