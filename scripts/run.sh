@@ -9,7 +9,8 @@
 #      config's global batch of 64, so the run follows the one-process recipe,
 #   4. evaluate the final checkpoint with `cortado eval`, also on 2 ranks (each takes half of
 #      the validation set).
-# Everything lands under data-cache/ and runs/demo/; rerunning starts the training afresh.
+# Everything lands under data-cache/ and runs/demo-<date>-<time>/ (runs/demo links to the
+# latest); a rerun trains afresh in a new folder, so an earlier run's checkpoints stay.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,13 +23,15 @@ echo "== folder of JPEGs -> LMDB"
 scripts/make_sample_imagenet.sh data-cache/sample_imagenet
 
 echo "== train (configs/sample_imagenet.yaml) on 2 data-parallel ranks"
-rm -rf runs/demo
+run=runs/demo-$(date +%Y%m%d-%H%M%S)
 build/tools/cortado launch --nproc 2 -- build/tools/cortado train \
   --config configs/sample_imagenet.yaml --set data.batch_size=32 --set distributed.sync_bn=true \
-  --set checkpoint.dir=runs/demo --metrics runs/demo/metrics.jsonl --trace runs/demo/trace.json
+  --set checkpoint.dir="$run" --metrics "$run/metrics.jsonl" --trace "$run/trace.json"
 
 echo "== evaluate the last checkpoint"
-ckpt=$(ls runs/demo/ckpt-*.cortado | sort | tail -n 1)
+# runs/demo: a link to the latest demo run (a folder of that name from an older demo is left as is)
+if [[ -L runs/demo || ! -e runs/demo ]]; then ln -sfn "$(basename "$run")" runs/demo; fi
+ckpt=$(ls "$run"/ckpt-*.cortado | sort | tail -n 1)
 build/tools/cortado launch --nproc 2 -- build/tools/cortado eval \
   --config configs/sample_imagenet.yaml --checkpoint "$ckpt"
-echo "metrics: runs/demo/metrics.jsonl   checkpoints: runs/demo/   traces (Perfetto): runs/demo/trace.rank{0,1}.json"
+echo "metrics: $run/metrics.jsonl   checkpoints: $run/   traces (Perfetto): $run/trace.rank{0,1}.json   (runs/demo links here)"
