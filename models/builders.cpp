@@ -147,11 +147,12 @@ NetSpec ImageNetResNet(const std::string& name, std::vector<int64_t> depths, boo
   spec.name = name;
   spec.inputs = ImageInputs(o);
   GraphBuilder g(spec);
-  std::string x = g.Conv("conv1", "data", 64, 7, 2, 3, false, "kaiming_normal");
+  const int64_t base = o.base_width > 0 ? o.base_width : 64;
+  std::string x = g.Conv("conv1", "data", base, 7, 2, 3, false, "kaiming_normal");
   x = g.Relu("relu1", g.BatchNorm("bn1", x));
   x = g.MaxPool("pool1", x, 3, 2, 1);
-  int64_t ch = 64;
-  const int64_t widths[4] = {64, 128, 256, 512};
+  int64_t ch = base;
+  const int64_t widths[4] = {base, 2 * base, 4 * base, 8 * base};
   for (int stage = 0; stage < 4; ++stage) {
     for (int64_t b = 0; b < depths[stage]; ++b) {
       int64_t stride = (stage > 0 && b == 0) ? 2 : 1;
@@ -266,6 +267,11 @@ const std::map<std::string, Builder>& Builders() {
 
 }  // namespace
 
+bool IsImageNetResNet(const std::string& name) {
+  return name == "resnet18" || name == "resnet34" || name == "resnet50" || name == "resnet101" ||
+         name == "resnet152";
+}
+
 std::vector<NetInput> ImageInputs(const ModelOptions& o) {
   return {NetInput{"data", {o.batch_size, o.in_channels, o.height, o.width}, DType::kF32},
           NetInput{"label", {o.batch_size}, DType::kI32}};
@@ -288,6 +294,14 @@ NetSpec BuildModel(const std::string& name, const ModelOptions& options) {
                 options.num_classes);
   CORTADO_CHECK(options.in_channels >= 1, "model.in_channels must be at least 1, got ",
                 options.in_channels);
+  CORTADO_CHECK(options.base_width >= 0,
+                "model.base_width must be positive (or 0: the published "
+                "width), got ",
+                options.base_width);
+  CORTADO_CHECK(options.base_width == 0 || IsImageNetResNet(name),
+                "model.base_width applies to "
+                "resnet18, resnet34, resnet50, resnet101 and resnet152, not to '",
+                name, "'");
   auto it = Builders().find(name);
   if (it == Builders().end()) {
     std::string known;

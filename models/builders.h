@@ -23,6 +23,9 @@ struct ModelOptions {
   int64_t batch_size = 1;  // batch dimension of the declared inputs (reshaped per batch)
   double label_smoothing = 0.0;
   bool zero_init_residual = false;  // gamma = 0 in the last BN of each residual block
+  // Channels of the first stage of an ImageNet-style ResNet (the stages have 1, 2, 4 and 8
+  // times as many); 0: the published 64. Small widths make small test and trial models.
+  int64_t base_width = 0;
 };
 
 // Builds the named model: lenet, resnet20, resnet32, resnet44, resnet56 (CIFAR-style),
@@ -30,6 +33,8 @@ struct ModelOptions {
 // vgg16, vgg16_bn. Throws listing the known names for an unknown one.
 NetSpec BuildModel(const std::string& name, const ModelOptions& options);
 std::vector<std::string> ModelNames();
+// resnet18 ... resnet152: the builders laid out as torchvision's ResNet.
+bool IsImageNetResNet(const std::string& name);
 
 // Appends the standard head: loss (SoftmaxWithLoss), top1 and top5 (Accuracy) on `logits`.
 void AddClassifierHead(NetSpec& spec, const ModelOptions& options);

@@ -26,6 +26,7 @@ void AddEvalCommand(CLI::App& app);
 void AddConvertCommand(CLI::App& app);
 void AddLaunchCommand(CLI::App& app);
 void AddInspectCommand(CLI::App& app);
+void AddExportCommand(CLI::App& app);
 
 // `cortado bench <what>`: one subcommand per benchmark.
 void AddBenchCommand(CLI::App& app);

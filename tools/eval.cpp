@@ -1,37 +1,43 @@
 // `cortado eval --checkpoint PATH|auto [--config F] [--set k=v]... [--json] [--threads N]`:
-// evaluates a checkpoint on the validation data. Without --config the config stored in the
-// checkpoint (the resolved YAML of the run that wrote it) is used, and --set overrides it (a
-// data.val path on another machine); --config replaces it. `--checkpoint auto` takes the newest
-// loadable checkpoint in the config's checkpoint.dir, so it needs --config. Under `cortado
-// launch`, mpirun or srun the ranks split the validation set and rank 0 prints the totals.
+// evaluates a checkpoint on the validation data; `--weights F.safetensors --config F` a
+// weights file (cortado export, or torchvision's names), strictly: every tensor must fit. Without
+// --config the config stored in the checkpoint (the resolved YAML of the run that wrote it) is
+// used, and --set overrides it (a data.val path on another machine); --config replaces it.
+// `--checkpoint auto` takes the newest loadable checkpoint in the config's checkpoint.dir, so it
+// needs --config. Under `cortado launch`, mpirun or srun the ranks split the validation set and
+// rank 0 prints the totals.
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "engine/checkpoint.h"
 #include "engine/log.h"
+#include "engine/safetensors.h"
 #include "engine/thread_pool.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
 #include "tools/trainer.h"
+#include "tools/weights.h"
 #include "tools/world.h"
 
 namespace cortado::tools {
 
 void AddEvalCommand(CLI::App& app) {
   struct Args {
-    std::string config, checkpoint;
+    std::string config, checkpoint, weights;
     std::vector<std::string> sets;
     bool json = false;
     bool no_progress = false;
     int threads = 0;
   };
   auto args = std::make_shared<Args>();
-  CLI::App* cmd =
-      app.add_subcommand("eval", "Evaluate a checkpoint on the validation data of its config");
+  CLI::App* cmd = app.add_subcommand(
+      "eval", "Evaluate a checkpoint (or a weights file) on the validation data");
   cmd->add_option("--checkpoint", args->checkpoint,
                   "Checkpoint file, or 'auto': the newest valid one in the config's "
-                  "checkpoint.dir (needs --config)")
-      ->required();
+                  "checkpoint.dir (needs --config)");
+  cmd->add_option("--weights", args->weights,
+                  "Evaluate a safetensors weights file instead (needs --config for the model and "
+                  "data; every tensor must match the model)");
   cmd->add_option("--config", args->config,
                   "YAML config file (default: the config stored in the checkpoint)");
   cmd->add_option("--set", args->sets,
@@ -44,13 +50,22 @@ void AddEvalCommand(CLI::App& app) {
   cmd->add_flag("--no-progress", args->no_progress,
                 "Accepted for symmetry with train (eval draws no progress bar)");
   cmd->callback([args] {
+    if (args->checkpoint.empty() == args->weights.empty()) {
+      UsageFail("give --checkpoint (a checkpoint, or auto) or --weights (a safetensors file)");
+    }
+    if (!args->weights.empty() && args->config.empty()) {
+      UsageFail("--weights needs --config: a weights file holds no model or data settings");
+    }
     if (args->checkpoint == "auto" && args->config.empty()) {
       UsageFail("--checkpoint auto needs --config, whose checkpoint.dir it searches");
     }
     Checkpoint ckpt;
     std::string ckpt_path = args->checkpoint;
     RunConfig config;
-    if (ckpt_path == "auto") {
+    if (!args->weights.empty()) {
+      CheckInputFile("--weights", args->weights, "a safetensors file (cortado export)");
+      config = LoadRunConfig(args->config, args->sets, /*need_train=*/false);
+    } else if (ckpt_path == "auto") {
       config = LoadRunConfig(args->config, args->sets, /*need_train=*/false);
       ckpt_path = NewestLoadableCheckpoint(config.checkpoint.dir, &ckpt);
       CORTADO_CHECK(!ckpt_path.empty(), "--checkpoint auto: no valid checkpoint in '",
@@ -80,7 +95,14 @@ void AddEvalCommand(CLI::App& app) {
         config.data.val_batch_size > 0 ? config.data.val_batch_size : config.data.batch_size;
     NetSpec spec = MakeNetSpec(config, val->sample_shape(), val->num_classes(), batch);
     Net net(spec, config.seed, config.precision.compute);
-    net.LoadState(ckpt, ckpt_path);
+    if (args->weights.empty()) {
+      net.LoadState(ckpt, ckpt_path);
+    } else {
+      LoadWeights(net, config.model.builder, LoadSafetensors(args->weights), args->weights,
+                  /*strict=*/true);
+    }
+    const std::string source =
+        args->weights.empty() ? "checkpoint " + ckpt_path : "weights " + args->weights;
     EvalResult r = Evaluate(net, *val, world.comm.get());
     if (world.rank != 0) return SetExitCode(0);
     if (args->json) {
@@ -91,9 +113,8 @@ void AddEvalCommand(CLI::App& app) {
       j["images"] = r.images;
       std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
-      std::printf("top1 %.2f%%  top5 %.2f%%  loss %.4f  (%lld images, checkpoint %s)\n",
-                  r.top1 * 100, r.top5 * 100, r.loss, static_cast<long long>(r.images),
-                  ckpt_path.c_str());
+      std::printf("top1 %.2f%%  top5 %.2f%%  loss %.4f  (%lld images, %s)\n", r.top1 * 100,
+                  r.top5 * 100, r.loss, static_cast<long long>(r.images), source.c_str());
     }
     SetExitCode(0);
   });

@@ -189,6 +189,7 @@ int main(int argc, char** argv) {
   AddConvertCommand(app);
   AddLaunchCommand(app);
   AddInspectCommand(app);
+  AddExportCommand(app);
   AddBenchCommand(app);
 
   const std::vector<std::string> args(argv + 1, argv + argc);

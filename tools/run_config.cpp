@@ -137,6 +137,11 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train) {
   Require(c.model.label_smoothing >= 0 && c.model.label_smoothing < 1, m, "label_smoothing",
           "must be in [0, 1)");
   c.model.zero_init_residual = m.Bool("zero_init_residual", false);
+  c.model.base_width = m.Int("base_width", 0);
+  Require(c.model.base_width >= 0, m, "base_width", "must be >= 1 (or 0: the published 64)");
+  Require(c.model.base_width == 0 || !c.model.builder.empty(), m, "base_width",
+          "applies to the resnet18 ... resnet152 builders, not to a layers graph");
+  c.model.weights = m.String("weights", "");
   m.Finish();
 
   // data

@@ -1,7 +1,7 @@
-// `cortado train --config F [--set k=v]... [--resume auto|PATH] [--metrics PATH] [--threads N]
-//  [--stop-at-iter N] [--trace PATH [--trace-iters N]] [--overwrite] [--dry-run]`; under `cortado
-//  launch`,
-// mpirun or srun, one rank of a data-parallel job. Exits 0 at the end of training, 128 + the
+// `cortado train --config F [--set k=v]... [--resume auto|PATH] [--weights F.safetensors]
+//  [--metrics PATH] [--threads N] [--stop-at-iter N] [--trace PATH [--trace-iters N]]
+//  [--overwrite] [--dry-run]`; under `cortado launch`, mpirun or srun, one rank of a data-parallel
+//  job. Exits 0 at the end of training, 128 + the
 // signal after SIGINT/SIGTERM (130 after --stop-at-iter), having saved a checkpoint and printed
 // the command that resumes.
 #include <unistd.h>
@@ -27,6 +27,7 @@ struct TrainArgs {
   std::string config;
   std::vector<std::string> sets;
   std::string resume;
+  std::string weights;
   std::string metrics;
   int threads = 0;
   int64_t stop_at = 0;
@@ -115,6 +116,11 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("--set", args->sets, "Override a config key: --set solver.base_lr=0.05");
   cmd->add_option("--resume", args->resume,
                   "'auto' (the newest valid checkpoint in checkpoint.dir) or a checkpoint file");
+  cmd->add_option("--weights", args->weights,
+                  "Initialize from a safetensors file (cortado export, or torchvision's names): "
+                  "tensors whose shape differs, such as another class count's classifier, are "
+                  "listed and left at their initialization. Same as --set model.weights=PATH; "
+                  "a resumed run continues from its checkpoint instead");
   cmd->add_option("--metrics", args->metrics, "Write JSON-lines metrics to this file");
   cmd->add_option("--threads", args->threads,
                   "Thread budget per rank (0: CORTADO_NUM_THREADS, else the cores divided among "
@@ -143,6 +149,10 @@ void AddTrainCommand(CLI::App& app) {
       CheckInputFile("--resume", args->resume,
                      "a checkpoint file (ckpt-*.cortado), or 'auto' for the newest in "
                      "checkpoint.dir");
+    }
+    if (!args->weights.empty()) {
+      CheckInputFile("--weights", args->weights, "a safetensors file (cortado export)");
+      args->sets.push_back("model.weights=" + args->weights);
     }
     if (args->overwrite && !args->resume.empty()) {
       UsageFail("--overwrite starts a run over; it cannot be combined with --resume");

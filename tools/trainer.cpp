@@ -12,10 +12,12 @@
 
 #include "engine/error.h"
 #include "engine/log.h"
+#include "engine/safetensors.h"
 #include "engine/thread_pool.h"
 #include "engine/yaml_config.h"
 #include "models/builders.h"
 #include "tools/command_line.h"
+#include "tools/weights.h"
 
 namespace cortado {
 namespace {
@@ -77,6 +79,7 @@ NetSpec MakeNetSpec(const RunConfig& config, const Shape& sample_shape, int64_t 
   o.batch_size = batch_size;
   o.label_smoothing = config.model.label_smoothing;
   o.zero_init_residual = config.model.zero_init_residual;
+  o.base_width = config.model.base_width;
   if (!config.model.builder.empty()) return BuildModel(config.model.builder, o);
   NetSpec spec;
   spec.name = "graph";
@@ -373,14 +376,14 @@ void Trainer::LoadFeedback(const Checkpoint& ckpt, const std::string& path) {
   }
 }
 
-void Trainer::Resume(const std::string& what) {
+bool Trainer::Resume(const std::string& what) {
   std::string path = what;
   Checkpoint ckpt;
   if (what == "auto") {
     path = NewestLoadableCheckpoint(config_.checkpoint.dir, &ckpt);
     if (path.empty()) {
       LogInfo("no checkpoint in '", config_.checkpoint.dir, "'; starting fresh");
-      return;
+      return false;
     }
   } else {
     tools::CheckInputFile("--resume", path, "a checkpoint file (ckpt-*.cortado), or 'auto'");
@@ -390,6 +393,19 @@ void Trainer::Resume(const std::string& what) {
   LogInfo("resumed from '", path, "' at iteration ", iteration_, " (epoch ",
           iteration_ / batches_per_epoch_, ")");
   WarnAboutConfigChanges(ckpt, path);
+  if (!config_.model.weights.empty()) {
+    LogInfo("model.weights '", config_.model.weights,
+            "' is not loaded: the checkpoint's weights continue the run");
+  }
+  return true;
+}
+
+void Trainer::InitFromWeights() {
+  const std::string& path = config_.model.weights;
+  const Safetensors file = LoadSafetensors(path);
+  const tools::WeightsReport report =
+      tools::LoadWeights(*net_, config_.model.builder, file, path, /*strict=*/false);
+  LogInfo(report.Summary(path));
 }
 
 // A resumed run may change its config on purpose (a longer schedule, a lower rate), but never
@@ -416,7 +432,8 @@ void Trainer::WarnAboutConfigChanges(const Checkpoint& ckpt, const std::string& 
 
 void Trainer::Start(const std::string& resume, const tools::RunFolder* folder) {
   if (world_.size == 1) {
-    if (!resume.empty()) Resume(resume);
+    const bool resumed = !resume.empty() && Resume(resume);
+    if (!resumed && !config_.model.weights.empty()) InitFromWeights();
     if (folder) tools::CheckRunFolder(*folder, !resume.empty(), run_id_);
     return;
   }
@@ -425,7 +442,8 @@ void Trainer::Start(const std::string& resume, const tools::RunFolder* folder) {
   std::string blob;
   if (is_root()) {
     try {
-      if (!resume.empty()) Resume(resume);
+      const bool resumed = !resume.empty() && Resume(resume);
+      if (!resumed && !config_.model.weights.empty()) InitFromWeights();
       if (folder) tools::CheckRunFolder(*folder, !resume.empty(), run_id_);
       blob = "S" + SerializeCheckpoint(CollectState());
     } catch (const Error& e) {

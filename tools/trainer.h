@@ -108,7 +108,10 @@ class Trainer : public CheckpointState {
   std::string JobDescription() const;
   Checkpoint CollectState() const;
   void LoadAllState(const Checkpoint& checkpoint, const std::string& path);
-  void Resume(const std::string& what);
+  // True when it loaded a checkpoint ("auto" in a folder without one starts fresh).
+  bool Resume(const std::string& what);
+  // A fresh start with model.weights: rank 0 initializes the net from that file.
+  void InitFromWeights();
   void WarnAboutConfigChanges(const Checkpoint& checkpoint, const std::string& path) const;
   // Every rank must call it (error feedback gathers the ranks' residuals); rank 0 writes the
   // checkpoint and returns its path, the others return "".

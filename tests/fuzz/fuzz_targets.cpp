@@ -9,8 +9,12 @@
 #include "data/record_decoder.h"
 #include "engine/checkpoint.h"
 #include "engine/error.h"
+#include "engine/net.h"
+#include "engine/safetensors.h"
 #include "engine/yaml_config.h"
+#include "models/builders.h"
 #include "tools/run_config.h"
+#include "tools/weights.h"
 
 namespace cortado::fuzz {
 namespace {
@@ -66,10 +70,29 @@ void Record(const uint8_t* data, size_t size) {
   }
 }
 
+// A weights file (safetensors) loaded into a ResNet-18 of width 1, as `cortado train
+// --weights` loads one: header and entries checked, tensors converted, shapes compared.
+void Weights(const uint8_t* data, size_t size) {
+  static Net* net = [] {
+    ModelOptions o;
+    o.num_classes = 2;
+    o.in_channels = 3;
+    o.height = o.width = 16;
+    o.base_width = 1;
+    return new Net(BuildModel("resnet18", o), 1);
+  }();
+  try {
+    const Safetensors file = ParseSafetensors(Text(data, size), "fuzz.safetensors");
+    tools::LoadWeights(*net, "resnet18", file, "fuzz.safetensors", /*strict=*/false);
+  } catch (const Error&) {
+  }
+}
+
 const Target kTargets[] = {
     {"config", "YAML training config: YamlConfig + ParseRunConfig", Config},
     {"checkpoint", "checkpoint file and payload: ParseCheckpoint", CheckpointFile},
     {"record", "LMDB record: Datum parser, image decode, transforms (RecordDecoder)", Record},
+    {"weights", "weights file: ParseSafetensors + LoadWeights into a ResNet-18", Weights},
     {nullptr, nullptr, nullptr},
 };
 

@@ -592,6 +592,56 @@ bool Shortest(const std::string& token) {
   return Significant(token) == Significant(std::string(buf, r.ptr));
 }
 
+TEST_F(CliTest, ExportEvalWeightsAndTrainWeightsAgreeWithTheCheckpoint) {
+  const std::string config = Config();
+  std::string out, err;
+  ASSERT_EQ(Cortado("train --no-progress --config " + config, nullptr, &err), 0) << err;
+  const std::string ckpt = (dir_ / "ckpt" / "ckpt-00000020.cortado").string();
+  const std::string weights = (dir_ / "w.safetensors").string();
+  ASSERT_EQ(Cortado("export --checkpoint " + ckpt + " --out " + weights, &out, &err), 0) << err;
+  EXPECT_NE(out.find("wrote 4 tensors"), std::string::npos) << out;
+  // An existing file is kept unless --overwrite.
+  EXPECT_EQ(Cortado("export --checkpoint " + ckpt + " --out " + weights, nullptr, &err), 2);
+  ExpectOneLineError(err, "export", "existing --out");
+  EXPECT_NE(err.find("give --overwrite"), std::string::npos) << err;
+  EXPECT_EQ(
+      Cortado("export --checkpoint " + ckpt + " --out " + weights + " --overwrite", nullptr, &err),
+      0)
+      << err;
+
+  std::string from_ckpt, from_weights;
+  ASSERT_EQ(Cortado("eval --json --checkpoint " + ckpt, &from_ckpt, &err), 0) << err;
+  ASSERT_EQ(
+      Cortado("eval --json --weights " + weights + " --config " + config, &from_weights, &err), 0)
+      << err;
+  EXPECT_EQ(from_ckpt, from_weights);
+  EXPECT_EQ(Cortado("eval --weights " + weights, nullptr, &err), 2);
+  ExpectOneLineError(err, "eval", "--weights without --config");
+  EXPECT_EQ(Cortado("eval --checkpoint " + ckpt + " --weights " + weights, nullptr, &err), 2);
+  ExpectOneLineError(err, "eval", "both");
+
+  // A fresh run in another folder starts from the weights, and says what it loaded.
+  ASSERT_EQ(Cortado("train --no-progress --config " + config + " --weights " + weights +
+                        " --set checkpoint.dir=" + (dir_ / "ft").string() + " --stop-at-iter 2",
+                    nullptr, &err),
+            130)
+      << err;
+  EXPECT_NE(err.find("weights: 4 tensor(s) loaded from '" + weights + "'"), std::string::npos)
+      << err;
+  // The file is part of the run's config, so a resume sees it and keeps the checkpoint's.
+  ASSERT_EQ(Cortado("train --no-progress --config " + config + " --weights " + weights +
+                        " --set checkpoint.dir=" + (dir_ / "ft").string() + " --resume auto",
+                    nullptr, &err),
+            0)
+      << err;
+  EXPECT_NE(err.find("is not loaded: the checkpoint's weights continue the run"), std::string::npos)
+      << err;
+  EXPECT_EQ(
+      Cortado("train --config " + config + " --weights " + (dir_ / "none").string(), nullptr, &err),
+      1);
+  EXPECT_NE(err.find("--weights"), std::string::npos) << err;
+}
+
 TEST(DumpShortest, WritesEveryFloatInItsShortestFormAndKeepsTheRest) {
   // 0.014226514 is one of the values nlohmann's Grisu2 writes long (0.014226513999999999).
   nlohmann::ordered_json j;

@@ -1,0 +1,152 @@
+#include "tools/weights.h"
+
+#include <map>
+#include <set>
+
+#include "engine/error.h"
+#include "models/builders.h"
+
+namespace cortado::tools {
+namespace {
+
+bool StartsWith(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+void ReplaceAll(std::string& s, const std::string& from, const std::string& to) {
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) {
+    s.replace(at, from.size(), to);
+  }
+}
+
+bool IsVgg(const std::string& builder) { return StartsWith(builder, "vgg"); }
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string List(const std::vector<std::string>& names, size_t max = 6) {
+  std::string s;
+  for (size_t i = 0; i < names.size() && i < max; ++i) s += (i ? ", " : "") + names[i];
+  if (names.size() > max) s += StrCat(" and ", names.size() - max, " more");
+  return s;
+}
+
+}  // namespace
+
+std::string TorchvisionName(const std::string& builder, const std::string& name) {
+  std::string out = name;
+  if (IsImageNetResNet(builder)) {
+    // Order matters: ".proj_bn." also contains ".proj".
+    ReplaceAll(out, ".proj_bn.", ".downsample.1.");
+    ReplaceAll(out, ".proj.", ".downsample.0.");
+    if (StartsWith(out, "logits.")) out = "fc." + out.substr(7);
+  } else if (IsVgg(builder)) {
+    if (StartsWith(out, "logits.")) out = "classifier.6." + out.substr(7);
+  }
+  return out;
+}
+
+Safetensors ExportWeights(const Checkpoint& checkpoint, const std::string& builder) {
+  Safetensors file;
+  file.metadata["format"] = "pt";  // what loaders of the Hugging Face convention look for
+  file.metadata["cortado_builder"] = builder.empty() ? "graph" : builder;
+  if (checkpoint.meta.count("iteration")) file.metadata["iteration"] = checkpoint.Meta("iteration");
+  std::set<std::string> norm_layers;
+  for (const auto& [name, tensor] : checkpoint.tensors) {
+    std::string local;
+    if (StartsWith(name, "param/")) {
+      local = name.substr(6);
+    } else if (StartsWith(name, "buffer/")) {
+      local = name.substr(7);
+      const std::string suffix = ".running_mean";
+      if (local.size() > suffix.size() &&
+          local.compare(local.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        norm_layers.insert(local.substr(0, local.size() - suffix.size()));
+      }
+    } else {
+      continue;  // momentum, error-feedback residuals, solver state: not weights
+    }
+    file.Add(TorchvisionName(builder, local), tensor);
+  }
+  for (const std::string& layer : norm_layers) {
+    SafetensorsEntry e;
+    e.name = TorchvisionName(builder, layer + ".num_batches_tracked");
+    e.dtype = "I64";
+    e.bytes.assign(8, '\0');
+    file.AddRaw(std::move(e));
+  }
+  CORTADO_CHECK(!file.entries.empty(), "the checkpoint holds no weights (param/... entries)");
+  return file;
+}
+
+std::string WeightsReport::Summary(const std::string& path) const {
+  std::string s = StrCat("weights: ", loaded, " tensor(s) loaded from '", path, "'");
+  if (!resized.empty()) {
+    s += StrCat("; ", resized.size(), " left at initialization (shape differs): ", List(resized));
+  }
+  if (!missing.empty()) {
+    s += StrCat("; ", missing.size(), " not in the file (left at initialization): ",
+                List(missing));
+  }
+  if (!unused.empty()) s += StrCat("; ", unused.size(), " unused: ", List(unused));
+  return s;
+}
+
+WeightsReport LoadWeights(Net& net, const std::string& builder, const Safetensors& file,
+                          const std::string& path, bool strict) {
+  WeightsReport report;
+  std::set<std::string> used;
+  auto load = [&](const std::string& name, Tensor& value) {
+    const std::string file_name = TorchvisionName(builder, name);
+    const SafetensorsEntry* e = file.Find(file_name);
+    if (e == nullptr) {
+      CORTADO_CHECK(!strict, "weights file '", path, "' has no tensor '", file_name,
+                    "' (the model's '", name, "')");
+      report.missing.push_back(file_name);
+      return;
+    }
+    used.insert(file_name);
+    const Shape shape(e->shape.begin(), e->shape.end());
+    if (shape != value.shape()) {
+      const std::string what =
+          StrCat(file_name, " (", ShapeText(e->shape), " in the file, ",
+                 ShapeText(std::vector<int64_t>(value.shape().begin(), value.shape().end())),
+                 " in the model)");
+      CORTADO_CHECK(!strict, "weights file '", path, "': tensor ", what);
+      report.resized.push_back(what);
+      return;
+    }
+    Tensor t;
+    try {
+      t = e->ToTensor();
+    } catch (const Error& err) {
+      Fail("weights file '", path, "': ", err.what());
+    }
+    const DType d = t.dtype();
+    CORTADO_CHECK(d == DType::kF32 || d == DType::kF64 || d == DType::kF16 || d == DType::kBF16,
+                  "weights file '", path, "': tensor '", file_name, "' is ",
+                  e->dtype, "; weights must be floating point");
+    value.ConvertFrom(t);
+    ++report.loaded;
+  };
+  for (Param* p : net.params()) load(p->name, p->value);
+  for (Buffer* b : net.buffers()) load(b->name, b->value);
+  for (const SafetensorsEntry& e : file.entries) {
+    const std::string suffix = ".num_batches_tracked";
+    const bool counter = e.name.size() > suffix.size() &&
+                         e.name.compare(e.name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    if (!used.count(e.name) && !counter) report.unused.push_back(e.name);
+  }
+  CORTADO_CHECK(!strict || report.unused.empty(), "weights file '", path,
+                "' has tensors the model lacks: ", List(report.unused));
+  CORTADO_CHECK(report.loaded > 0, "no tensor of weights file '", path,
+                "' fits the model (its names: ",
+                List(report.unused.empty() ? report.missing : report.unused),
+                "); was it exported from another architecture?");
+  return report;
+}
+
+}  // namespace cortado::tools
