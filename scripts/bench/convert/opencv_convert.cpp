@@ -61,8 +61,10 @@ int main(int argc, char** argv) {
     int w = width, h = height;
     if (shorter > 0) {
       const bool portrait = image.cols <= image.rows;
-      w = portrait ? shorter : static_cast<int>(std::lround(1.0 * image.cols * shorter / image.rows));
-      h = portrait ? static_cast<int>(std::lround(1.0 * image.rows * shorter / image.cols)) : shorter;
+      w = portrait ? shorter
+                   : static_cast<int>(std::lround(1.0 * image.cols * shorter / image.rows));
+      h = portrait ? static_cast<int>(std::lround(1.0 * image.rows * shorter / image.cols))
+                   : shorter;
     }
     cv::Mat resized;
     cv::resize(image, resized, cv::Size(w, h), 0, 0, cv::INTER_LINEAR);
