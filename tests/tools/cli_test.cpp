@@ -713,6 +713,74 @@ TEST_F(CliTest, TheMetricsFileHasShortestNumbersTimesAndStartAndResumeEvents) {
   EXPECT_EQ(starts, (std::vector<std::string>{"start@0", "resume@6"}));
 }
 
+// The ImageNet guide's validation step: a flat folder plus Kaggle's label file -> a list file
+// -> a database whose labels are the training database's class indices.
+TEST_F(CliTest, ImageNetValidationListKeepsTheTrainingLabels) {
+  JpegEncoder encoder;
+  ImageU8 image;
+  image.Reshape(8, 8, 3);
+  auto write_jpeg = [&](const fs::path& path, uint8_t value) {
+    fs::create_directories(path.parent_path());
+    std::fill(image.pixels.begin(), image.pixels.end(), value);
+    std::string bytes;
+    encoder.Encode(image, 90, false, &bytes);
+    std::ofstream(path, std::ios::binary) << bytes;
+  };
+  write_jpeg(dir_ / "train" / "n02" / "a.JPEG", 10);
+  write_jpeg(dir_ / "train" / "n01" / "b.JPEG", 20);
+  write_jpeg(dir_ / "train" / "n03" / "c.JPEG", 30);
+  for (int i = 1; i <= 3; ++i) {
+    write_jpeg(dir_ / "val" / StrCat("ILSVRC2012_val_0000000", i, ".JPEG"), 40);
+  }
+  std::ofstream(dir_ / "LOC_val_solution.csv")
+      << "ImageId,PredictionString\n"
+      << "ILSVRC2012_val_00000002,n01 1 2 3 4 n01 5 6 7 8\n"
+      << "ILSVRC2012_val_00000001,n03 1 2 3 4\n"
+      << "ILSVRC2012_val_00000003,n02 1 2 3 4\n";
+  std::string out, err;
+  const std::string train_db = (dir_ / "train_db").string();
+  ASSERT_EQ(Cortado("convert --root " + (dir_ / "train").string() + " --out " + train_db, &out,
+                    &err),
+            0)
+      << err;
+  const std::string script = std::string(CORTADO_SOURCE_DIR) + "/scripts/imagenet_val_list.py";
+  const std::string list = (dir_ / "val_list.txt").string();
+  const std::string make_list = "timeout 60 python3 " + script + " --labels " +
+                                (dir_ / "LOC_val_solution.csv").string() + " --classes " +
+                                train_db + "/classes.txt --out " + list;
+  ASSERT_EQ(RunShell(make_list, &out, &err), 0) << err;
+  EXPECT_EQ(ReadFile(list),
+            "ILSVRC2012_val_00000001.JPEG 2\nILSVRC2012_val_00000002.JPEG 0\n"
+            "ILSVRC2012_val_00000003.JPEG 1\n");
+  EXPECT_NE(RunShell(make_list, nullptr, &err), 0) << "an existing list is not overwritten";
+  EXPECT_NE(err.find("exists"), std::string::npos) << err;
+  const std::string val_db = (dir_ / "val_db").string();
+  ASSERT_EQ(Cortado("convert --root " + (dir_ / "val").string() + " --list " + list +
+                        " --classes " + train_db + "/classes.txt --out " + val_db,
+                    &out, &err),
+            0)
+      << err;
+  LmdbReader reader(val_db);
+  auto txn = reader.BeginRead();
+  ASSERT_EQ(reader.size(), 3);
+  DatumParser parser;
+  std::vector<int> labels;
+  for (int64_t i = 0; i < reader.size(); ++i) {
+    const std::string value(txn.Get(i));
+    ASSERT_TRUE(parser.Parse(value.data(), value.size()));
+    labels.push_back(parser.fields().label);
+  }
+  EXPECT_EQ(labels, (std::vector<int>{2, 0, 1}));  // n03, n01, n02 in classes n01 n02 n03
+  // A synset the training set does not have is named.
+  std::ofstream(dir_ / "bad.txt") << "ILSVRC2012_val_00000001 n99\n";
+  EXPECT_NE(RunShell("python3 " + script + " --labels " + (dir_ / "bad.txt").string() +
+                         " --classes " + train_db + "/classes.txt --out " +
+                         (dir_ / "l2.txt").string(),
+                     nullptr, &err),
+            0);
+  EXPECT_NE(err.find("has synset n99"), std::string::npos) << err;
+}
+
 TEST_F(CliTest, PlotScriptDrawsRunsAndWritesATable) {
   if (RunShell("/usr/bin/python3 -c 'import matplotlib'", nullptr, nullptr) != 0) {
     GTEST_SKIP() << "python3-matplotlib is not installed (scripts/setup.sh installs it)";
