@@ -2,8 +2,9 @@
 //   hello    client -> server: u32 magic "CDST", u16 version, u64 token digest, u32 world size,
 //                              u64 fingerprint, u32 rank
 //            server -> client: u8 status (0 ok, 1 rejected), str reason
-//   request  u32 body length (<= kMaxMessage), body: u8 command, u32 argc, argc x str, i64 number
-//   reply    u32 body length, body: u8 status (0 ok, 1 timeout, 2 rejected/poisoned), str value,
+//   request  u32 body length (<= kMaxStoreMessage, store_wire.h), body: u8 command, u32 argc, argc
+//   x str, i64 number reply    u32 body length, body: u8 status (0 ok, 1 timeout, 2
+//   rejected/poisoned), str value,
 //            i64 number
 // A str is u32 length + bytes. Lengths are checked before anything is allocated.
 #include "cortado/dist/store.h"
@@ -17,23 +18,28 @@
 
 #include "cortado/dist/error.h"
 #include "socket.h"
+#include "store_wire.h"
 
 namespace cortado::dist {
 
-using internal::ByteReader;
 using internal::ByteWriter;
 using internal::Fd;
 
 namespace {
 
-constexpr uint32_t kStoreMagic = 0x54534443;  // "CDST"
-constexpr uint16_t kStoreVersion = 1;
-constexpr size_t kHelloBytes = 4 + 2 + 8 + 4 + 8 + 4;
-constexpr uint32_t kMaxMessage = 64u << 20;
-constexpr size_t kMaxKey = 4096;
-
-enum Command : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kCheck = 5 };
-enum Status : uint8_t { kOk = 0, kTimedOut = 1, kPoisoned = 2 };
+using internal::kAdd;
+using internal::kCheck;
+using internal::kGet;
+using internal::kMaxStoreKey;
+using internal::kMaxStoreMessage;
+using internal::kSet;
+using internal::kStoreHelloBytes;
+using internal::kStoreMagic;
+using internal::kStoreOk;
+using internal::kStorePoisoned;
+using internal::kStoreTimedOut;
+using internal::kStoreVersion;
+using internal::kWait;
 
 std::string JoinKeys(const std::vector<std::string>& keys) {
   std::string out;
@@ -201,70 +207,36 @@ void TcpStoreServer::Serve(int fd) {
   try {
     // The hello must arrive promptly: a connection that sends nothing is dropped.
     Deadline hello_deadline = Deadline::After(std::chrono::seconds(10));
-    char hello[kHelloBytes];
+    char hello[kStoreHelloBytes] = {};
     if (!internal::ReadFull(fd, hello, 4, hello_deadline, "store hello")) {
       throw Error(ErrorKind::kProtocol, "closed before hello");
     }
-    ByteReader magic_reader(hello, 4, "store hello");
-    uint32_t magic = magic_reader.U32();
-    if (magic != kStoreMagic) {
-      reject(StrCat("not a Cortado store client (bad magic 0x", std::hex, magic,
-                    "); is something else using this port?"),
-             false);
-      throw Error(ErrorKind::kProtocol, "bad magic");
+    // The magic first: an HTTP request or another program's hello is answered at once.
+    uint32_t magic = 0;
+    std::memcpy(&magic, hello, 4);
+    if (magic == kStoreMagic) {
+      internal::ReadFull(fd, hello + 4, kStoreHelloBytes - 4, hello_deadline, "store hello");
     }
-    internal::ReadFull(fd, hello + 4, kHelloBytes - 4, hello_deadline, "store hello");
-    ByteReader r(hello + 4, kHelloBytes - 4, "store hello");
-    uint16_t version = r.U16();
-    uint64_t digest = r.U64();
-    uint32_t world = r.U32();
-    uint64_t fingerprint = r.U64();
-    uint32_t rank = r.U32();
-    if (version != kStoreVersion) {
-      reject(StrCat("store protocol version ", version, " is not supported (server speaks ",
-                    kStoreVersion, ")"),
-             false);
-      throw Error(ErrorKind::kProtocol, "version");
-    }
-    if (digest != identity_.TokenDigest()) {
-      reject("job token mismatch: this store belongs to another job (check CORTADO_JOB_TOKEN)",
-             false);
-      throw Error(ErrorKind::kProtocol, "token");
-    }
-    if (static_cast<int>(world) != identity_.world_size) {
-      reject(StrCat("world size mismatch: rank ", rank, " says ", world, ", rank 0 says ",
-                    identity_.world_size),
-             true);
-      throw Error(ErrorKind::kProtocol, "world");
-    }
-    if (fingerprint != identity_.fingerprint) {
-      reject(StrCat("fingerprint mismatch: rank ", rank, " has 0x", std::hex, fingerprint,
-                    ", rank 0 has 0x", identity_.fingerprint,
-                    " (the ranks run different configurations)"),
-             true);
-      throw Error(ErrorKind::kProtocol, "fingerprint");
-    }
-    if (static_cast<int>(rank) >= identity_.world_size) {
-      reject(StrCat("rank ", rank, " is outside the world of ", identity_.world_size), true);
-      throw Error(ErrorKind::kProtocol, "rank");
+    const internal::StoreHelloVerdict verdict =
+        internal::CheckStoreHello(internal::ParseStoreHello(hello, kStoreHelloBytes), identity_);
+    if (!verdict.reason.empty()) {
+      reject(verdict.reason, verdict.poison);
+      throw Error(ErrorKind::kProtocol, "hello refused");
     }
     reply_hello(true, "");
 
     for (;;) {
       uint32_t len = 0;
       if (!internal::ReadFull(fd, &len, 4, Deadline::Never(), "store request")) break;
-      if (len > kMaxMessage) throw Error(ErrorKind::kProtocol, "request too long");
+      if (len > kMaxStoreMessage) throw Error(ErrorKind::kProtocol, "request too long");
       std::string body(len, '\0');
       internal::ReadFull(fd, body.data(), len, Deadline::After(std::chrono::seconds(60)),
                          "store request");
-      ByteReader q(body.data(), body.size(), "store request");
-      uint8_t cmd = q.U8();
-      uint32_t argc = q.U32();
-      if (argc > 1u << 20) throw Error(ErrorKind::kProtocol, "too many keys");
-      std::vector<std::string> args;
-      for (uint32_t i = 0; i < argc; ++i) args.push_back(q.Str(kMaxMessage));
-      int64_t number = q.I64();
-      uint8_t status = kOk;
+      const internal::StoreRequest request = internal::ParseStoreRequest(body);
+      const uint8_t cmd = request.command;
+      const std::vector<std::string>& args = request.args;
+      const int64_t number = request.number;
+      uint8_t status = kStoreOk;
       std::string value;
       int64_t out_number = 0;
       try {
@@ -294,7 +266,7 @@ void TcpStoreServer::Serve(int fd) {
         }
       } catch (const Error& e) {
         if (e.kind() == ErrorKind::kProtocol) throw;
-        status = e.kind() == ErrorKind::kTimeout ? kTimedOut : kPoisoned;
+        status = e.kind() == ErrorKind::kTimeout ? kStoreTimedOut : kStorePoisoned;
         value = e.what();
       }
       ByteWriter w;
@@ -363,19 +335,15 @@ TcpStore::~TcpStore() {
 std::string TcpStore::Call(uint8_t command, const std::vector<std::string>& args, int64_t number,
                            Deadline deadline, const std::string& what) {
   std::lock_guard<std::mutex> lock(mu_);
-  ByteWriter w;
-  w.U32(0);
-  w.U8(command);
-  w.U32(static_cast<uint32_t>(args.size()));
   for (const auto& a : args) {
-    if (a.size() > kMaxMessage / 2) Fail(ErrorKind::kInvalidArgument, what, ": value too large");
-    w.Str(a);
+    if (a.size() > kMaxStoreMessage / 2) {
+      Fail(ErrorKind::kInvalidArgument, what, ": value too large");
+    }
   }
-  w.I64(number);
-  std::string out = w.bytes();
-  if (out.size() - 4 > kMaxMessage) Fail(ErrorKind::kInvalidArgument, what, ": request too large");
-  uint32_t body_len = static_cast<uint32_t>(out.size() - 4);
-  std::memcpy(out.data(), &body_len, 4);
+  const std::string out = internal::SerializeStoreRequest({command, args, number});
+  if (out.size() - 4 > kMaxStoreMessage) {
+    Fail(ErrorKind::kInvalidArgument, what, ": request too large");
+  }
   // The server answers a wait by its own deadline; allow a margin for the reply to travel.
   Deadline io =
       deadline.IsNever() ? Deadline::Never() : Deadline(deadline.at() + std::chrono::seconds(5));
@@ -386,17 +354,18 @@ std::string TcpStore::Call(uint8_t command, const std::vector<std::string>& args
     throw Error(ErrorKind::kPeerFailure,
                 StrCat(context, ": the store closed the connection (rank 0 exited?)"), 0);
   }
-  if (len > kMaxMessage + 64) Fail(ErrorKind::kProtocol, context, ": reply too long");
+  if (len > kMaxStoreMessage + 64) Fail(ErrorKind::kProtocol, context, ": reply too long");
   std::string body(len, '\0');
   internal::ReadFull(fd_, body.data(), len, io, context.c_str());
-  ByteReader r(body.data(), body.size(), context.c_str());
-  uint8_t status = r.U8();
-  std::string value = r.Str(kMaxMessage);
-  int64_t out_number = r.I64();
-  if (status == kTimedOut) throw Error(ErrorKind::kTimeout, StrCat(what, ": ", value));
-  if (status == kPoisoned) throw Error(ErrorKind::kRejected, StrCat(what, ": ", value));
-  if (command == kAdd || command == kCheck) return std::to_string(out_number);
-  return value;
+  const internal::StoreReply reply = internal::ParseStoreReply(body, context.c_str());
+  if (reply.status == kStoreTimedOut) {
+    throw Error(ErrorKind::kTimeout, StrCat(what, ": ", reply.value));
+  }
+  if (reply.status == kStorePoisoned) {
+    throw Error(ErrorKind::kRejected, StrCat(what, ": ", reply.value));
+  }
+  if (command == kAdd || command == kCheck) return std::to_string(reply.number);
+  return reply.value;
 }
 
 namespace {
@@ -404,7 +373,7 @@ int64_t TimeoutMs(Deadline d) { return d.IsNever() ? -1 : static_cast<int64_t>(d
 }  // namespace
 
 void TcpStore::Set(const std::string& key, const std::string& value) {
-  if (key.size() > kMaxKey) Fail(ErrorKind::kInvalidArgument, "store key too long");
+  if (key.size() > kMaxStoreKey) Fail(ErrorKind::kInvalidArgument, "store key too long");
   Call(kSet, {key, value}, 0, Deadline::After(op_timeout_), "store set '" + key + "'");
 }
 

@@ -41,6 +41,7 @@
 
 #include "cortado/dist/error.h"
 #include "cortado/dist/transport.h"
+#include "frames.h"
 #include "socket.h"
 #include "wire.h"
 
@@ -50,6 +51,7 @@ namespace {
 using internal::ErrnoText;
 using internal::Fd;
 using internal::FrameHeader;
+using internal::FrameTypeName;
 
 // The staging buffer holds frame headers and small payloads. Reading a payload straight into
 // its destination also asks for kTailBytes more into staging, to catch the next header without
@@ -129,28 +131,6 @@ struct Conn {
            state == ConnState::kAborted;
   }
 };
-
-std::string FrameTypeName(uint16_t type) {
-  switch (type) {
-    case internal::kFrameData:
-      return "data";
-    case internal::kFrameHello:
-      return "hello";
-    case internal::kFrameHelloAck:
-      return "hello-ack";
-    case internal::kFrameReject:
-      return "reject";
-    case internal::kFrameAbort:
-      return "abort";
-    case internal::kFrameGoodbye:
-      return "goodbye";
-    case internal::kFrameStatusReq:
-      return "status-request";
-    case internal::kFrameStatusReply:
-      return "status-reply";
-  }
-  return StrCat("unknown(", type, ")");
-}
 
 class TcpTransport final : public Transport {
  public:
@@ -398,33 +378,6 @@ bool ReadHandshake(int fd, std::string* in) {
   }
 }
 
-// A complete frame in `in`, or nullopt when more bytes are needed. Throws kProtocol on garbage.
-bool ParseFrame(const std::string& in, FrameHeader* h, std::string* payload) {
-  if (in.size() < sizeof(FrameHeader)) {
-    // Reject garbage as early as the magic allows.
-    uint32_t magic = 0;
-    if (in.size() >= 4) {
-      std::memcpy(&magic, in.data(), 4);
-      if (magic != internal::kFrameMagic)
-        Fail(ErrorKind::kProtocol, "not a Cortado peer (bad magic)");
-    }
-    return false;
-  }
-  std::memcpy(h, in.data(), sizeof(*h));
-  if (h->magic != internal::kFrameMagic)
-    Fail(ErrorKind::kProtocol, "not a Cortado peer (bad magic)");
-  if (h->version != internal::kFrameVersion) {
-    Fail(ErrorKind::kProtocol, "protocol version ", h->version, " (this build speaks ",
-         internal::kFrameVersion, ")");
-  }
-  if (h->length > internal::kMaxControlPayload) {
-    Fail(ErrorKind::kProtocol, "handshake frame of ", h->length, " bytes is too long");
-  }
-  if (in.size() < sizeof(FrameHeader) + h->length) return false;
-  *payload = in.substr(sizeof(FrameHeader), h->length);
-  return true;
-}
-
 }  // namespace
 
 void TcpTransport::Connect(const std::vector<std::string>& addresses, Deadline deadline) {
@@ -552,7 +505,7 @@ void TcpTransport::Connect(const std::vector<std::string>& addresses, Deadline d
       if (h.kind == Handshake::kAwaitAck) {
         bool complete = false;
         try {
-          complete = ParseFrame(h.in, &fh, &payload);
+          complete = ParseHandshakeFrame(h.in, &fh, &payload);
         } catch (const Error& e) {
           Fail(ErrorKind::kProtocol, "rank ", rank_, ": rank ", h.peer, " answered the hello with ",
                e.what());
@@ -584,7 +537,7 @@ void TcpTransport::Connect(const std::vector<std::string>& addresses, Deadline d
       std::string reject;
       internal::HelloPayload hello{};
       try {
-        if (!ParseFrame(h.in, &fh, &payload)) {
+        if (!ParseHandshakeFrame(h.in, &fh, &payload)) {
           if (!open) finished.push_back(i);
           continue;
         }
@@ -592,24 +545,9 @@ void TcpTransport::Connect(const std::vector<std::string>& addresses, Deadline d
           reject = StrCat("expected a hello frame, got ", FrameTypeName(fh.type));
         } else {
           std::memcpy(&hello, payload.data(), sizeof(hello));
-          int from = static_cast<int>(hello.from_rank);
-          if (hello.token_digest != mine.token_digest) {
-            reject =
-                "job token mismatch: this port belongs to another job (check CORTADO_JOB_TOKEN)";
-          } else if (static_cast<int>(hello.world_size) != size_) {
-            reject = StrCat("world size mismatch: rank ", from, " says ", hello.world_size,
-                            ", rank ", rank_, " says ", size_);
-          } else if (hello.fingerprint != mine.fingerprint) {
-            reject =
-                StrCat("fingerprint mismatch: rank ", from, " has 0x", std::hex, hello.fingerprint,
-                       ", rank ", std::dec, rank_, " has 0x", std::hex, mine.fingerprint);
-          } else if (static_cast<int>(hello.to_rank) != rank_) {
-            reject = StrCat("this is rank ", rank_, ", not rank ", hello.to_rank);
-          } else if (from <= rank_ || from >= size_) {
-            reject = StrCat("rank ", from, " must not dial rank ", rank_);
-          } else if (conns_[static_cast<size_t>(from)]) {
-            reject = StrCat("duplicate connection from rank ", from);
-          }
+          const bool connected = hello.from_rank < static_cast<uint32_t>(size_) &&
+                                 conns_[static_cast<size_t>(hello.from_rank)] != nullptr;
+          reject = internal::HelloRejection(hello, mine, rank_, size_, connected);
         }
       } catch (const Error& e) {
         reject = e.what();
@@ -1017,9 +955,8 @@ void TcpTransport::ParseStaging(Conn& c) {
 
 void TcpTransport::BeginPayload(Conn& c) {
   const FrameHeader& h = c.hdr;
-  if (h.magic != internal::kFrameMagic || h.version != internal::kFrameVersion) {
-    FailConn(c, StrCat("sent a malformed frame (magic 0x", std::hex, h.magic, std::dec,
-                       ", version ", h.version, ")"));
+  if (const std::string problem = internal::FrameHeaderProblem(h); !problem.empty()) {
+    FailConn(c, problem);
     return;
   }
   c.dst_have = 0;
@@ -1054,17 +991,10 @@ void TcpTransport::BeginPayload(Conn& c) {
       c.rstate = RState::kStalled;  // back-pressure until the matching receive is posted
       return;
     }
-  } else if (h.type == internal::kFrameAbort || h.type == internal::kFrameGoodbye ||
-             h.type == internal::kFrameStatusReq || h.type == internal::kFrameStatusReply) {
-    if (h.length > internal::kMaxControlPayload) {
-      FailConn(c, StrCat("sent a ", FrameTypeName(h.type), " frame of ", h.length, " bytes"));
-      return;
-    }
+  } else {
+    // A control frame (abort, goodbye, status), no longer than kMaxControlPayload.
     c.body.resize(h.length);
     c.dst = c.body.data();
-  } else {
-    FailConn(c, StrCat("sent an unexpected ", FrameTypeName(h.type), " frame"));
-    return;
   }
   c.rstate = RState::kPayload;
   if (c.dst_len == 0) FinishPayload(c);
@@ -1092,16 +1022,17 @@ void TcpTransport::FinishPayload(Conn& c) {
 }
 
 void TcpTransport::HandleControl(Conn& c) {
-  internal::ByteReader r(c.body.data(), c.body.size(), "control frame");
   try {
     switch (c.hdr.type) {
       case internal::kFrameGoodbye:
         if (c.state == ConnState::kOpen) c.state = ConnState::kGoodbye;
         break;
       case internal::kFrameAbort: {
-        int root = static_cast<int>(r.U32());
-        uint64_t seq = r.U64();
-        std::string reason = r.Str(internal::kMaxControlPayload);
+        const internal::AbortPayload abort =
+            internal::ParseAbortPayload(c.body.data(), c.body.size());
+        int root = abort.root;
+        const uint64_t seq = abort.seq;
+        const std::string& reason = abort.reason;
         // An aborting rank was inside operation `seq`: that answers a status query too.
         c.status.responded = true;
         c.status.ops_started = seq;
@@ -1124,11 +1055,14 @@ void TcpTransport::HandleControl(Conn& c) {
         }
         break;
       }
-      case internal::kFrameStatusReply:
+      case internal::kFrameStatusReply: {
+        const internal::StatusPayload status =
+            internal::ParseStatusPayload(c.body.data(), c.body.size());
         c.status.responded = true;
-        c.status.ops_started = r.U64();
-        c.status.ops_finished = r.U64();
+        c.status.ops_started = status.ops_started;
+        c.status.ops_finished = status.ops_finished;
         break;
+      }
       default:
         break;
     }

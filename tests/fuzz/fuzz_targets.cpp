@@ -2,17 +2,23 @@
 
 #include <zlib.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "cortado/dist/error.h"
 #include "data/record_decoder.h"
 #include "engine/checkpoint.h"
 #include "engine/error.h"
 #include "engine/net.h"
 #include "engine/safetensors.h"
 #include "engine/yaml_config.h"
+#include "frames.h"
 #include "models/builders.h"
+#include "store_wire.h"
 #include "tools/run_config.h"
 #include "tools/weights.h"
 
@@ -88,11 +94,89 @@ void Weights(const uint8_t* data, size_t size) {
   }
 }
 
+// What the TCP transport does with a peer's bytes (distributed/src/frames.h): the handshake
+// frame, and a hello in it checked against this rank's identity; then the frames of an open
+// connection, each header checked before its payload is touched, abort and status payloads
+// parsed.
+void Frames(const uint8_t* data, size_t size) {
+  namespace di = dist::internal;
+  const std::string in = Text(data, size);
+  di::HelloPayload mine{};
+  mine.token_digest = 0x1234;
+  mine.fingerprint = 0x5678;
+  size_t pos = 0;
+  try {
+    di::FrameHeader h;
+    std::string payload;
+    if (di::ParseHandshakeFrame(in, &h, &payload)) {
+      if (h.type == di::kFrameHello && payload.size() == sizeof(di::HelloPayload)) {
+        di::HelloPayload hello;
+        std::memcpy(&hello, payload.data(), sizeof(hello));
+        di::HelloRejection(hello, mine, 1, 3, /*connected=*/false);
+      }
+      pos = sizeof(di::FrameHeader) + payload.size();
+    }
+  } catch (const dist::Error&) {
+  }
+  while (pos + sizeof(di::FrameHeader) <= in.size()) {
+    di::FrameHeader h;
+    std::memcpy(&h, in.data() + pos, sizeof(h));
+    pos += sizeof(h);
+    if (!di::FrameHeaderProblem(h).empty()) break;  // the connection fails here
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(h.length, in.size() - pos));
+    try {
+      if (h.type == di::kFrameAbort) di::ParseAbortPayload(in.data() + pos, len);
+      if (h.type == di::kFrameStatusReply) di::ParseStatusPayload(in.data() + pos, len);
+    } catch (const dist::Error&) {
+    }
+    pos += len;
+  }
+}
+
+// What the TCP store's server does with a client's bytes (distributed/src/store_wire.h): the
+// hello checked against the job's identity, then length-prefixed requests; every request
+// that parses must serialize back to the bytes it came from.
+void Store(const uint8_t* data, size_t size) {
+  namespace di = dist::internal;
+  const std::string in = Text(data, size);
+  const dist::JobIdentity identity{"job", 3, 0x5678};
+  try {
+    di::CheckStoreHello(di::ParseStoreHello(in.data(), in.size()), identity);
+  } catch (const dist::Error&) {
+  }
+  size_t pos = std::min(in.size(), di::kStoreHelloBytes);
+  while (pos + 4 <= in.size()) {
+    uint32_t len = 0;
+    std::memcpy(&len, in.data() + pos, 4);
+    pos += 4;
+    if (len > di::kMaxStoreMessage) break;  // the server drops the client here
+    const std::string body = in.substr(pos, len);
+    try {
+      const di::StoreRequest request = di::ParseStoreRequest(body);
+      const std::string again = di::SerializeStoreRequest(request);
+      // Trailing bytes after the number are ignored by the parser, so compare the prefix.
+      if (again.compare(4, std::string::npos, body, 0, again.size() - 4) != 0) {
+        std::fprintf(stderr, "store request does not serialize back to its bytes\n");
+        std::abort();
+      }
+    } catch (const dist::Error&) {
+    }
+    try {
+      di::ParseStoreReply(body, "fuzz reply");
+    } catch (const dist::Error&) {
+    }
+    pos += body.size();
+  }
+}
+
 const Target kTargets[] = {
     {"config", "YAML training config: YamlConfig + ParseRunConfig", Config},
     {"checkpoint", "checkpoint file and payload: ParseCheckpoint", CheckpointFile},
     {"record", "LMDB record: Datum parser, image decode, transforms (RecordDecoder)", Record},
     {"weights", "weights file: ParseSafetensors + LoadWeights into a ResNet-18", Weights},
+    {"frames", "TCP transport frames: handshake, hello check, header checks, control payloads",
+     Frames},
+    {"store", "TCP store messages: hello check, requests (round trip), replies", Store},
     {nullptr, nullptr, nullptr},
 };
 
