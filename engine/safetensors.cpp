@@ -28,12 +28,10 @@ struct FileDType {
   DType dtype;
 };
 constexpr FileDType kDTypes[] = {
-    {"F32", 4, true, DType::kF32},  {"F64", 8, true, DType::kF64},
-    {"F16", 2, true, DType::kF16},  {"BF16", 2, true, DType::kBF16},
-    {"I32", 4, true, DType::kI32},  {"U8", 1, true, DType::kU8},
-    {"I64", 8, false, DType::kF32}, {"I16", 2, false, DType::kF32},
-    {"I8", 1, false, DType::kF32},  {"U16", 2, false, DType::kF32},
-    {"U32", 4, false, DType::kF32}, {"U64", 8, false, DType::kF32},
+    {"F32", 4, true, DType::kF32},   {"F64", 8, true, DType::kF64},  {"F16", 2, true, DType::kF16},
+    {"BF16", 2, true, DType::kBF16}, {"I32", 4, true, DType::kI32},  {"U8", 1, true, DType::kU8},
+    {"I64", 8, false, DType::kF32},  {"I16", 2, false, DType::kF32}, {"I8", 1, false, DType::kF32},
+    {"U16", 2, false, DType::kF32},  {"U32", 4, false, DType::kF32}, {"U64", 8, false, DType::kF32},
     {"BOOL", 1, false, DType::kF32}};
 
 const FileDType* FindDType(const std::string& name) {
@@ -62,8 +60,8 @@ Tensor SafetensorsEntry::ToTensor() const {
   CORTADO_CHECK(d != nullptr && d->engine, "tensor '", name, "' is ", dtype,
                 ", which Cortado does not load (F32, F64, F16, BF16, I32 and U8 it does)");
   Tensor t(Shape(shape.begin(), shape.end()), d->dtype);
-  CORTADO_CHECK(t.nbytes() == bytes.size(), "tensor '", name, "': ", bytes.size(),
-                " bytes for ", t.ToString());
+  CORTADO_CHECK(t.nbytes() == bytes.size(), "tensor '", name, "': ", bytes.size(), " bytes for ",
+                t.ToString());
   if (!bytes.empty()) std::memcpy(t.raw_data(), bytes.data(), bytes.size());
   return t;
 }
@@ -156,8 +154,7 @@ Safetensors ParseSafetensors(const std::string& bytes, const std::string& path) 
           " bytes of data");
     }
     if (end - begin != count * element) {
-      bad("tensor '", name, "' has ", end - begin, " bytes for ", count, " ", e.dtype,
-          " values");
+      bad("tensor '", name, "' has ", end - begin, " bytes for ", count, " ", e.dtype, " values");
     }
     e.bytes.assign(bytes, data_begin + begin, end - begin);
     spans.push_back({begin, end, name});
@@ -172,8 +169,7 @@ Safetensors ParseSafetensors(const std::string& bytes, const std::string& path) 
   });
   for (size_t i = 1; i < order.size(); ++i) {
     if (spans[order[i]].begin < spans[order[i - 1]].end) {
-      bad("tensors '", spans[order[i - 1]].name, "' and '", spans[order[i]].name,
-          "' overlap");
+      bad("tensors '", spans[order[i - 1]].name, "' and '", spans[order[i]].name, "' overlap");
     }
   }
   std::vector<SafetensorsEntry> sorted;

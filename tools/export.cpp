@@ -25,8 +25,7 @@ void AddExportCommand(CLI::App& app) {
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
       "export", "Write a checkpoint's weights as safetensors, with torchvision's names");
-  cmd->add_option("--checkpoint", args->checkpoint, "Checkpoint file (ckpt-*.cortado)")
-      ->required();
+  cmd->add_option("--checkpoint", args->checkpoint, "Checkpoint file (ckpt-*.cortado)")->required();
   cmd->add_option("--out", args->out, "Safetensors file to write")->required();
   cmd->add_flag("--overwrite", args->overwrite, "Replace --out if it exists");
   cmd->callback([args] {

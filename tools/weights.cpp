@@ -88,8 +88,7 @@ std::string WeightsReport::Summary(const std::string& path) const {
     s += StrCat("; ", resized.size(), " left at initialization (shape differs): ", List(resized));
   }
   if (!missing.empty()) {
-    s += StrCat("; ", missing.size(), " not in the file (left at initialization): ",
-                List(missing));
+    s += StrCat("; ", missing.size(), " not in the file (left at initialization): ", List(missing));
   }
   if (!unused.empty()) s += StrCat("; ", unused.size(), " unused: ", List(unused));
   return s;
@@ -127,8 +126,8 @@ WeightsReport LoadWeights(Net& net, const std::string& builder, const Safetensor
     }
     const DType d = t.dtype();
     CORTADO_CHECK(d == DType::kF32 || d == DType::kF64 || d == DType::kF16 || d == DType::kBF16,
-                  "weights file '", path, "': tensor '", file_name, "' is ",
-                  e->dtype, "; weights must be floating point");
+                  "weights file '", path, "': tensor '", file_name, "' is ", e->dtype,
+                  "; weights must be floating point");
     value.ConvertFrom(t);
     ++report.loaded;
   };
@@ -142,10 +141,10 @@ WeightsReport LoadWeights(Net& net, const std::string& builder, const Safetensor
   }
   CORTADO_CHECK(!strict || report.unused.empty(), "weights file '", path,
                 "' has tensors the model lacks: ", List(report.unused));
-  CORTADO_CHECK(report.loaded > 0, "no tensor of weights file '", path,
-                "' fits the model (its names: ",
-                List(report.unused.empty() ? report.missing : report.unused),
-                "); was it exported from another architecture?");
+  CORTADO_CHECK(
+      report.loaded > 0, "no tensor of weights file '", path,
+      "' fits the model (its names: ", List(report.unused.empty() ? report.missing : report.unused),
+      "); was it exported from another architecture?");
   return report;
 }
 

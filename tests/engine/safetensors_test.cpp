@@ -71,9 +71,9 @@ TEST(Safetensors, RoundTripsTensorsRawEntriesAndMetadata) {
       (std::filesystem::temp_directory_path() / ("st_" + std::to_string(getpid()))).string();
   SaveSafetensors(file, path);
   EXPECT_EQ(LoadSafetensors(path).entries.size(), 4u);
-  EXPECT_FALSE(std::filesystem::exists(
-      std::filesystem::path(path).parent_path() /
-      ("." + std::filesystem::path(path).filename().string() + ".tmp")));
+  EXPECT_FALSE(
+      std::filesystem::exists(std::filesystem::path(path).parent_path() /
+                              ("." + std::filesystem::path(path).filename().string() + ".tmp")));
   std::filesystem::remove(path);
   EXPECT_NE(ErrorOf([&] { LoadSafetensors(path); }).find("does not exist"), std::string::npos);
 }

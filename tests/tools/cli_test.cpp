@@ -739,9 +739,8 @@ TEST_F(CliTest, ImageNetValidationListKeepsTheTrainingLabels) {
       << "ILSVRC2012_val_00000003,n02 1 2 3 4\n";
   std::string out, err;
   const std::string train_db = (dir_ / "train_db").string();
-  ASSERT_EQ(Cortado("convert --root " + (dir_ / "train").string() + " --out " + train_db, &out,
-                    &err),
-            0)
+  ASSERT_EQ(
+      Cortado("convert --root " + (dir_ / "train").string() + " --out " + train_db, &out, &err), 0)
       << err;
   const std::string script = std::string(CORTADO_SOURCE_DIR) + "/scripts/imagenet_val_list.py";
   const std::string list = (dir_ / "val_list.txt").string();
@@ -773,11 +772,11 @@ TEST_F(CliTest, ImageNetValidationListKeepsTheTrainingLabels) {
   EXPECT_EQ(labels, (std::vector<int>{2, 0, 1}));  // n03, n01, n02 in classes n01 n02 n03
   // A synset the training set does not have is named.
   std::ofstream(dir_ / "bad.txt") << "ILSVRC2012_val_00000001 n99\n";
-  EXPECT_NE(RunShell("python3 " + script + " --labels " + (dir_ / "bad.txt").string() +
-                         " --classes " + train_db + "/classes.txt --out " +
-                         (dir_ / "l2.txt").string(),
-                     nullptr, &err),
-            0);
+  EXPECT_NE(
+      RunShell("python3 " + script + " --labels " + (dir_ / "bad.txt").string() + " --classes " +
+                   train_db + "/classes.txt --out " + (dir_ / "l2.txt").string(),
+               nullptr, &err),
+      0);
   EXPECT_NE(err.find("has synset n99"), std::string::npos) << err;
 }
 

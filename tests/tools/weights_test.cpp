@@ -90,7 +90,8 @@ std::vector<std::string> ExportedKeys(Net& net, const std::string& builder) {
   std::vector<std::string> keys;
   for (const SafetensorsEntry& e : ExportWeights(ckpt, builder).entries) {
     std::string shape;
-    for (size_t i = 0; i < e.shape.size(); ++i) shape += (i ? "x" : "") + std::to_string(e.shape[i]);
+    for (size_t i = 0; i < e.shape.size(); ++i)
+      shape += (i ? "x" : "") + std::to_string(e.shape[i]);
     keys.push_back(e.name + " " + (shape.empty() ? "scalar" : shape));
   }
   return keys;
@@ -121,7 +122,7 @@ TEST(Weights, FineTuningLeavesWhatDoesNotFitAndStrictRefusesIt) {
   const std::string path = kGolden + "resnet18_w8.safetensors";
   const Safetensors file = LoadSafetensors(path);
   Net net(BuildModel("resnet18", Options(5, 64, 2, 8)), 1);  // 5 classes instead of 10
-  const Tensor before = net.params().back()->value;         // fc.bias, freshly initialized
+  const Tensor before = net.params().back()->value;          // fc.bias, freshly initialized
   const WeightsReport r = LoadWeights(net, "resnet18", file, path, /*strict=*/false);
   EXPECT_EQ(static_cast<size_t>(r.loaded), net.params().size() + net.buffers().size() - 2);
   ASSERT_EQ(r.resized.size(), 2u);
