@@ -108,6 +108,10 @@ class Layer {
   virtual bool CanBackpropTo(int input_index) const { return true; }
   // Loss layers output a scalar that the net adds, times loss_weight, to the total loss.
   virtual bool IsLoss() const { return false; }
+  // Floating-point operations of one forward pass at the current shapes (a multiply-add is 2),
+  // for profiles; 0 for layers whose cost is memory traffic rather than arithmetic. Backward
+  // takes about twice as many where it computes both the input and the weight gradient.
+  virtual double ForwardFlops() const { return 0; }
 
   const std::string& name() const { return spec_.name; }
   const std::string& type() const { return spec_.type; }

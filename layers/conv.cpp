@@ -295,6 +295,12 @@ void ConvolutionLayer::LayerSetUp(const std::vector<Blob*>& bottom, const std::v
               has_bias_ ? &params_[1].value : nullptr);
 }
 
+double ConvolutionLayer::ForwardFlops() const {
+  return 2.0 * static_cast<double>(batch_) * static_cast<double>(num_output_) *
+         static_cast<double>(channels_ / groups_) * static_cast<double>(kernel_h_ * kernel_w_) *
+         static_cast<double>(geo_.oh * geo_.ow);
+}
+
 void ConvolutionLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
   const Tensor& x = bottom[0]->data;
   CheckFloatInput(*this, x, "input");
@@ -304,6 +310,7 @@ void ConvolutionLayer::Reshape(const std::vector<Blob*>& bottom, const std::vect
          x.ToString());
   }
   const int64_t h = x.dim(2), w = x.dim(3);
+  batch_ = x.dim(0);
   const int64_t oh = (h + 2 * pad_h_ - dilation_h_ * (kernel_h_ - 1) - 1) / stride_h_ + 1;
   const int64_t ow = (w + 2 * pad_w_ - dilation_w_ * (kernel_w_ - 1) - 1) / stride_w_ + 1;
   if (h + 2 * pad_h_ < dilation_h_ * (kernel_h_ - 1) + 1 ||

@@ -46,6 +46,7 @@ class ConvolutionLayer : public Layer {
 
   // Images per GEMM block for the current shape (exposed for tests and profiles).
   int64_t block_images() const { return block_; }
+  double ForwardFlops() const override;
 
  protected:
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
@@ -66,6 +67,7 @@ class ConvolutionLayer : public Layer {
   bool is_1x1_ = false;  // 1x1 kernel, stride 1, no padding: no im2col needed
   ConvGeometry geo_{};
   int64_t block_ = 1;  // images per GEMM
+  int64_t batch_ = 0;  // images at the current shape
   std::vector<Tensor> col_ws_, out_ws_, phase_ws_, dw_ws_, db_ws_;
 };
 

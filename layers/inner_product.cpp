@@ -38,6 +38,7 @@ void InnerProductLayer::Reshape(const std::vector<Blob*>& bottom, const std::vec
          " but the layer was set up for (N, ", num_input_, ") inputs (", num_input_,
          " features per sample)");
   }
+  batch_ = x.dim(0);
   top[0]->data.Resize({x.dim(0), num_output_}, x.dtype());
 }
 

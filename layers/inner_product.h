@@ -20,6 +20,10 @@ class InnerProductLayer : public Layer {
   void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
                 const std::vector<Blob*>& bottom) override;
+  double ForwardFlops() const override {
+    return 2.0 * static_cast<double>(batch_) * static_cast<double>(num_input_) *
+           static_cast<double>(num_output_);
+  }
 
  protected:
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
@@ -32,6 +36,7 @@ class InnerProductLayer : public Layer {
 
   int64_t num_output_ = 0;
   int64_t num_input_ = 0;  // K
+  int64_t batch_ = 0;      // rows at the current shape
   bool has_bias_ = true;
 };
 

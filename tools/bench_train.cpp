@@ -3,6 +3,8 @@
 // adds the per-layer forward/backward time, to see where a step goes. Under `cortado launch`
 // (or mpirun, srun) it measures data-parallel training: global images/s, and how much of each
 // step was spent waiting for gradients (the exposed communication).
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -10,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/log.h"
+#include "engine/math.h"
 #include "engine/thread_pool.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
@@ -17,6 +20,32 @@
 #include "tools/world.h"
 
 namespace cortado::tools {
+namespace {
+
+// The process's peak resident memory so far, in MB (what the kernel counts: weights, gradients,
+// activations, workspaces, the loader's buffers and the libraries).
+double PeakRssMb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KB on Linux
+}
+
+// What this machine's matrix multiply reaches with the thread budget: the best of 3 runs of a
+// 2048^3 fp32 GEMM (the engine's ParallelGemm, which the convolutions use), in GFLOP/s.
+double MeasuredGemmPeak() {
+  const int64_t n = 2048;
+  std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(a), c(a.size(), 0.0f);
+  double best = 0;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ParallelGemm<float>(false, false, n, n, n, 1.0f, a.data(), b.data(), 0.0f, c.data());
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * n * n * n / s / 1e9);
+  }
+  return best;
+}
+
+}  // namespace
 
 void AddBenchTrainCommand(CLI::App& bench) {
   struct Args {
@@ -73,7 +102,14 @@ void AddBenchTrainCommand(CLI::App& bench) {
       }
     }
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double peak_rss_mb = PeakRssMb();
     if (trainer.world().rank != 0) return SetExitCode(0);
+    // Per-layer arithmetic, for GFLOP/s: forward as the layer counts it, backward twice that
+    // (the input and the weight gradient; the first layer computes only the latter).
+    std::map<std::string, double> flops;
+    for (const auto& layer : trainer.net().layers()) flops[layer->name()] = layer->ForwardFlops();
+    const double gemm_peak = args->profile ? MeasuredGemmPeak() : 0.0;
+    auto gflops = [](double f, double s) { return s > 0 ? f / s / 1e9 : 0.0; };
     std::sort(step_s.begin(), step_s.end());
     const double median = step_s[step_s.size() / 2];
     const double n = static_cast<double>(args->iters);
@@ -97,12 +133,19 @@ void AddBenchTrainCommand(CLI::App& bench) {
       j["comm_wait_ms"] = 1000 * sum.comm_wait / n;
       j["sync_bn_ms"] = 1000 * sum.sync_bn / n;
       j["data_ms_per_iter"] = 1000 * sum.data_wait / n;
+      j["peak_rss_mb"] = peak_rss_mb;
       if (args->profile) {
+        j["gemm_peak_gflops"] = gemm_peak;
         nlohmann::ordered_json layers = nlohmann::ordered_json::array();
         for (const std::string& name : order) {
           auto [f, b] = per_layer[name];
-          layers.push_back(
-              {{"name", name}, {"forward_ms", 1000 * f / n}, {"backward_ms", 1000 * b / n}});
+          nlohmann::ordered_json l = {
+              {"name", name}, {"forward_ms", 1000 * f / n}, {"backward_ms", 1000 * b / n}};
+          if (flops[name] > 0) {
+            l["forward_gflops"] = gflops(flops[name] * n, f);
+            l["backward_gflops"] = gflops(2 * flops[name] * n, b);
+          }
+          layers.push_back(std::move(l));
         }
         j["layers"] = std::move(layers);
       }
@@ -110,17 +153,34 @@ void AddBenchTrainCommand(CLI::App& bench) {
     } else {
       std::printf(
           "%s: batch %lld x %d rank(s), %d thread(s) each: %.1f img/s (%.2f ms/iter: "
-          "compute %.2f, comm wait %.2f, data %.2f)\n",
+          "compute %.2f, comm wait %.2f, data %.2f); peak memory %.0f MB\n",
           model.c_str(), static_cast<long long>(config.data.batch_size), ranks, NumThreads(),
           img_per_s, 1000 * seconds / n, 1000 * sum.compute / n, 1000 * sum.comm_wait / n,
-          1000 * sum.data_wait / n);
+          1000 * sum.data_wait / n, peak_rss_mb);
       if (args->profile) {
-        std::printf("%-26s %10s %10s %7s\n", "layer", "fwd ms", "bwd ms", "share");
+        std::printf("matrix-multiply peak (2048^3 fp32 GEMM, best of 3): %.1f GFLOP/s\n",
+                    gemm_peak);
+        std::printf("%-26s %10s %10s %7s %10s %10s %7s\n", "layer", "fwd ms", "bwd ms", "share",
+                    "fwd GF/s", "bwd GF/s", "of peak");
+        double total_flops = 0, total_s = 0;
         for (const std::string& name : order) {
           auto [f, b] = per_layer[name];
-          std::printf("%-26s %10.3f %10.3f %6.1f%%\n", name.c_str(), 1000 * f / n, 1000 * b / n,
+          std::printf("%-26s %10.3f %10.3f %6.1f%%", name.c_str(), 1000 * f / n, 1000 * b / n,
                       100 * (f + b) / seconds);
+          if (flops[name] > 0) {
+            const double rate = gflops(3 * flops[name] * n, f + b);
+            std::printf(" %10.1f %10.1f %6.0f%%", gflops(flops[name] * n, f),
+                        gflops(2 * flops[name] * n, b), 100 * rate / gemm_peak);
+            total_flops += 3 * flops[name] * n;
+            total_s += f + b;
+          }
+          std::printf("\n");
         }
+        std::printf(
+            "convolutions and fc: %.1f GFLOP/s over their %.0f%% of the time (%.0f%% of "
+            "the GEMM peak)\n",
+            gflops(total_flops, total_s), 100 * total_s / seconds,
+            100 * gflops(total_flops, total_s) / gemm_peak);
       }
     }
     SetExitCode(0);

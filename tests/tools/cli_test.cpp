@@ -328,6 +328,42 @@ TEST_F(CliTest, UnknownCommandsHelpVersionAndTorchrunsSpelling) {
   EXPECT_EQ(Cortado("launch --nproc_per_node=3 -- true", &out, &err), 0) << err;
 }
 
+// The profile counts each convolution's and fc's arithmetic (4 x 3x3 x 26x26 outputs x 32
+// images for the conv, 4 x 13 x 13 x 10 x 32 for the fc) and reports rates against a
+// measured GEMM peak; every run reports its peak memory.
+TEST_F(CliTest, BenchTrainProfileReportsGflopsAgainstTheGemmPeakAndPeakMemory) {
+  std::string out, err;
+  ASSERT_EQ(Cortado("bench train --config " + Config() + " --iters 2 --warmup 1 --profile --json",
+                    &out, &err),
+            0)
+      << err;
+  const nlohmann::json j = nlohmann::json::parse(out);
+  EXPECT_GT(j["peak_rss_mb"].get<double>(), 1.0);
+  EXPECT_GT(j["gemm_peak_gflops"].get<double>(), 0.1);
+  bool conv = false, fc = false, relu = false;
+  for (const auto& l : j["layers"]) {
+    const std::string name = l["name"];
+    if (name == "conv") {
+      conv = true;
+      const double flops = 2.0 * 32 * 4 * 1 * 9 * 26 * 26;
+      EXPECT_NEAR(l["forward_gflops"].get<double>(),
+                  flops / (l["forward_ms"].get<double>() / 1000) / 1e9,
+                  1e-6 * l["forward_gflops"].get<double>());
+      EXPECT_GT(l["backward_gflops"].get<double>(), 0.0);
+    }
+    if (name == "logits") fc = l.contains("forward_gflops");
+    if (name == "relu") relu = !l.contains("forward_gflops");
+  }
+  EXPECT_TRUE(conv && fc && relu) << out;
+  ASSERT_EQ(
+      Cortado("bench train --config " + Config() + " --iters 2 --warmup 1 --profile", &out, &err),
+      0)
+      << err;
+  EXPECT_NE(out.find("peak memory"), std::string::npos) << out;
+  EXPECT_NE(out.find("matrix-multiply peak"), std::string::npos) << out;
+  EXPECT_NE(out.find("of the GEMM peak"), std::string::npos) << out;
+}
+
 TEST_F(CliTest, EvalNeedsOnlyTheCheckpoint) {
   const std::string config = Config();
   std::string out, err;
