@@ -30,8 +30,8 @@ std::string HelloRejection(const HelloPayload& hello, const HelloPayload& mine, 
 std::string FrameHeaderProblem(const FrameHeader& h);
 
 struct AbortPayload {
-  int32_t root = 0;   // the rank that failed first, as the sender knows it
-  uint64_t seq = 0;   // the sender's operation number
+  int32_t root = 0;  // the rank that failed first, as the sender knows it
+  uint64_t seq = 0;  // the sender's operation number
   std::string reason;
 };
 struct StatusPayload {

@@ -177,11 +177,10 @@ TEST(StoreWire, RequestsRoundTripAndLyingCountsOrLengthsAreRefused) {
   std::string longer = bytes.substr(4);
   const uint32_t big = 1000;
   std::memcpy(&longer[5], &big, 4);
-  EXPECT_NE(ErrorOf([&] { ParseStoreRequest(longer); }).find("string too long"),
-            std::string::npos);
-  EXPECT_NE(ErrorOf([&] { ParseStoreRequest(bytes.substr(4, bytes.size() - 6)); })
-                .find("too short"),
-            std::string::npos);
+  EXPECT_NE(ErrorOf([&] { ParseStoreRequest(longer); }).find("string too long"), std::string::npos);
+  EXPECT_NE(
+      ErrorOf([&] { ParseStoreRequest(bytes.substr(4, bytes.size() - 6)); }).find("too short"),
+      std::string::npos);
   ByteWriter w;
   w.U8(kStoreTimedOut);
   w.Str("waited 5 s for 'x'");
