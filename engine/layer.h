@@ -112,6 +112,15 @@ class Layer {
   // for profiles; 0 for layers whose cost is memory traffic rather than arithmetic. Backward
   // takes about twice as many where it computes both the input and the weight gradient.
   virtual double ForwardFlops() const { return 0; }
+  // Whether Backward reads this layer's own outputs' data. One that does not lets the single
+  // consumer of an output overwrite it (an in-place ReLU after BatchNorm or a convolution).
+  virtual bool BackwardReadsOutputs() const { return true; }
+  // Whether the layer can write its output into its input's storage and compute its backward
+  // from the output alone; the net turns that on (set_in_place) where the input has no other
+  // reader and its producer's backward does not need it, saving the output's memory.
+  virtual bool CanRunInPlace() const { return false; }
+  void set_in_place(bool on) { in_place_ = on; }
+  bool in_place() const { return in_place_; }
 
   const std::string& name() const { return spec_.name; }
   const std::string& type() const { return spec_.type; }
@@ -136,6 +145,7 @@ class Layer {
   Buffer& AddBuffer(const std::string& suffix, const Shape& shape, DType dtype);
   // Seed for this layer's initialization: depends on the run's seed and the layer's name.
   uint64_t InitSeed() const;
+  bool in_place_ = false;
 
   LayerSpec spec_;
   const Settings& settings() const { return spec_.settings; }

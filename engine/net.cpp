@@ -31,6 +31,7 @@ Net::Net(const NetSpec& spec, uint64_t seed, DType dtype) {
     blob_index_[in.name] = blobs_.size();
     blobs_.push_back(std::move(blob));
     blob_needs_grad_.push_back(false);
+    grad_pooled_.push_back(false);
     input_names_.push_back(in.name);
   }
 
@@ -70,7 +71,29 @@ Net::Net(const NetSpec& spec, uint64_t seed, DType dtype) {
       AddLayer(split);
     }
   }
+  PlanInPlaceLayers();
   layer_times_.resize(layers_.size());
+}
+
+void Net::PlanInPlaceLayers() {
+  std::vector<int> readers(blobs_.size(), 0), producer(blobs_.size(), -1);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    for (Blob* b : bottoms_[i]) ++readers[blob_index_.at(b->name)];
+    for (Blob* t : tops_[i]) producer[blob_index_.at(t->name)] = static_cast<int>(i);
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Layer& layer = *layers_[i];
+    if (!layer.CanRunInPlace() || bottoms_[i].size() != 1 || tops_[i].size() != 1) continue;
+    const size_t input = blob_index_.at(bottoms_[i][0]->name);
+    const int from = producer[input];
+    // Net inputs, inputs read by others too, and outputs whose producer reads them again in
+    // backward (or shares them, as Split does) keep their own storage.
+    if (from < 0 || readers[input] != 1 ||
+        layers_[static_cast<size_t>(from)]->BackwardReadsOutputs()) {
+      continue;
+    }
+    layer.set_in_place(true);
+  }
 }
 
 void Net::AddLayer(LayerSpec spec) {
@@ -98,6 +121,7 @@ void Net::AddLayer(LayerSpec spec) {
     top.push_back(blob.get());
     blobs_.push_back(std::move(blob));
     blob_needs_grad_.push_back(false);
+    grad_pooled_.push_back(false);
   }
   layer->SetUp(bottom, top);
   layer->spec().settings.CheckAllUsed();
@@ -159,7 +183,22 @@ double Net::Forward() {
 }
 
 void Net::Backward(double loss_scale) {
-  // Size every gradient like its data; seed losses; zero gradients nobody writes.
+  // Activation gradients live in grad_pool_: each is acquired when its consumer's backward is
+  // about to write it (or at the start, for loss seeds and gradients nobody writes) and
+  // released once its producer's backward has read it, so only the gradients of the layers
+  // around the current one hold memory. Those of net inputs stay readable until the next call.
+  for (size_t b = 0; b < blobs_.size(); ++b) {
+    if (grad_pooled_[b]) {
+      grad_pool_.Release(blobs_[b]->grad);
+      grad_pooled_[b] = false;
+    }
+  }
+  auto acquire = [&](Blob* blob) {
+    const size_t index = blob_index_.at(blob->name);
+    if (grad_pooled_[index]) return;
+    blob->grad = grad_pool_.Acquire(blob->data.shape(), blob->data.dtype());
+    grad_pooled_[index] = true;
+  };
   // A gradient is written by a consumer that propagates to it; all others must read as zero.
   std::vector<bool> written(blobs_.size(), false);
   for (size_t i = 0; i < layers_.size(); ++i) {
@@ -170,10 +209,11 @@ void Net::Backward(double loss_scale) {
   for (size_t i = 0; i < layers_.size(); ++i) {
     if (!runs_backward_[i]) continue;
     for (Blob* t : tops_[i]) {
-      t->grad.Resize(t->data.shape(), t->data.dtype());
       if (layers_[i]->IsLoss()) {
+        acquire(t);
         t->grad.Fill(layers_[i]->loss_weight() * loss_scale);
       } else if (!written[blob_index_.at(t->name)]) {
+        acquire(t);
         t->grad.Zero();
       }
     }
@@ -183,12 +223,17 @@ void Net::Backward(double loss_scale) {
     auto t0 = std::chrono::steady_clock::now();
     Layer& layer = *layers_[i];
     for (size_t j = 0; j < bottoms_[i].size(); ++j) {
-      if (propagate_down_[i][j]) {
-        Blob* b = bottoms_[i][j];
-        b->grad.Resize(b->data.shape(), b->data.dtype());
-      }
+      if (propagate_down_[i][j]) acquire(bottoms_[i][j]);
     }
     layer.Backward(tops_[i], propagate_down_[i], bottoms_[i]);
+    // The outputs' gradients have been read by the only layer that reads them.
+    for (Blob* t : tops_[i]) {
+      const size_t index = blob_index_.at(t->name);
+      if (grad_pooled_[index]) {
+        grad_pool_.Release(t->grad);
+        grad_pooled_[index] = false;
+      }
+    }
     if (profiling_) {
       layer_times_[i].backward_start = t0;
       layer_times_[i].backward_s = Seconds(t0, std::chrono::steady_clock::now());

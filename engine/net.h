@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/buffer_pool.h"
 #include "engine/checkpoint.h"
 #include "engine/layer.h"
 
@@ -47,7 +48,10 @@ class Net : public CheckpointState {
   // Runs every layer forward; returns the total loss (0 when the net has no loss layer).
   double Forward();
   // Runs every layer backward, seeding loss gradients with loss_weight * loss_scale.
+  // Activation gradients exist only while backward needs them (grad_bytes_peak() is their
+  // footprint); afterwards only the net inputs' gradients can be read, until the next call.
   void Backward(double loss_scale = 1.0);
+  size_t grad_bytes_peak() const { return grad_pool_.bytes_created(); }
 
   Blob* blob(const std::string& name);
   bool has_blob(const std::string& name) const { return blob_index_.count(name) != 0; }
@@ -90,6 +94,8 @@ class Net : public CheckpointState {
 
  private:
   void AddLayer(LayerSpec spec);
+  // Marks the layers that may overwrite their input (Layer::CanRunInPlace).
+  void PlanInPlaceLayers();
 
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::vector<Blob*>> bottoms_, tops_;
@@ -98,6 +104,8 @@ class Net : public CheckpointState {
   std::vector<std::unique_ptr<Blob>> blobs_;
   std::map<std::string, size_t> blob_index_;
   std::vector<bool> blob_needs_grad_;
+  BufferPool grad_pool_;           // activation gradients (Backward)
+  std::vector<bool> grad_pooled_;  // by blob: its grad is storage from grad_pool_
   std::vector<std::string> input_names_;
   LayerContext context_;
   GradReadyHook grad_ready_hook_;

@@ -43,6 +43,7 @@ class ConvolutionLayer : public Layer {
   void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
                 const std::vector<Blob*>& bottom) override;
+  bool BackwardReadsOutputs() const override { return false; }
 
   // Images per GEMM block for the current shape (exposed for tests and profiles).
   int64_t block_images() const { return block_; }

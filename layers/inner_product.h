@@ -20,6 +20,7 @@ class InnerProductLayer : public Layer {
   void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
                 const std::vector<Blob*>& bottom) override;
+  bool BackwardReadsOutputs() const override { return false; }
   double ForwardFlops() const override {
     return 2.0 * static_cast<double>(batch_) * static_cast<double>(num_input_) *
            static_cast<double>(num_output_);

@@ -28,6 +28,22 @@ void ReluForwardKernel(const T* __restrict x, T* __restrict y, int64_t n, T slop
   }
 }
 
+// In place: the input is overwritten by the output.
+template <typename T>
+void ReluInPlaceKernel(T* __restrict y, int64_t n, T slope) {
+  if (slope == T(0)) {
+    for (int64_t i = 0; i < n; ++i) {
+      const T v = y[i];
+      y[i] = v > T(0) ? v : T(0);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const T v = y[i];
+      y[i] = v > T(0) ? v : slope * v;
+    }
+  }
+}
+
 template <typename T>
 void ReluBackwardKernel(const T* __restrict x, const T* __restrict dy, T* __restrict dx, int64_t n,
                         T slope) {
@@ -51,15 +67,28 @@ void ReluLayer::LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<B
 
 void ReluLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
   CheckFloatInput(*this, bottom[0]->data, "input");
-  top[0]->data.Resize(bottom[0]->data.shape(), bottom[0]->data.dtype());
+  if (in_place_) {
+    top[0]->data = bottom[0]->data;  // the same storage
+  } else {
+    top[0]->data.Resize(bottom[0]->data.shape(), bottom[0]->data.dtype());
+  }
 }
 
 void ReluLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
   DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
     using T = decltype(zero);
+    const T slope = static_cast<T>(negative_slope_);
+    if (in_place_) {
+      // The bottom may have been reallocated since Reshape (a larger batch); share again.
+      top[0]->data = bottom[0]->data;
+      T* y = top[0]->data.data<T>();
+      ParallelFor(top[0]->data.numel(), kReluChunk, [&](int64_t begin, int64_t end) {
+        ReluInPlaceKernel(y + begin, end - begin, slope);
+      });
+      return;
+    }
     const T* x = bottom[0]->data.data<T>();  // bottom: any shape
     T* y = top[0]->data.data<T>();           // top: same shape
-    const T slope = static_cast<T>(negative_slope_);
     ParallelFor(bottom[0]->data.numel(), kReluChunk, [&](int64_t begin, int64_t end) {
       ReluForwardKernel(x + begin, y + begin, end - begin, slope);
     });
@@ -71,7 +100,8 @@ void ReluLayer::Backward(const std::vector<Blob*>& top, const std::vector<bool>&
   if (!propagate_down[0]) return;
   DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
     using T = decltype(zero);
-    const T* x = bottom[0]->data.data<T>();
+    // The sign of y is that of x unless the slope is negative; in place only y is left.
+    const T* x = negative_slope_ >= 0 ? top[0]->data.data<T>() : bottom[0]->data.data<T>();
     const T* dy = top[0]->grad.data<T>();
     T* dx = bottom[0]->grad.data<T>();
     const T slope = static_cast<T>(negative_slope_);

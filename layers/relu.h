@@ -1,8 +1,10 @@
 // ReLU: y = x for x > 0, negative_slope * x otherwise (leaky when negative_slope != 0).
 //
 // Settings: negative_slope (0.0).
-// Shapes: any; top has bottom's shape. Backward uses the input's sign (x > 0), which for
-// slope 0 is PyTorch's rule (the gradient at exactly 0 is 0).
+// Shapes: any; top has bottom's shape. Backward passes the gradient where x > 0 (PyTorch's
+// rule for slope 0: the gradient at exactly 0 is 0), read from the output's sign when the
+// slope is not negative (y > 0 exactly where x > 0), so the layer can run in place: the net
+// lets the output overwrite the input (Layer::CanRunInPlace) where nothing else needs it.
 // Threads: ParallelFor over contiguous element ranges.
 #pragma once
 
@@ -17,6 +19,7 @@ class ReluLayer : public Layer {
   void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
                 const std::vector<Blob*>& bottom) override;
+  bool CanRunInPlace() const override { return negative_slope_ >= 0; }
 
  protected:
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;

@@ -134,6 +134,7 @@ void AddBenchTrainCommand(CLI::App& bench) {
       j["sync_bn_ms"] = 1000 * sum.sync_bn / n;
       j["data_ms_per_iter"] = 1000 * sum.data_wait / n;
       j["peak_rss_mb"] = peak_rss_mb;
+      j["activation_grad_mb"] = trainer.net().grad_bytes_peak() / 1e6;
       if (args->profile) {
         j["gemm_peak_gflops"] = gemm_peak;
         nlohmann::ordered_json layers = nlohmann::ordered_json::array();
@@ -153,10 +154,11 @@ void AddBenchTrainCommand(CLI::App& bench) {
     } else {
       std::printf(
           "%s: batch %lld x %d rank(s), %d thread(s) each: %.1f img/s (%.2f ms/iter: "
-          "compute %.2f, comm wait %.2f, data %.2f); peak memory %.0f MB\n",
+          "compute %.2f, comm wait %.2f, data %.2f); peak memory %.0f MB (activation "
+          "gradients %.0f MB of it)\n",
           model.c_str(), static_cast<long long>(config.data.batch_size), ranks, NumThreads(),
           img_per_s, 1000 * seconds / n, 1000 * sum.compute / n, 1000 * sum.comm_wait / n,
-          1000 * sum.data_wait / n, peak_rss_mb);
+          1000 * sum.data_wait / n, peak_rss_mb, trainer.net().grad_bytes_peak() / 1e6);
       if (args->profile) {
         std::printf("matrix-multiply peak (2048^3 fp32 GEMM, best of 3): %.1f GFLOP/s\n",
                     gemm_peak);

@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "engine/buffer_pool.h"
+#include "engine/error.h"
 #include "engine/random.h"
 #include "engine/thread_pool.h"
 #include "models/builders.h"
@@ -84,6 +87,118 @@ TEST(Net, GradientCheckThroughSplitAndEltwise) {
       double numeric = (plus - minus) / (2 * eps);
       double a = analytic.data<double>()[i];
       EXPECT_NEAR(a, numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << p->name << " index " << i;
+    }
+  }
+}
+
+TEST(BufferPool, HandsBackTheBestFittingStorageAndRefusesForeignTensors) {
+  BufferPool pool;
+  Tensor a = pool.Acquire({100}, DType::kF32), b = pool.Acquire({10}, DType::kF64);
+  const void* a_data = a.raw_data();
+  const void* b_data = b.raw_data();
+  EXPECT_EQ(pool.bytes_created(), 480u);
+  pool.Release(a);
+  pool.Release(b);
+  EXPECT_EQ(a.raw_data(), nullptr);
+  // 60 bytes fit both; the smaller (b's 80) is taken, in another shape and dtype.
+  Tensor c = pool.Acquire({3, 5}, DType::kF32);
+  EXPECT_EQ(c.raw_data(), b_data);
+  EXPECT_EQ(c.shape(), (Shape{3, 5}));
+  Tensor d = pool.Acquire({100}, DType::kF32);
+  EXPECT_EQ(d.raw_data(), a_data);
+  EXPECT_EQ(pool.bytes_created(), 480u);        // nothing new
+  Tensor e = pool.Acquire({101}, DType::kF32);  // too big for anything free: new storage
+  EXPECT_EQ(pool.bytes_created(), 884u);
+  Tensor stranger({4}, DType::kF32);
+  EXPECT_THROW(pool.Release(stranger), Error);
+}
+
+// Activation gradients live only from their consumer's backward to their producer's: a deep
+// net holds a few at a time, a second step allocates nothing, and the results do not change.
+TEST(Net, ActivationGradientsAreRecycledAndGiveTheSameGradients) {
+  SetNumThreads(2);
+  ModelOptions o;
+  o.in_channels = 3;
+  o.height = o.width = 16;
+  o.batch_size = 4;
+  Net net(BuildModel("resnet20", o), 5);
+  Rng rng(3);
+  Tensor& x = net.input("data");
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(rng.Normal(0, 1));
+  for (int64_t i = 0; i < 4; ++i) net.input("label").data<int32_t>()[i] = static_cast<int32_t>(i);
+  net.Forward();
+  net.Backward();
+  size_t activations = 0;
+  for (auto& layer : net.layers()) {
+    if (layer->type() == "Accuracy") continue;
+    activations += net.blob(layer->spec().outputs[0])->data.nbytes();
+  }
+  const size_t peak = net.grad_bytes_peak();
+  EXPECT_GT(peak, 0u);
+  EXPECT_LT(peak * 5, activations) << "gradient memory " << peak << " of " << activations;
+  std::vector<Tensor> first;
+  for (Param* p : net.params()) first.push_back(p->grad.Clone());
+  net.Forward();
+  net.Backward();
+  EXPECT_EQ(net.grad_bytes_peak(), peak);
+  const std::vector<Param*> params = net.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(std::memcmp(first[i].raw_data(), params[i]->grad.raw_data(), first[i].nbytes()), 0)
+        << params[i]->name;
+  }
+}
+
+// ReLU overwrites its input where nothing else reads it and its producer's backward does not:
+// after InnerProduct, BatchNorm or a convolution; not on a net input, not on a blob that fans
+// out, not after a layer that reads its output in backward (another ReLU), not when leaky
+// with a negative slope (the output's sign would not be the input's).
+TEST(Net, ReluRunsInPlaceExactlyWhereNothingElseNeedsItsInput) {
+  NetSpec spec;
+  spec.name = "inplace";
+  spec.inputs = {{"data", {4, 5}, DType::kF64}, {"label", {4}, DType::kI32}};
+  Settings fc;
+  fc.Set("num_output", int64_t{3});
+  Settings leaky;
+  leaky.Set("negative_slope", -0.5);
+  Settings sum;
+  sum.Set("operation", "sum");
+  spec.layers = {L("r0", "ReLU", {"data"}, {"r0"}),
+                 L("fc1", "InnerProduct", {"r0"}, {"fc1"}, fc),
+                 L("r1", "ReLU", {"fc1"}, {"r1"}),
+                 L("r2", "ReLU", {"r1"}, {"r2"}),
+                 L("fc2", "InnerProduct", {"r2"}, {"fc2"}, fc),
+                 L("r3", "ReLU", {"fc2"}, {"r3"}, leaky),
+                 L("fc3", "InnerProduct", {"r3"}, {"fc3"}, fc),
+                 L("r4", "ReLU", {"fc3"}, {"r4"}),
+                 L("sum", "Eltwise", {"r4", "fc3"}, {"s"}, sum),
+                 L("r5", "ReLU", {"s"}, {"logits"}),
+                 L("loss", "SoftmaxWithLoss", {"logits", "label"}, {"loss"})};
+  Net net(spec, 1, DType::kF64);
+  std::map<std::string, bool> in_place;
+  for (auto& layer : net.layers()) in_place[layer->name()] = layer->in_place();
+  EXPECT_FALSE(in_place["r0"]) << "a net input";
+  EXPECT_TRUE(in_place["r1"]) << "after InnerProduct";
+  EXPECT_FALSE(in_place["r2"]) << "after a ReLU, whose backward reads its output";
+  EXPECT_FALSE(in_place["r3"]) << "negative slope";
+  EXPECT_FALSE(in_place["r4"]) << "fc3 fans out (a Split shares its output)";
+  EXPECT_TRUE(in_place["r5"]) << "after Eltwise";
+  // The in-place ones still give exact gradients (checked numerically, f64).
+  FillInputs(net, 4);
+  net.Forward();
+  net.Backward();
+  for (Param* p : net.params()) {
+    Tensor analytic = p->grad.Clone();
+    for (int64_t i = 0; i < p->value.numel(); i += 2) {
+      double& w = p->value.data<double>()[i];
+      const double saved = w;
+      w = saved + 1e-6;
+      const double plus = net.Forward();
+      w = saved - 1e-6;
+      const double minus = net.Forward();
+      w = saved;
+      const double numeric = (plus - minus) / 2e-6;
+      EXPECT_NEAR(analytic.data<double>()[i], numeric, 1e-6 * std::max(1.0, std::abs(numeric)))
+          << p->name << " index " << i;
     }
   }
 }
