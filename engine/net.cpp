@@ -18,6 +18,7 @@ Net::Net(const NetSpec& spec, uint64_t seed, DType dtype) {
   CORTADO_CHECK(dtype == DType::kF32 || dtype == DType::kF64, "net '", spec.name,
                 "': compute dtype must be f32 or f64 on CPU, got ", DTypeName(dtype));
   context_.seed = seed;
+  context_.scratch = &scratch_;
   CORTADO_CHECK(!spec.layers.empty(), "net '", spec.name, "' has no layers");
 
   for (const NetInput& in : spec.inputs) {
@@ -83,7 +84,8 @@ void Net::PlanInPlaceLayers() {
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
     Layer& layer = *layers_[i];
-    if (!layer.CanRunInPlace() || bottoms_[i].size() != 1 || tops_[i].size() != 1) continue;
+    // Layers with several inputs (a sum) write into input 0.
+    if (!layer.CanRunInPlace() || bottoms_[i].empty() || tops_[i].size() != 1) continue;
     const size_t input = blob_index_.at(bottoms_[i][0]->name);
     const int from = producer[input];
     // Net inputs, inputs read by others too, and outputs whose producer reads them again in

@@ -107,6 +107,7 @@ class Net : public CheckpointState {
   BufferPool grad_pool_;           // activation gradients (Backward)
   std::vector<bool> grad_pooled_;  // by blob: its grad is storage from grad_pool_
   std::vector<std::string> input_names_;
+  ScratchSpace scratch_;  // shared by the layers (LayerContext::scratch)
   LayerContext context_;
   GradReadyHook grad_ready_hook_;
   bool profiling_ = false;

@@ -325,6 +325,12 @@ void ConvolutionLayer::Reshape(const std::vector<Blob*>& bottom, const std::vect
   top[0]->data.Resize({x.dim(0), num_output_, oh, ow}, x.dtype());
 }
 
+std::vector<Tensor>& ConvolutionLayer::Workspaces(Scratch kind) {
+  static_assert(kScratchKinds <= ScratchSpace::kKinds);
+  ScratchSpace* shared = context().scratch;
+  return shared != nullptr ? shared->Buffers(kind) : own_workspaces_[kind];
+}
+
 template <typename T>
 T* ConvolutionLayer::Workspace(std::vector<Tensor>& pool, int thread, int64_t elements) {
   Tensor& t = pool[thread];
@@ -353,19 +359,22 @@ void ConvolutionLayer::ForwardT(const Tensor& xt, Tensor& yt) {
   const int64_t block = block_;
   // Size every thread's workspace here, outside the parallel region (a no-op after the first
   // call at a given shape).
-  for (auto* pool : {&col_ws_, &out_ws_, &phase_ws_}) {
+  std::vector<Tensor>& col_ws = Workspaces(kColumns);
+  std::vector<Tensor>& out_ws = Workspaces(kOutputs);
+  std::vector<Tensor>& phase_ws = Workspaces(kPhases);
+  for (auto* pool : {&col_ws, &out_ws, &phase_ws}) {
     if (static_cast<int>(pool->size()) < tasks) pool->resize(tasks);
   }
   for (int t = 0; t < tasks; ++t) {
-    Workspace<T>(col_ws_, t, k * block * p);
-    if (block > 1) Workspace<T>(out_ws_, t, cout * block * p);
-    Workspace<T>(phase_ws_, t, PhaseSize(g));
+    Workspace<T>(col_ws, t, k * block * p);
+    if (block > 1) Workspace<T>(out_ws, t, cout * block * p);
+    Workspace<T>(phase_ws, t, PhaseSize(g));
   }
 
   ParallelTasks(tasks, [&](int t) {
     const int64_t begin = n * t / tasks, end = n * (t + 1) / tasks;
-    T* col = col_ws_[t].data<T>();
-    T* xq = phase_ws_[t].data<T>();  // one image's phase planes: (C_in, sh, sw, Hq, Wq)
+    T* col = col_ws[t].data<T>();
+    T* xq = phase_ws[t].data<T>();  // one image's phase planes: (C_in, sh, sw, Hq, Wq)
     for (int64_t n0 = begin; n0 < end; n0 += block) {
       const int64_t nb = std::min(block, end - n0);
       const int64_t cols = nb * p;
@@ -388,7 +397,7 @@ void ConvolutionLayer::ForwardT(const Tensor& xt, Tensor& yt) {
                     beta, yn + gi * cog * p, p);
         }
       } else {
-        T* out = out_ws_[t].data<T>();  // (C_out, nb * P)
+        T* out = out_ws[t].data<T>();  // (C_out, nb * P)
         for (int64_t gi = 0; gi < groups_; ++gi) {
           GemmLd<T>(false, false, cog, cols, kg, T(1), w + gi * cog * kg, kg, colp + gi * kg * cols,
                     cols, T(0), out + gi * cog * cols, cols);
@@ -435,23 +444,28 @@ void ConvolutionLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propa
 
   const int tasks = static_cast<int>(std::min<int64_t>(NumThreads(), n));
   const int64_t block = block_;
-  for (auto* pool : {&col_ws_, &out_ws_, &phase_ws_, &dw_ws_, &db_ws_}) {
+  std::vector<Tensor>& col_ws = Workspaces(kColumns);
+  std::vector<Tensor>& out_ws = Workspaces(kOutputs);
+  std::vector<Tensor>& phase_ws = Workspaces(kPhases);
+  std::vector<Tensor>& dw_ws = Workspaces(kWeightGrads);
+  std::vector<Tensor>& db_ws = Workspaces(kBiasGrads);
+  for (auto* pool : {&col_ws, &out_ws, &phase_ws, &dw_ws, &db_ws}) {
     if (static_cast<int>(pool->size()) < tasks) pool->resize(tasks);
   }
   for (int t = 0; t < tasks; ++t) {
-    Workspace<T>(col_ws_, t, k * block * p);
-    if (block > 1) Workspace<T>(out_ws_, t, cout * block * p);
-    Workspace<T>(phase_ws_, t, PhaseSize(g));
-    Workspace<T>(dw_ws_, t, w_size);
-    Workspace<T>(db_ws_, t, cout);
+    Workspace<T>(col_ws, t, k * block * p);
+    if (block > 1) Workspace<T>(out_ws, t, cout * block * p);
+    Workspace<T>(phase_ws, t, PhaseSize(g));
+    Workspace<T>(dw_ws, t, w_size);
+    Workspace<T>(db_ws, t, cout);
   }
 
   ParallelTasks(tasks, [&](int t) {
     const int64_t begin = n * t / tasks, end = n * (t + 1) / tasks;
-    T* col = col_ws_[t].data<T>();
-    T* xq = phase_ws_[t].data<T>();  // one image's phase planes (or their gradient)
-    T* dwt = dw_ws_[t].data<T>();    // this thread's weight-gradient partial: (C_out, kg)
-    T* dbt = db_ws_[t].data<T>();    // (C_out)
+    T* col = col_ws[t].data<T>();
+    T* xq = phase_ws[t].data<T>();  // one image's phase planes (or their gradient)
+    T* dwt = dw_ws[t].data<T>();    // this thread's weight-gradient partial: (C_out, kg)
+    T* dbt = db_ws[t].data<T>();    // (C_out)
     std::fill(dbt, dbt + cout, T(0));
     bool first = true;
     for (int64_t n0 = begin; n0 < end; n0 += block) {
@@ -468,7 +482,7 @@ void ConvolutionLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propa
       // The top gradient of this block as a (C_out, nb * P) matrix.
       const T* dyb = dy + n0 * cout * p;
       if (nb > 1) {
-        T* gathered = out_ws_[t].data<T>();
+        T* gathered = out_ws[t].data<T>();
         for (int64_t b = 0; b < nb; ++b) {
           for (int64_t co = 0; co < cout; ++co) {
             std::memcpy(gathered + co * cols + b * p, dy + ((n0 + b) * cout + co) * p,
@@ -515,13 +529,13 @@ void ConvolutionLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propa
   });
 
   // Sum the per-thread partials in thread order (deterministic for a given thread count).
-  const T* dw0 = dw_ws_[0].data<T>();
+  const T* dw0 = dw_ws[0].data<T>();
   std::copy(dw0, dw0 + w_size, dw);
-  for (int t = 1; t < tasks; ++t) AddKernel(dw_ws_[t].data<T>(), dw, w_size);
+  for (int t = 1; t < tasks; ++t) AddKernel(dw_ws[t].data<T>(), dw, w_size);
   if (db != nullptr) {
-    const T* db0 = db_ws_[0].data<T>();
+    const T* db0 = db_ws[0].data<T>();
     std::copy(db0, db0 + cout, db);
-    for (int t = 1; t < tasks; ++t) AddKernel(db_ws_[t].data<T>(), db, cout);
+    for (int t = 1; t < tasks; ++t) AddKernel(db_ws[t].data<T>(), db, cout);
   }
 }
 

@@ -25,6 +25,7 @@
 // set per thread, and are kept across calls, so steady-state steps allocate nothing.
 #pragma once
 
+#include <array>
 #include <vector>
 
 #include "engine/layer.h"
@@ -69,7 +70,11 @@ class ConvolutionLayer : public Layer {
   ConvGeometry geo_{};
   int64_t block_ = 1;  // images per GEMM
   int64_t batch_ = 0;  // images at the current shape
-  std::vector<Tensor> col_ws_, out_ws_, phase_ws_, dw_ws_, db_ws_;
+  // Workspaces by kind (columns, gathered outputs, phase planes, weight- and bias-gradient
+  // partials), per thread: the net's shared ones (LayerContext::scratch), else the layer's own.
+  enum Scratch { kColumns, kOutputs, kPhases, kWeightGrads, kBiasGrads, kScratchKinds };
+  std::vector<Tensor>& Workspaces(Scratch kind);
+  std::array<std::vector<Tensor>, kScratchKinds> own_workspaces_;
 };
 
 }  // namespace cortado

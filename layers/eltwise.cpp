@@ -41,7 +41,11 @@ void EltwiseLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<B
            ShapeString(bottom[0]->data.shape()), "; all inputs must have the same shape");
     }
   }
-  top[0]->data.Resize(bottom[0]->data.shape(), bottom[0]->data.dtype());
+  if (in_place_) {
+    top[0]->data = bottom[0]->data;  // the same storage: the sum accumulates into input 0
+  } else {
+    top[0]->data.Resize(bottom[0]->data.shape(), bottom[0]->data.dtype());
+  }
   if (op_ == Op::kMax) argmax_.Resize(bottom[0]->data.shape(), DType::kI32);
 }
 
@@ -61,6 +65,11 @@ void AxpbyKernel(T a, const T* __restrict x, T b, const T* __restrict z, T* __re
 template <typename T>
 void AxpyKernel(T a, const T* __restrict x, T* __restrict y, int64_t n) {  // y += a x
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+template <typename T>
+void ScaleAddKernel(T a, T* __restrict y, T b, const T* __restrict x, int64_t n) {  // y = a y + b x
+  for (int64_t i = 0; i < n; ++i) y[i] = a * y[i] + b * x[i];
 }
 
 template <typename T>
@@ -103,6 +112,8 @@ void RouteKernel(const int32_t* __restrict arg, int32_t me, const T* __restrict 
 }  // namespace
 
 void EltwiseLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  // In place, input 0 may have been reallocated since Reshape (a larger batch); share again.
+  if (in_place_) top[0]->data = bottom[0]->data;
   DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
     using T = decltype(zero);
     std::vector<const T*> x;  // bottom[i]: any shape, all equal
@@ -115,8 +126,13 @@ void EltwiseLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<B
       T* yb = y + begin;
       switch (op_) {
         case Op::kSum:
-          AxpbyKernel(static_cast<T>(coeffs_[0]), x[0] + begin, static_cast<T>(coeffs_[1]),
-                      x[1] + begin, yb, n);
+          if (in_place_) {  // yb is x[0] + begin
+            ScaleAddKernel(static_cast<T>(coeffs_[0]), yb, static_cast<T>(coeffs_[1]), x[1] + begin,
+                           n);
+          } else {
+            AxpbyKernel(static_cast<T>(coeffs_[0]), x[0] + begin, static_cast<T>(coeffs_[1]),
+                        x[1] + begin, yb, n);
+          }
           for (size_t j = 2; j < k; ++j)
             AxpyKernel(static_cast<T>(coeffs_[j]), x[j] + begin, yb, n);
           break;

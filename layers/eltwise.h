@@ -24,6 +24,8 @@ class EltwiseLayer : public Layer {
   void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
                 const std::vector<Blob*>& bottom) override;
   bool BackwardReadsOutputs() const override { return false; }
+  // A sum needs none of its inputs in backward, so it may accumulate into input 0.
+  bool CanRunInPlace() const override { return op_ == Op::kSum; }
 
  protected:
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;

@@ -141,6 +141,9 @@ TEST(Net, ActivationGradientsAreRecycledAndGiveTheSameGradients) {
   net.Forward();
   net.Backward();
   EXPECT_EQ(net.grad_bytes_peak(), peak);
+  // The convolutions' column buffers are the net's, one set for all of them.
+  ASSERT_NE(net.context().scratch, nullptr);
+  EXPECT_FALSE(net.context().scratch->Buffers(0).empty());
   const std::vector<Param*> params = net.params();
   for (size_t i = 0; i < params.size(); ++i) {
     EXPECT_EQ(std::memcmp(first[i].raw_data(), params[i]->grad.raw_data(), first[i].nbytes()), 0)
@@ -148,10 +151,11 @@ TEST(Net, ActivationGradientsAreRecycledAndGiveTheSameGradients) {
   }
 }
 
-// ReLU overwrites its input where nothing else reads it and its producer's backward does not:
-// after InnerProduct, BatchNorm or a convolution; not on a net input, not on a blob that fans
-// out, not after a layer that reads its output in backward (another ReLU), not when leaky
-// with a negative slope (the output's sign would not be the input's).
+// ReLU (and a sum, into its input 0) overwrites its input where nothing else reads it and its
+// producer's backward does not: after InnerProduct, BatchNorm, a convolution or a sum; not on
+// a net input, not on a blob that fans out, not after a layer that reads its output in
+// backward (a ReLU), not when leaky with a negative slope (the output's sign would not be the
+// input's).
 TEST(Net, ReluRunsInPlaceExactlyWhereNothingElseNeedsItsInput) {
   NetSpec spec;
   spec.name = "inplace";
@@ -171,7 +175,10 @@ TEST(Net, ReluRunsInPlaceExactlyWhereNothingElseNeedsItsInput) {
                  L("fc3", "InnerProduct", {"r3"}, {"fc3"}, fc),
                  L("r4", "ReLU", {"fc3"}, {"r4"}),
                  L("sum", "Eltwise", {"r4", "fc3"}, {"s"}, sum),
-                 L("r5", "ReLU", {"s"}, {"logits"}),
+                 L("r5", "ReLU", {"s"}, {"r5"}),
+                 L("fc4", "InnerProduct", {"r5"}, {"fc4"}, fc),
+                 L("fc5", "InnerProduct", {"r1"}, {"fc5"}, fc),
+                 L("sum2", "Eltwise", {"fc4", "fc5"}, {"logits"}, sum),
                  L("loss", "SoftmaxWithLoss", {"logits", "label"}, {"loss"})};
   Net net(spec, 1, DType::kF64);
   std::map<std::string, bool> in_place;
@@ -182,6 +189,8 @@ TEST(Net, ReluRunsInPlaceExactlyWhereNothingElseNeedsItsInput) {
   EXPECT_FALSE(in_place["r3"]) << "negative slope";
   EXPECT_FALSE(in_place["r4"]) << "fc3 fans out (a Split shares its output)";
   EXPECT_TRUE(in_place["r5"]) << "after Eltwise";
+  EXPECT_FALSE(in_place["sum"]) << "input 0 comes from a ReLU";
+  EXPECT_TRUE(in_place["sum2"]) << "a sum into input 0, an InnerProduct's output";
   // The in-place ones still give exact gradients (checked numerically, f64).
   FillInputs(net, 4);
   net.Forward();
