@@ -1,6 +1,7 @@
-// `cortado bench train --config F [--iters N] [--warmup W] [--json] [--profile]`: training
-// throughput of the config's model and data, without evaluation or checkpoints. --profile
-// adds the per-layer forward/backward time, to see where a step goes. Under `cortado launch`
+// `cortado bench train --config F [--iters N] [--warmup W] [--json] [--profile] [--infer]`:
+// training throughput of the config's model and data, without evaluation or checkpoints, and
+// the run's peak memory. --profile adds the per-layer forward/backward time and GFLOP/s, to see
+// where a step goes; --infer measures forward passes in test phase instead. Under `cortado launch`
 // (or mpirun, srun) it measures data-parallel training: global images/s, and how much of each
 // step was spent waiting for gradients (the exposed communication).
 #include <sys/resource.h>
@@ -52,7 +53,7 @@ void AddBenchTrainCommand(CLI::App& bench) {
     std::string config;
     std::vector<std::string> sets;
     int64_t iters = 50, warmup = 5;
-    bool json = false, profile = false;
+    bool json = false, profile = false, infer = false;
     int threads = 0;
   };
   auto args = std::make_shared<Args>();
@@ -67,6 +68,8 @@ void AddBenchTrainCommand(CLI::App& bench) {
       ->check(IntAtLeast(0, "0: the default budget"));
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->add_flag("--profile", args->profile, "Per-layer time");
+  cmd->add_flag("--infer", args->infer,
+                "Inference instead: forward passes in test phase (no backward, no update)");
   cmd->callback([args] {
     RunConfig config = LoadRunConfig(args->config, args->sets);
     // Long enough for any run length: the schedule plays no part in a throughput measurement.
@@ -79,14 +82,24 @@ void AddBenchTrainCommand(CLI::App& bench) {
     trainer.Start("");
     std::map<std::string, std::pair<double, double>> per_layer;  // name -> (fwd, bwd) seconds
     std::vector<std::string> order;
-    for (int64_t i = 0; i < args->warmup; ++i) trainer.Step();
+    // A training step first even for --infer: it fills the inputs and sizes every buffer.
+    for (int64_t i = 0; i < std::max<int64_t>(args->warmup, args->infer ? 1 : 0); ++i) {
+      trainer.Step();
+    }
+    if (args->infer) trainer.net().set_phase(Phase::kTest);
     trainer.net().set_profiling(args->profile);
     StepTimes sum;
     std::vector<double> step_s;
     auto t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < args->iters; ++i) {
       auto s0 = std::chrono::steady_clock::now();
-      StepTimes t = trainer.Step();
+      StepTimes t;
+      if (args->infer) {
+        trainer.net().Forward();
+        t.compute = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+      } else {
+        t = trainer.Step();
+      }
       step_s.push_back(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count());
       sum.data_wait += t.data_wait;
@@ -123,6 +136,7 @@ void AddBenchTrainCommand(CLI::App& bench) {
       j["ranks"] = ranks;
       j["threads"] = NumThreads();
       j["iters"] = args->iters;
+      j["mode"] = args->infer ? "inference" : "training";
       j["overlap"] = config.distributed.overlap;
       j["img_per_s"] = img_per_s;
       j["ms_per_iter"] = 1000 * seconds / n;

@@ -362,6 +362,14 @@ TEST_F(CliTest, BenchTrainProfileReportsGflopsAgainstTheGemmPeakAndPeakMemory) {
   EXPECT_NE(out.find("peak memory"), std::string::npos) << out;
   EXPECT_NE(out.find("matrix-multiply peak"), std::string::npos) << out;
   EXPECT_NE(out.find("of the GEMM peak"), std::string::npos) << out;
+  // --infer: forward passes only.
+  ASSERT_EQ(Cortado("bench train --config " + Config() + " --iters 2 --infer --json", &out, &err),
+            0)
+      << err;
+  const nlohmann::json inference = nlohmann::json::parse(out);
+  EXPECT_EQ(inference["mode"], "inference");
+  EXPECT_GT(inference["img_per_s"].get<double>(), 0.0);
+  EXPECT_EQ(inference["comm_wait_ms"].get<double>(), 0.0);
 }
 
 TEST_F(CliTest, EvalNeedsOnlyTheCheckpoint) {
@@ -814,6 +822,59 @@ TEST_F(CliTest, ImageNetValidationListKeepsTheTrainingLabels) {
                nullptr, &err),
       0);
   EXPECT_NE(err.find("has synset n99"), std::string::npos) << err;
+}
+
+// The shipped ImageNet recipe trains on a converted ImageNet-layout LMDB, as the guide says
+// (here a reduced-width ResNet-50 at 32x32 on a few photos, 2 epochs), and its checkpoint and
+// exported weights evaluate to the same top-1 and top-5.
+TEST_F(CliTest, TheResNet50RecipeTrainsOnAConvertedLmdbAndItsWeightsEvaluate) {
+  JpegEncoder encoder;
+  ImageU8 image;
+  image.Reshape(48, 40, 3);
+  for (int c = 0; c < 3; ++c) {
+    for (int i = 0; i < 6; ++i) {
+      for (size_t p = 0; p < image.pixels.size(); ++p) {
+        image.pixels[p] = static_cast<uint8_t>((p * (c + 1) * 7 + i * 13) % 251);
+      }
+      std::string bytes;
+      encoder.Encode(image, 90, false, &bytes);
+      const fs::path path = dir_ / "imagenet" / StrCat("n0", c) / StrCat("img", i, ".JPEG");
+      fs::create_directories(path.parent_path());
+      std::ofstream(path, std::ios::binary) << bytes;
+    }
+  }
+  std::string out, err;
+  const std::string db = (dir_ / "train_lmdb").string();
+  ASSERT_EQ(Cortado("convert --root " + (dir_ / "imagenet").string() + " --out " + db +
+                        " --resize-shorter 40",
+                    &out, &err),
+            0)
+      << err;
+  const std::string recipe = std::string(CORTADO_SOURCE_DIR) + "/configs/resnet50.yaml";
+  const std::string ckpt_dir = (dir_ / "r50").string();
+  const std::string sets = " --set data.train=" + db + " --set data.val=" + db +
+                           " --set model.num_classes=3 --set model.base_width=4"
+                           " --set data.batch_size=6 --set data.val_batch_size=9"
+                           " --set data.crop=32 --set data.val_resize=36"
+                           " --set solver.max_epochs=2 --set solver.warmup_epochs=1"
+                           " --set checkpoint.dir=" +
+                           ckpt_dir;
+  ASSERT_EQ(Cortado("train --no-progress --threads 2 --config " + recipe + sets, &out, &err), 0)
+      << err;
+  EXPECT_NE(err.find("done: top1"), std::string::npos) << err;
+  const std::string ckpt = (fs::path(ckpt_dir) / "ckpt-00000006.cortado").string();
+  std::string from_ckpt, from_weights;
+  ASSERT_EQ(Cortado("eval --json --checkpoint " + ckpt, &from_ckpt, &err), 0) << err;
+  const nlohmann::json j = nlohmann::json::parse(from_ckpt);
+  EXPECT_EQ(j["images"].get<int64_t>(), 18);
+  EXPECT_GE(j["top5"].get<double>(), j["top1"].get<double>());
+  const std::string weights = (dir_ / "r50.safetensors").string();
+  ASSERT_EQ(Cortado("export --checkpoint " + ckpt + " --out " + weights, &out, &err), 0) << err;
+  ASSERT_EQ(Cortado("eval --json --weights " + weights + " --config " + recipe + sets,
+                    &from_weights, &err),
+            0)
+      << err;
+  EXPECT_EQ(from_ckpt, from_weights);
 }
 
 TEST_F(CliTest, PlotScriptDrawsRunsAndWritesATable) {

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# ImageNet models side by side, Cortado vs PyTorch 1.13 CPU: ResNet-50, ResNet-18 and VGG-16,
+# batch 16, 224x224, synthetic data, THREADS threads each. For each model, ROUNDS rounds in
+# turn of: Cortado training and inference (`cortado bench train [--infer] --json`), then
+# PyTorch (scripts/bench/models/torch_models.py) fp32 NCHW, fp32 channels-last and bf16
+# autocast, training and inference. Each run is its own process, so peak memory (the
+# process's peak resident set) is per run. Cells are the median round with [min, max]; ratios
+# are of the medians. Raw JSON lines go to runs/bench-models-<time>/.
+#
+# Usage: scripts/bench/models.sh      Environment: MODELS ("resnet50 resnet18 vgg16"), ROUNDS
+#        (3), ITERS (2, after WARMUP 1), THREADS (2), CORTADO_BUILD_DIR (build)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+models=${MODELS:-resnet50 resnet18 vgg16}
+rounds=${ROUNDS:-3}
+iters=${ITERS:-2}
+warmup=${WARMUP:-1}
+threads=${THREADS:-2}
+build=${CORTADO_BUILD_DIR:-build}
+py=/usr/bin/python3  # Debian's: sees python3-torch and python3-torchvision
+cortado=$build/tools/cortado
+[[ -x $cortado ]] || { echo "models.sh: build first: cmake --build $build --target cortado" >&2; exit 1; }
+out=runs/bench-models-$(date +%Y%m%d-%H%M%S)
+mkdir -p "$out"
+echo "# $(date -Is) $(git rev-parse --short HEAD 2>/dev/null || echo '?'); load: $(cut -d' ' -f1-3 /proc/loadavg)" > "$out/info.txt"
+
+for r in $(seq "$rounds"); do
+  for model in $models; do
+    echo "== round $r/$rounds: $model" >&2
+    config=$out/$model.yaml
+    printf 'model: {builder: %s, num_classes: 1000}\ndata: {type: synthetic, batch_size: 16, crop: 224}\nsolver: {base_lr: 0.01, momentum: 0.9, max_iter: 1000}\n' "$model" > "$config"
+    for mode in training inference; do
+      flag=""; [[ $mode == inference ]] && flag=--infer
+      "$cortado" bench train --config "$config" --iters "$iters" --warmup "$warmup" \
+        --threads "$threads" --json $flag 2>/dev/null |
+        "$py" -c "import json,sys; j=json.load(sys.stdin); print(json.dumps({'round': $r, 'model': '$model', 'side': 'cortado', 'mode': 'fp32', 'run': '$mode', 'img_per_s': j['img_per_s'], 'peak_rss_mb': j['peak_rss_mb']}))" >> "$out/results.jsonl"
+      for tmode in nchw channels_last bf16; do
+        "$py" scripts/bench/models/torch_models.py --model "$model" --mode "$tmode" --batch 16 \
+          --threads "$threads" --iters "$iters" --warmup "$warmup" $flag |
+          "$py" -c "import json,sys; j=json.load(sys.stdin); print(json.dumps({'round': $r, 'model': '$model', 'side': 'pytorch', 'mode': '$tmode', 'run': '$mode', 'img_per_s': j['img_per_s'], 'peak_rss_mb': j['peak_rss_mb']}))" >> "$out/results.jsonl"
+      done
+    done
+  done
+done
+echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/info.txt"
+"$py" scripts/bench/models/summarize.py "$out/results.jsonl" | tee "$out/summary.md"
+echo "Raw results: $out" >&2
