@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "engine/error.h"
+#include "engine/file_io.h"
 
 namespace cortado {
 namespace {
@@ -44,16 +45,11 @@ void WriteLmdbCompletion(const std::string& dir, const LmdbCompletion& c) {
   // the disk before the record that says it is whole.
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   CORTADO_CHECK(fd >= 0, "cannot create ", path, ": ", std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      Fail("cannot write ", path, ": ", std::strerror(err));
-    }
-    done += static_cast<size_t>(n);
+  try {
+    WriteFully(fd, text.data(), text.size(), path);
+  } catch (...) {
+    ::close(fd);
+    throw;
   }
   const bool synced = ::fsync(fd) == 0;
   const int err = errno;

@@ -1,8 +1,5 @@
 #include "engine/safetensors.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -12,6 +9,7 @@
 #include <sstream>
 
 #include "engine/error.h"
+#include "engine/file_io.h"
 
 namespace cortado {
 namespace {
@@ -217,39 +215,7 @@ std::string SerializeSafetensors(const Safetensors& file) {
 }
 
 void SaveSafetensors(const Safetensors& file, const std::string& path) {
-  const std::string bytes = SerializeSafetensors(file);
-  const fs::path target(path);
-  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  CORTADO_CHECK(!ec, "cannot create folder '", dir.string(), "': ", ec.message());
-  const std::string tmp = (dir / ("." + target.filename().string() + ".tmp")).string();
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  CORTADO_CHECK(fd >= 0, "cannot create '", tmp, "': ", std::strerror(errno));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      Fail("writing '", tmp, "' failed: ", std::strerror(err));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const int err = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    Fail("writing '", tmp, "' failed: fsync: ", std::strerror(err));
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    Fail("cannot rename '", tmp, "' to '", path, "': ", std::strerror(err));
-  }
+  WriteFileAtomically(path, SerializeSafetensors(file));
 }
 
 }  // namespace cortado

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/error.h"
+#include "engine/file_io.h"
 
 namespace cortado {
 namespace {
@@ -79,23 +80,8 @@ void Trace::Write(const std::string& path) const {
   }
   json doc = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
 
-  namespace fs = std::filesystem;
-  fs::path target(path);
-  std::error_code ec;
-  if (target.has_parent_path()) fs::create_directories(target.parent_path(), ec);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    CORTADO_CHECK(out.good(), "cannot write trace file '", tmp, "'");
-    out << doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-    out.flush();
-    CORTADO_CHECK(out.good(), "writing trace file '", tmp, "' failed (disk full?)");
-  }
-  fs::rename(tmp, target, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    Fail("cannot rename trace file '", tmp, "' to '", path, "'");
-  }
+  WriteFileAtomically(path,
+                      doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 void CheckTraceWritable(const std::string& path) {
