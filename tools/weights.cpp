@@ -21,10 +21,9 @@ void ReplaceAll(std::string& s, const std::string& from, const std::string& to) 
 
 bool IsVgg(const std::string& builder) { return StartsWith(builder, "vgg"); }
 
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() > suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 std::string List(const std::vector<std::string>& names, size_t max = 6) {
@@ -62,10 +61,8 @@ Safetensors ExportWeights(const Checkpoint& checkpoint, const std::string& build
     } else if (StartsWith(name, "buffer/")) {
       local = name.substr(7);
       const std::string suffix = ".running_mean";
-      if (local.size() > suffix.size() &&
-          local.compare(local.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      if (EndsWith(local, suffix))
         norm_layers.insert(local.substr(0, local.size() - suffix.size()));
-      }
     } else {
       continue;  // momentum, error-feedback residuals, solver state: not weights
     }
@@ -110,10 +107,8 @@ WeightsReport LoadWeights(Net& net, const std::string& builder, const Safetensor
     used.insert(file_name);
     const Shape shape(e->shape.begin(), e->shape.end());
     if (shape != value.shape()) {
-      const std::string what =
-          StrCat(file_name, " (", ShapeText(e->shape), " in the file, ",
-                 ShapeText(std::vector<int64_t>(value.shape().begin(), value.shape().end())),
-                 " in the model)");
+      const std::string what = StrCat(file_name, " (", ShapeString(shape), " in the file, ",
+                                      ShapeString(value.shape()), " in the model)");
       CORTADO_CHECK(!strict, "weights file '", path, "': tensor ", what);
       report.resized.push_back(what);
       return;
@@ -134,9 +129,7 @@ WeightsReport LoadWeights(Net& net, const std::string& builder, const Safetensor
   for (Param* p : net.params()) load(p->name, p->value);
   for (Buffer* b : net.buffers()) load(b->name, b->value);
   for (const SafetensorsEntry& e : file.entries) {
-    const std::string suffix = ".num_batches_tracked";
-    const bool counter = e.name.size() > suffix.size() &&
-                         e.name.compare(e.name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    const bool counter = EndsWith(e.name, ".num_batches_tracked");  // torchvision's, ignored
     if (!used.count(e.name) && !counter) report.unused.push_back(e.name);
   }
   CORTADO_CHECK(!strict || report.unused.empty(), "weights file '", path,
