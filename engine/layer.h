@@ -15,8 +15,17 @@
 // A blob consumed by several layers gets a Split layer inserted by the net, so layers never
 // need to accumulate into a bottom grad.
 //
-// Element type: layers compute in the dtype of bottom[0] (f32 for training, f64 for gradient
-// checks); labels are i32. Params take the dtype of bottom[0] at SetUp.
+// Element type: layers compute in the dtype of bottom[0]: f32 for training, f64 for gradient
+// checks, bf16 or f16 for mixed precision; labels are i32. Forward and Backward are not virtual:
+// they check the device and call the implementation for that dtype (ForwardF32, ForwardF64,
+// ForwardBF16, ForwardF16 and the Backward ones), so a new type or device slots in per layer
+// and an unsupported combination fails naming the layer. The f32 and f64 kernels are the
+// reference (usually one template, instantiated by both). A layer without its own
+// bf16 or f16 kernel computes those in f32: its low-precision inputs are widened into f32
+// staging buffers, the f32 kernel runs, and its outputs are rounded back (to nearest even), so
+// stored activations are half the size and the arithmetic is the reference's.
+// Params take bottom[0]'s dtype at SetUp, except that low-precision nets keep their params
+// (the master weights) and buffers in f32; loss and accuracy outputs are f32 there too.
 // Threads: Forward/Backward are called from one thread and may use ParallelFor inside.
 #pragma once
 
@@ -73,9 +82,12 @@ class ScratchSpace {
   static constexpr int kKinds = 8;
   // The per-thread buffers of `kind` (a layer type's own small numbers, below kKinds).
   std::vector<Tensor>& Buffers(int kind) { return kinds_.at(static_cast<size_t>(kind)); }
+  // The f32 staging buffers of layers that compute a low-precision dtype in f32.
+  std::vector<Tensor>& Staging() { return staging_; }
 
  private:
   std::array<std::vector<Tensor>, kKinds> kinds_;
+  std::vector<Tensor> staging_;
 };
 
 struct LayerContext {
@@ -112,9 +124,10 @@ class Layer {
 
   void SetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top);
   virtual void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) = 0;
-  virtual void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) = 0;
-  virtual void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
-                        const std::vector<Blob*>& bottom) = 0;
+  // Dispatch on bottom[0]'s device and dtype to the typed implementations below.
+  void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top);
+  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
+                const std::vector<Blob*>& bottom);
 
   // Input/output counts; -1 means unconstrained. Checked by SetUp.
   virtual int MinInputs() const { return 1; }
@@ -154,9 +167,37 @@ class Layer {
   Phase phase() const { return context().phase; }
 
  protected:
+  using Blobs = std::vector<Blob*>;
+  // Typed implementations on the CPU. The f32 and f64 defaults fail naming the layer and the
+  // dtype; the bf16 and f16 defaults compute in f32 (ForwardInF32, BackwardInF32).
+  virtual void ForwardF32(const Blobs& bottom, const Blobs& top);
+  virtual void ForwardF64(const Blobs& bottom, const Blobs& top);
+  virtual void ForwardBF16(const Blobs& bottom, const Blobs& top);
+  virtual void ForwardF16(const Blobs& bottom, const Blobs& top);
+  virtual void BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
+                           const Blobs& bottom);
+  virtual void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
+                           const Blobs& bottom);
+  virtual void BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                            const Blobs& bottom);
+  virtual void BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                           const Blobs& bottom);
+  // Any other dtype (i32, u8): only layers that move bytes without arithmetic (views, copies)
+  // take them; the defaults fail naming the layer and the input.
+  virtual void ForwardOtherDType(const Blobs& bottom, const Blobs& top);
+  virtual void BackwardOtherDType(const Blobs& top, const std::vector<bool>& propagate_down,
+                                  const Blobs& bottom);
+  // The f32 fallback for a low-precision dtype: widen the bf16/f16 blobs into f32 staging
+  // buffers (other dtypes, such as i32 labels and f32 loss outputs, are used as they are), run
+  // the f32 kernel, and round the outputs (forward) or input gradients (backward) back.
+  void ForwardInF32(const Blobs& bottom, const Blobs& top);
+  void BackwardInF32(const Blobs& top, const std::vector<bool>& propagate_down,
+                     const Blobs& bottom);
+
   // Reads settings and creates params; called once by SetUp before Reshape.
   virtual void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {}
-  // Creates a parameter "<name>.<suffix>" of the given shape in bottom[0]'s dtype, zeroed.
+  // Creates a parameter "<name>.<suffix>" of the given shape in bottom[0]'s dtype, zeroed
+  // (f32 when that dtype is bf16 or f16: the master weights; AddBuffer alike).
   Param& AddParam(const std::string& suffix, const Shape& shape, DType dtype, ParamKind kind);
   Buffer& AddBuffer(const std::string& suffix, const Shape& shape, DType dtype);
   // Seed for this layer's initialization: depends on the run's seed and the layer's name.
@@ -164,6 +205,7 @@ class Layer {
   bool in_place_ = false;
 
   LayerSpec spec_;
+  std::vector<Tensor> own_staging_;  // ForwardInF32's buffers outside a net
   const Settings& settings() const { return spec_.settings; }
   std::vector<Param> params_;
   std::vector<Buffer> buffers_;
@@ -196,6 +238,12 @@ struct LayerRegistrar {
       #type, [](const ::cortado::LayerSpec& spec) -> std::unique_ptr<::cortado::Layer> { \
         return std::make_unique<cls>(spec);                                              \
       })
+
+// Whether dtype is one of the low-precision storage types (bf16, f16).
+inline bool IsLowPrecision(DType dtype) { return dtype == DType::kBF16 || dtype == DType::kF16; }
+// The dtype in which a layer keeps params, statistics and loss values when it computes in
+// `compute`: f32 for bf16 and f16, else compute itself.
+inline DType MasterDType(DType compute) { return IsLowPrecision(compute) ? DType::kF32 : compute; }
 
 // Calls fn(T{}) with T = float or double according to dtype; other dtypes throw naming `what`.
 template <typename Fn>

@@ -15,8 +15,9 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 }  // namespace
 
 Net::Net(const NetSpec& spec, uint64_t seed, DType dtype) {
-  CORTADO_CHECK(dtype == DType::kF32 || dtype == DType::kF64, "net '", spec.name,
-                "': compute dtype must be f32 or f64 on CPU, got ", DTypeName(dtype));
+  CORTADO_CHECK(dtype == DType::kF32 || dtype == DType::kF64 || IsLowPrecision(dtype), "net '",
+                spec.name, "': compute dtype must be f32, f64, bf16 or f16, got ",
+                DTypeName(dtype));
   context_.seed = seed;
   context_.scratch = &scratch_;
   CORTADO_CHECK(!spec.layers.empty(), "net '", spec.name, "' has no layers");

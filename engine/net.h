@@ -41,8 +41,9 @@ struct NetSpec {
 
 class Net : public CheckpointState {
  public:
-  // Builds and sets up every layer. dtype: the compute dtype for floating inputs (f32, or f64
-  // for gradient checks). Throws naming the layer and blob for a malformed graph.
+  // Builds and sets up every layer. dtype: the compute dtype for floating inputs (f32; f64
+  // for gradient checks; bf16 or f16 for mixed precision, with f32 params). Throws naming the layer
+  // and blob for a malformed graph.
   Net(const NetSpec& spec, uint64_t seed, DType dtype = DType::kF32);
 
   // Runs every layer forward; returns the total loss (0 when the net has no loss layer).

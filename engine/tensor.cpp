@@ -5,6 +5,9 @@
 #include <cstring>
 #include <sstream>
 
+#include "cortado/dist/codec.h"
+#include "engine/thread_pool.h"
+
 namespace cortado {
 
 std::string ShapeString(const Shape& shape) {
@@ -165,9 +168,34 @@ double ElementAsDouble(const Tensor& t, int64_t i) {
   return 0;
 }
 
+namespace {
+// Elements per task of a vectorized conversion (a few hundred KB of traffic).
+constexpr int64_t kConvertChunk = 65536;
+}  // namespace
+
 void Tensor::ConvertFrom(const Tensor& src) {
   CORTADO_CHECK(src.numel_ == numel_, "ConvertFrom: ", src.ToString(), " into ", ToString());
   if (src.dtype_ == dtype_) return CopyFrom(src);
+  // Mixed precision's conversions (f32 to and from bf16 and f16, round to nearest even) go
+  // through the gradient codecs' vector kernels; they equal FloatToHalf/FloatToBFloat16.
+  const bool low_dst = dtype_ == DType::kBF16 || dtype_ == DType::kF16;
+  const bool low_src = src.dtype_ == DType::kBF16 || src.dtype_ == DType::kF16;
+  if ((src.dtype_ == DType::kF32 && low_dst) || (low_src && dtype_ == DType::kF32)) {
+    const DType low = low_dst ? dtype_ : src.dtype_;
+    const dist::CodecKind kind =
+        low == DType::kBF16 ? dist::CodecKind::kBF16 : dist::CodecKind::kF16;
+    const char* in = static_cast<const char*>(src.raw_data());
+    char* out = static_cast<char*>(raw_data());
+    ParallelFor(numel_, kConvertChunk, [&](int64_t begin, int64_t end) {
+      const size_t n = static_cast<size_t>(end - begin);
+      if (low_dst) {
+        dist::Encode(kind, reinterpret_cast<const float*>(in) + begin, n, out + begin * 2);
+      } else {
+        dist::Decode(kind, in + begin * 2, n, reinterpret_cast<float*>(out) + begin);
+      }
+    });
+    return;
+  }
   for (int64_t i = 0; i < numel_; ++i) {
     double v = ElementAsDouble(src, i);
     switch (dtype_) {

@@ -27,32 +27,37 @@ void AccuracyLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<
     Fail(Describe(), ": label '", bottom[1]->name, "' must be (", x.dim(0), ") to match scores ",
          x.ToString(), ", got ", label.ToString());
   }
-  top[0]->data.Resize({}, x.dtype());
+  top[0]->data.Resize({}, MasterDType(x.dtype()));  // a fraction, in f32 for bf16/f16
 }
 
-void AccuracyLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
-  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
-    using T = decltype(zero);
-    const Tensor& xt = bottom[0]->data;
-    const int64_t n = xt.dim(0), c_n = xt.dim(1);
-    const T* x = xt.data<T>();                               // bottom[0]: (N, C)
-    const int32_t* label = bottom[1]->data.data<int32_t>();  // bottom[1]: (N)
-    int64_t correct = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t y = label[i];
-      if (y < 0 || y >= c_n) {
-        Fail(Describe(), ": label ", y, " of sample ", i, " is out of range [0, ", c_n, ")");
-      }
-      const T* xi = x + i * c_n;
-      const T target = xi[y];
-      if (std::isnan(target)) continue;
-      int64_t better = 0;  // other classes scoring >= the label's score
-      for (int64_t c = 0; c < c_n; ++c) better += (c != y && xi[c] >= target) ? 1 : 0;
-      if (better < top_k_) ++correct;
+template <typename T>
+void AccuracyLayer::ForwardCpu(const Blobs& bottom, const Blobs& top) {
+  const Tensor& xt = bottom[0]->data;
+  const int64_t n = xt.dim(0), c_n = xt.dim(1);
+  const T* x = xt.data<T>();                               // bottom[0]: (N, C)
+  const int32_t* label = bottom[1]->data.data<int32_t>();  // bottom[1]: (N)
+  int64_t correct = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t y = label[i];
+    if (y < 0 || y >= c_n) {
+      Fail(Describe(), ": label ", y, " of sample ", i, " is out of range [0, ", c_n, ")");
     }
-    top[0]->data.data<T>()[0] =
-        static_cast<T>(n > 0 ? static_cast<double>(correct) / static_cast<double>(n) : 0.0);
-  });
+    const T* xi = x + i * c_n;
+    const T target = xi[y];
+    if (std::isnan(target)) continue;
+    int64_t better = 0;  // other classes scoring >= the label's score
+    for (int64_t c = 0; c < c_n; ++c) better += (c != y && xi[c] >= target) ? 1 : 0;
+    if (better < top_k_) ++correct;
+  }
+  top[0]->data.data<T>()[0] =
+      static_cast<T>(n > 0 ? static_cast<double>(correct) / static_cast<double>(n) : 0.0);
+}
+
+void AccuracyLayer::ForwardF32(const Blobs& bottom, const Blobs& top) {
+  ForwardCpu<float>(bottom, top);
+}
+void AccuracyLayer::ForwardF64(const Blobs& bottom, const Blobs& top) {
+  ForwardCpu<double>(bottom, top);
 }
 
 CORTADO_REGISTER_LAYER(Accuracy, AccuracyLayer);

@@ -21,14 +21,21 @@ class AccuracyLayer : public Layer {
   int MaxInputs() const override { return 2; }
   bool CanBackpropTo(int input_index) const override { return false; }
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
-  void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
-  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
-                const std::vector<Blob*>& bottom) override {}
 
  protected:
+  void ForwardF32(const Blobs& bottom, const Blobs& top) override;
+  void ForwardF64(const Blobs& bottom, const Blobs& top) override;
+  // No gradient flows through an accuracy (CanBackpropTo is false): nothing to do, whatever
+  // the dtype.
+  void BackwardF32(const Blobs&, const std::vector<bool>&, const Blobs&) override {}
+  void BackwardF64(const Blobs&, const std::vector<bool>&, const Blobs&) override {}
+  void BackwardBF16(const Blobs&, const std::vector<bool>&, const Blobs&) override {}
+  void BackwardF16(const Blobs&, const std::vector<bool>&, const Blobs&) override {}
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
+  template <typename T>
+  void ForwardCpu(const Blobs& bottom, const Blobs& top);
   int64_t top_k_ = 1;
 };
 

@@ -50,12 +50,12 @@ bool BatchNormLayer::UseGlobalStats() const {
 void BatchNormLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
   const Tensor& x = bottom[0]->data;
   CheckFloatInput(*this, x, "input");
-  CheckParamDType(*this, x.dtype());
+  CheckParamDType(*this, MasterDType(x.dtype()));
   if (x.ndim() < 2 || x.dim(1) != channels_) {
     Fail(Describe(), ": input '", bottom[0]->name, "' must be (N, ", channels_, ", ...), got ",
          x.ToString());
   }
-  if (buffers_[0].value.dtype() != x.dtype()) {
+  if (buffers_[0].value.dtype() != MasterDType(x.dtype())) {
     Fail(Describe(), ": running statistics are ", DTypeName(buffers_[0].value.dtype()),
          " but the input is ", x.ToString());
   }
@@ -226,17 +226,19 @@ void BatchNormLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propaga
   });
 }
 
-void BatchNormLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
-  DispatchFloat(bottom[0]->data.dtype(), Describe(),
-                [&](auto zero) { ForwardT<decltype(zero)>(bottom[0]->data, top[0]->data); });
+void BatchNormLayer::ForwardF32(const Blobs& bottom, const Blobs& top) {
+  ForwardT<float>(bottom[0]->data, top[0]->data);
 }
-
-void BatchNormLayer::Backward(const std::vector<Blob*>& top,
-                              const std::vector<bool>& propagate_down,
-                              const std::vector<Blob*>& bottom) {
-  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
-    BackwardT<decltype(zero)>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
-  });
+void BatchNormLayer::ForwardF64(const Blobs& bottom, const Blobs& top) {
+  ForwardT<double>(bottom[0]->data, top[0]->data);
+}
+void BatchNormLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
+                                 const Blobs& bottom) {
+  BackwardT<float>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
+}
+void BatchNormLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
+                                 const Blobs& bottom) {
+  BackwardT<double>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
 }
 
 CORTADO_REGISTER_LAYER(BatchNorm, BatchNormLayer);

@@ -60,12 +60,12 @@ static void CopySlices(const std::vector<Blob*>& bottom, Blob* top, int axis, in
   });
 }
 
-void ConcatLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+void ConcatLayer::Move(const Blobs& bottom, const Blobs& top) {
   CopySlices(bottom, top[0], axis_, outer_, inner_, /*to_top=*/true, nullptr);
 }
 
-void ConcatLayer::Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
-                           const std::vector<Blob*>& bottom) {
+void ConcatLayer::MoveBack(const Blobs& top, const std::vector<bool>& propagate_down,
+                           const Blobs& bottom) {
   CopySlices(bottom, top[0], axis_, outer_, inner_, /*to_top=*/false, &propagate_down);
 }
 

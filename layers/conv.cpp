@@ -304,7 +304,7 @@ double ConvolutionLayer::ForwardFlops() const {
 void ConvolutionLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
   const Tensor& x = bottom[0]->data;
   CheckFloatInput(*this, x, "input");
-  CheckParamDType(*this, x.dtype());
+  CheckParamDType(*this, MasterDType(x.dtype()));
   if (x.ndim() != 4 || x.dim(1) != channels_) {
     Fail(Describe(), ": input '", bottom[0]->name, "' must be (N, ", channels_, ", H, W), got ",
          x.ToString());
@@ -539,17 +539,19 @@ void ConvolutionLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propa
   }
 }
 
-void ConvolutionLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
-  DispatchFloat(bottom[0]->data.dtype(), Describe(),
-                [&](auto zero) { ForwardT<decltype(zero)>(bottom[0]->data, top[0]->data); });
+void ConvolutionLayer::ForwardF32(const Blobs& bottom, const Blobs& top) {
+  ForwardT<float>(bottom[0]->data, top[0]->data);
 }
-
-void ConvolutionLayer::Backward(const std::vector<Blob*>& top,
-                                const std::vector<bool>& propagate_down,
-                                const std::vector<Blob*>& bottom) {
-  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
-    BackwardT<decltype(zero)>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
-  });
+void ConvolutionLayer::ForwardF64(const Blobs& bottom, const Blobs& top) {
+  ForwardT<double>(bottom[0]->data, top[0]->data);
+}
+void ConvolutionLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
+                                   const Blobs& bottom) {
+  BackwardT<float>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
+}
+void ConvolutionLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
+                                   const Blobs& bottom) {
+  BackwardT<double>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
 }
 
 CORTADO_REGISTER_LAYER(Convolution, ConvolutionLayer);

@@ -36,62 +36,74 @@ void DropoutLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<B
   mask_.Resize(bottom[0]->data.shape(), DType::kU8);
 }
 
-void DropoutLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+template <typename T>
+void DropoutLayer::ForwardCpu(const Blobs& bottom, const Blobs& top) {
   last_forward_train_ = phase() == Phase::kTrain && ratio_ > 0.0;
-  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
-    using T = decltype(zero);
-    const T* x = bottom[0]->data.data<T>();  // bottom: any shape
-    T* y = top[0]->data.data<T>();           // top: same shape
-    const int64_t n = bottom[0]->data.numel();
-    if (!last_forward_train_) {
-      ParallelFor(n, 32768, [&](int64_t b, int64_t e) { std::copy(x + b, x + e, y + b); });
-      return;
-    }
-    const uint64_t base = HashCombine(HashCombine(context().seed, HashString(name())),
-                                      static_cast<uint64_t>(context().iteration));
-    const T scale = static_cast<T>(1.0 / (1.0 - ratio_));
-    const double ratio = ratio_;
-    uint8_t* mask = mask_.data<uint8_t>();
-    // Element f of local sample j is element f of global sample sample_base + j * stride, so
-    // W ranks draw the masks one process draws for the combined batch.
-    const int64_t samples =
-        std::max<int64_t>(1, bottom[0]->data.ndim() > 0 ? bottom[0]->data.dim(0) : 1);
-    const int64_t per_sample = n / samples;
-    const int64_t sample_base = context().sample_base, stride = context().sample_stride;
-    ParallelFor(n, kDropoutChunk, [&](int64_t begin, int64_t end) {
-      int64_t j = per_sample > 0 ? begin / per_sample : 0;
-      int64_t f = begin - j * per_sample;
-      for (int64_t i = begin; i < end; ++i) {
-        const int64_t global = (sample_base + j * stride) * per_sample + f;
-        mask[i] = KeyToUniform(HashCombine(base, static_cast<uint64_t>(global))) >= ratio ? 1 : 0;
-        if (++f == per_sample) {
-          f = 0;
-          ++j;
-        }
+  const T* x = bottom[0]->data.data<T>();  // bottom: any shape
+  T* y = top[0]->data.data<T>();           // top: same shape
+  const int64_t n = bottom[0]->data.numel();
+  if (!last_forward_train_) {
+    ParallelFor(n, 32768, [&](int64_t b, int64_t e) { std::copy(x + b, x + e, y + b); });
+    return;
+  }
+  const uint64_t base = HashCombine(HashCombine(context().seed, HashString(name())),
+                                    static_cast<uint64_t>(context().iteration));
+  const T scale = static_cast<T>(1.0 / (1.0 - ratio_));
+  const double ratio = ratio_;
+  uint8_t* mask = mask_.data<uint8_t>();
+  // Element f of local sample j is element f of global sample sample_base + j * stride, so
+  // W ranks draw the masks one process draws for the combined batch.
+  const int64_t samples =
+      std::max<int64_t>(1, bottom[0]->data.ndim() > 0 ? bottom[0]->data.dim(0) : 1);
+  const int64_t per_sample = n / samples;
+  const int64_t sample_base = context().sample_base, stride = context().sample_stride;
+  ParallelFor(n, kDropoutChunk, [&](int64_t begin, int64_t end) {
+    int64_t j = per_sample > 0 ? begin / per_sample : 0;
+    int64_t f = begin - j * per_sample;
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t global = (sample_base + j * stride) * per_sample + f;
+      mask[i] = KeyToUniform(HashCombine(base, static_cast<uint64_t>(global))) >= ratio ? 1 : 0;
+      if (++f == per_sample) {
+        f = 0;
+        ++j;
       }
-      MaskKernel(mask + begin, scale, x + begin, y + begin, end - begin);
-    });
+    }
+    MaskKernel(mask + begin, scale, x + begin, y + begin, end - begin);
   });
 }
 
-void DropoutLayer::Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
-                            const std::vector<Blob*>& bottom) {
+void DropoutLayer::ForwardF32(const Blobs& bottom, const Blobs& top) {
+  ForwardCpu<float>(bottom, top);
+}
+void DropoutLayer::ForwardF64(const Blobs& bottom, const Blobs& top) {
+  ForwardCpu<double>(bottom, top);
+}
+
+template <typename T>
+void DropoutLayer::BackwardCpu(const Blobs& top, const std::vector<bool>& propagate_down,
+                               const Blobs& bottom) {
   if (!propagate_down[0]) return;
-  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
-    using T = decltype(zero);
-    const T* dy = top[0]->grad.data<T>();
-    T* dx = bottom[0]->grad.data<T>();
-    const int64_t n = bottom[0]->data.numel();
-    if (!last_forward_train_) {
-      ParallelFor(n, 32768, [&](int64_t b, int64_t e) { std::copy(dy + b, dy + e, dx + b); });
-      return;
-    }
-    const T scale = static_cast<T>(1.0 / (1.0 - ratio_));
-    const uint8_t* mask = mask_.data<uint8_t>();
-    ParallelFor(n, 32768, [&](int64_t begin, int64_t end) {
-      MaskKernel(mask + begin, scale, dy + begin, dx + begin, end - begin);
-    });
+  const T* dy = top[0]->grad.data<T>();
+  T* dx = bottom[0]->grad.data<T>();
+  const int64_t n = bottom[0]->data.numel();
+  if (!last_forward_train_) {
+    ParallelFor(n, 32768, [&](int64_t b, int64_t e) { std::copy(dy + b, dy + e, dx + b); });
+    return;
+  }
+  const T scale = static_cast<T>(1.0 / (1.0 - ratio_));
+  const uint8_t* mask = mask_.data<uint8_t>();
+  ParallelFor(n, 32768, [&](int64_t begin, int64_t end) {
+    MaskKernel(mask + begin, scale, dy + begin, dx + begin, end - begin);
   });
+}
+
+void DropoutLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
+                               const Blobs& bottom) {
+  BackwardCpu<float>(top, propagate_down, bottom);
+}
+void DropoutLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
+                               const Blobs& bottom) {
+  BackwardCpu<double>(top, propagate_down, bottom);
 }
 
 CORTADO_REGISTER_LAYER(Dropout, DropoutLayer);

@@ -111,91 +111,102 @@ void RouteKernel(const int32_t* __restrict arg, int32_t me, const T* __restrict 
 
 }  // namespace
 
-void EltwiseLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+template <typename T>
+void EltwiseLayer::ForwardCpu(const Blobs& bottom, const Blobs& top) {
   // In place, input 0 may have been reallocated since Reshape (a larger batch); share again.
   if (in_place_) top[0]->data = bottom[0]->data;
-  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
-    using T = decltype(zero);
-    std::vector<const T*> x;  // bottom[i]: any shape, all equal
-    for (Blob* b : bottom) x.push_back(b->data.data<T>());
-    T* y = top[0]->data.data<T>();  // top: the same shape
-    int32_t* arg = op_ == Op::kMax ? argmax_.data<int32_t>() : nullptr;
-    const size_t k = x.size();
-    ParallelFor(top[0]->data.numel(), kEltwiseChunk, [&](int64_t begin, int64_t end) {
-      const int64_t n = end - begin;
-      T* yb = y + begin;
-      switch (op_) {
-        case Op::kSum:
-          if (in_place_) {  // yb is x[0] + begin
-            ScaleAddKernel(static_cast<T>(coeffs_[0]), yb, static_cast<T>(coeffs_[1]), x[1] + begin,
-                           n);
-          } else {
-            AxpbyKernel(static_cast<T>(coeffs_[0]), x[0] + begin, static_cast<T>(coeffs_[1]),
-                        x[1] + begin, yb, n);
-          }
-          for (size_t j = 2; j < k; ++j)
-            AxpyKernel(static_cast<T>(coeffs_[j]), x[j] + begin, yb, n);
-          break;
-        case Op::kProd:
-          MulKernel(x[0] + begin, x[1] + begin, yb, n);
-          for (size_t j = 2; j < k; ++j) MulInPlaceKernel(x[j] + begin, yb, n);
-          break;
-        case Op::kMax:
-          std::copy(x[0] + begin, x[0] + end, yb);
-          std::fill(arg + begin, arg + end, 0);
-          for (size_t j = 1; j < k; ++j) {
-            MaxKernel(x[j] + begin, static_cast<int32_t>(j), yb, arg + begin, n);
-          }
-          break;
-      }
-    });
+  std::vector<const T*> x;  // bottom[i]: any shape, all equal
+  for (Blob* b : bottom) x.push_back(b->data.data<T>());
+  T* y = top[0]->data.data<T>();  // top: the same shape
+  int32_t* arg = op_ == Op::kMax ? argmax_.data<int32_t>() : nullptr;
+  const size_t k = x.size();
+  ParallelFor(top[0]->data.numel(), kEltwiseChunk, [&](int64_t begin, int64_t end) {
+    const int64_t n = end - begin;
+    T* yb = y + begin;
+    switch (op_) {
+      case Op::kSum:
+        if (in_place_) {  // yb is x[0] + begin
+          ScaleAddKernel(static_cast<T>(coeffs_[0]), yb, static_cast<T>(coeffs_[1]), x[1] + begin,
+                         n);
+        } else {
+          AxpbyKernel(static_cast<T>(coeffs_[0]), x[0] + begin, static_cast<T>(coeffs_[1]),
+                      x[1] + begin, yb, n);
+        }
+        for (size_t j = 2; j < k; ++j) AxpyKernel(static_cast<T>(coeffs_[j]), x[j] + begin, yb, n);
+        break;
+      case Op::kProd:
+        MulKernel(x[0] + begin, x[1] + begin, yb, n);
+        for (size_t j = 2; j < k; ++j) MulInPlaceKernel(x[j] + begin, yb, n);
+        break;
+      case Op::kMax:
+        std::copy(x[0] + begin, x[0] + end, yb);
+        std::fill(arg + begin, arg + end, 0);
+        for (size_t j = 1; j < k; ++j) {
+          MaxKernel(x[j] + begin, static_cast<int32_t>(j), yb, arg + begin, n);
+        }
+        break;
+    }
   });
 }
 
-void EltwiseLayer::Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
-                            const std::vector<Blob*>& bottom) {
-  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
-    using T = decltype(zero);
-    const T* dy = top[0]->grad.data<T>();  // top: any shape
-    const int32_t* arg = op_ == Op::kMax ? argmax_.data<int32_t>() : nullptr;
-    const size_t k = bottom.size();
-    std::vector<const T*> x;
-    for (Blob* b : bottom) x.push_back(b->data.data<T>());
-    for (size_t j = 0; j < k; ++j) {
-      if (!propagate_down[j]) continue;
-      T* dx = bottom[j]->grad.data<T>();  // bottom[j]: top's shape
-      ParallelFor(top[0]->data.numel(), kEltwiseChunk, [&](int64_t begin, int64_t end) {
-        const int64_t n = end - begin;
-        T* dxb = dx + begin;
-        switch (op_) {
-          case Op::kSum:
-            if (coeffs_[j] == 1.0) {
-              std::copy(dy + begin, dy + end, dxb);
-            } else {
-              ScaleKernel(static_cast<T>(coeffs_[j]), dy + begin, dxb, n);
-            }
-            break;
-          case Op::kProd: {
-            // dx_j = dy * prod_{m != j} x_m, computed directly (zeros in x are fine).
-            bool first = true;
-            for (size_t m = 0; m < k; ++m) {
-              if (m == j) continue;
-              if (first) {
-                MulKernel(dy + begin, x[m] + begin, dxb, n);
-                first = false;
-              } else {
-                MulInPlaceKernel(x[m] + begin, dxb, n);
-              }
-            }
-            break;
+void EltwiseLayer::ForwardF32(const Blobs& bottom, const Blobs& top) {
+  ForwardCpu<float>(bottom, top);
+}
+void EltwiseLayer::ForwardF64(const Blobs& bottom, const Blobs& top) {
+  ForwardCpu<double>(bottom, top);
+}
+
+template <typename T>
+void EltwiseLayer::BackwardCpu(const Blobs& top, const std::vector<bool>& propagate_down,
+                               const Blobs& bottom) {
+  const T* dy = top[0]->grad.data<T>();  // top: any shape
+  const int32_t* arg = op_ == Op::kMax ? argmax_.data<int32_t>() : nullptr;
+  const size_t k = bottom.size();
+  std::vector<const T*> x;
+  for (Blob* b : bottom) x.push_back(b->data.data<T>());
+  for (size_t j = 0; j < k; ++j) {
+    if (!propagate_down[j]) continue;
+    T* dx = bottom[j]->grad.data<T>();  // bottom[j]: top's shape
+    ParallelFor(top[0]->data.numel(), kEltwiseChunk, [&](int64_t begin, int64_t end) {
+      const int64_t n = end - begin;
+      T* dxb = dx + begin;
+      switch (op_) {
+        case Op::kSum:
+          if (coeffs_[j] == 1.0) {
+            std::copy(dy + begin, dy + end, dxb);
+          } else {
+            ScaleKernel(static_cast<T>(coeffs_[j]), dy + begin, dxb, n);
           }
-          case Op::kMax:
-            RouteKernel(arg + begin, static_cast<int32_t>(j), dy + begin, dxb, n);
-            break;
+          break;
+        case Op::kProd: {
+          // dx_j = dy * prod_{m != j} x_m, computed directly (zeros in x are fine).
+          bool first = true;
+          for (size_t m = 0; m < k; ++m) {
+            if (m == j) continue;
+            if (first) {
+              MulKernel(dy + begin, x[m] + begin, dxb, n);
+              first = false;
+            } else {
+              MulInPlaceKernel(x[m] + begin, dxb, n);
+            }
+          }
+          break;
         }
-      });
-    }
-  });
+        case Op::kMax:
+          RouteKernel(arg + begin, static_cast<int32_t>(j), dy + begin, dxb, n);
+          break;
+      }
+    });
+  }
+}
+
+void EltwiseLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
+                               const Blobs& bottom) {
+  BackwardCpu<float>(top, propagate_down, bottom);
+}
+void EltwiseLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
+                               const Blobs& bottom) {
+  BackwardCpu<double>(top, propagate_down, bottom);
 }
 
 CORTADO_REGISTER_LAYER(Eltwise, EltwiseLayer);

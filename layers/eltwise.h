@@ -20,17 +20,24 @@ class EltwiseLayer : public Layer {
   int MinInputs() const override { return 2; }
   int MaxInputs() const override { return -1; }
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
-  void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
-  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
-                const std::vector<Blob*>& bottom) override;
   bool BackwardReadsOutputs() const override { return false; }
   // A sum needs none of its inputs in backward, so it may accumulate into input 0.
   bool CanRunInPlace() const override { return op_ == Op::kSum; }
 
  protected:
+  void ForwardF32(const Blobs& bottom, const Blobs& top) override;
+  void ForwardF64(const Blobs& bottom, const Blobs& top) override;
+  void BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
+                   const Blobs& bottom) override;
+  void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
+                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
+  template <typename T>
+  void ForwardCpu(const Blobs& bottom, const Blobs& top);
+  template <typename T>
+  void BackwardCpu(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom);
   Op op_ = Op::kSum;
   std::vector<double> coeffs_;
   Tensor argmax_;  // i32, top's shape: which input held the max (max only)

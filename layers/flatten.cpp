@@ -23,13 +23,13 @@ void FlattenLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<B
   top[0]->data = bottom[0]->data.View(TopShape(bottom[0]->data.shape()));
 }
 
-void FlattenLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+void FlattenLayer::Move(const Blobs& bottom, const Blobs& top) {
   // Re-view in case the bottom was reallocated after Reshape.
   top[0]->data = bottom[0]->data.View(TopShape(bottom[0]->data.shape()));
 }
 
-void FlattenLayer::Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
-                            const std::vector<Blob*>& bottom) {
+void FlattenLayer::MoveBack(const Blobs& top, const std::vector<bool>& propagate_down,
+                            const Blobs& bottom) {
   if (!propagate_down[0]) return;
   Tensor& dx = bottom[0]->grad;     // bottom: (d0, ..., dk)
   const Tensor& dy = top[0]->grad;  // top: (d0, ..., d[axis-1], prod)

@@ -32,7 +32,7 @@ void InnerProductLayer::LayerSetUp(const std::vector<Blob*>& bottom,
 void InnerProductLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
   const Tensor& x = bottom[0]->data;
   CheckFloatInput(*this, x, "input");
-  CheckParamDType(*this, x.dtype());
+  CheckParamDType(*this, MasterDType(x.dtype()));
   if (x.ndim() < 2 || ShapeCount(x.shape(), 1, x.ndim()) != num_input_) {
     Fail(Describe(), ": input '", bottom[0]->name, "' is ", x.ToString(),
          " but the layer was set up for (N, ", num_input_, ") inputs (", num_input_,
@@ -81,17 +81,19 @@ void InnerProductLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool prop
   }
 }
 
-void InnerProductLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
-  DispatchFloat(bottom[0]->data.dtype(), Describe(),
-                [&](auto zero) { ForwardT<decltype(zero)>(bottom[0]->data, top[0]->data); });
+void InnerProductLayer::ForwardF32(const Blobs& bottom, const Blobs& top) {
+  ForwardT<float>(bottom[0]->data, top[0]->data);
 }
-
-void InnerProductLayer::Backward(const std::vector<Blob*>& top,
-                                 const std::vector<bool>& propagate_down,
-                                 const std::vector<Blob*>& bottom) {
-  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
-    BackwardT<decltype(zero)>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
-  });
+void InnerProductLayer::ForwardF64(const Blobs& bottom, const Blobs& top) {
+  ForwardT<double>(bottom[0]->data, top[0]->data);
+}
+void InnerProductLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
+                                    const Blobs& bottom) {
+  BackwardT<float>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
+}
+void InnerProductLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
+                                    const Blobs& bottom) {
+  BackwardT<double>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
 }
 
 CORTADO_REGISTER_LAYER(InnerProduct, InnerProductLayer);

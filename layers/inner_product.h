@@ -17,9 +17,6 @@ class InnerProductLayer : public Layer {
  public:
   using Layer::Layer;
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
-  void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
-  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
-                const std::vector<Blob*>& bottom) override;
   bool BackwardReadsOutputs() const override { return false; }
   double ForwardFlops() const override {
     return 2.0 * static_cast<double>(batch_) * static_cast<double>(num_input_) *
@@ -27,6 +24,12 @@ class InnerProductLayer : public Layer {
   }
 
  protected:
+  void ForwardF32(const Blobs& bottom, const Blobs& top) override;
+  void ForwardF64(const Blobs& bottom, const Blobs& top) override;
+  void BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
+                   const Blobs& bottom) override;
+  void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
+                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:

@@ -15,10 +15,10 @@
 
 namespace cortado {
 
-// Throws unless t is f32 or f64 (the CPU compute types).
+// Throws unless t is a compute type: f32 or f64, or bf16 or f16 (mixed precision).
 inline void CheckFloatInput(const Layer& layer, const Tensor& t, const char* what) {
-  if (t.dtype() != DType::kF32 && t.dtype() != DType::kF64) {
-    Fail(layer.Describe(), ": ", what, " must be f32 or f64, got ", t.ToString());
+  if (t.dtype() != DType::kF32 && t.dtype() != DType::kF64 && !IsLowPrecision(t.dtype())) {
+    Fail(layer.Describe(), ": ", what, " must be f32, f64, bf16 or f16, got ", t.ToString());
   }
 }
 

@@ -297,16 +297,21 @@ void PoolingLayer::BackwardT(const Tensor& dyt, Tensor& dxt) {
   });
 }
 
-void PoolingLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
-  DispatchFloat(bottom[0]->data.dtype(), Describe(),
-                [&](auto zero) { ForwardT<decltype(zero)>(bottom[0]->data, top[0]->data); });
+void PoolingLayer::ForwardF32(const Blobs& bottom, const Blobs& top) {
+  ForwardT<float>(bottom[0]->data, top[0]->data);
 }
-
-void PoolingLayer::Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
-                            const std::vector<Blob*>& bottom) {
+void PoolingLayer::ForwardF64(const Blobs& bottom, const Blobs& top) {
+  ForwardT<double>(bottom[0]->data, top[0]->data);
+}
+void PoolingLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
+                               const Blobs& bottom) {
   if (!propagate_down[0]) return;
-  DispatchFloat(bottom[0]->data.dtype(), Describe(),
-                [&](auto zero) { BackwardT<decltype(zero)>(top[0]->grad, bottom[0]->grad); });
+  BackwardT<float>(top[0]->grad, bottom[0]->grad);
+}
+void PoolingLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
+                               const Blobs& bottom) {
+  if (!propagate_down[0]) return;
+  BackwardT<double>(top[0]->grad, bottom[0]->grad);
 }
 
 CORTADO_REGISTER_LAYER(Pooling, PoolingLayer);

@@ -22,11 +22,14 @@ class PoolingLayer : public Layer {
  public:
   using Layer::Layer;
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
-  void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
-  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
-                const std::vector<Blob*>& bottom) override;
 
  protected:
+  void ForwardF32(const Blobs& bottom, const Blobs& top) override;
+  void ForwardF64(const Blobs& bottom, const Blobs& top) override;
+  void BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
+                   const Blobs& bottom) override;
+  void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
+                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:

@@ -74,41 +74,53 @@ void ReluLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob
   }
 }
 
-void ReluLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
-  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
-    using T = decltype(zero);
-    const T slope = static_cast<T>(negative_slope_);
-    if (in_place_) {
-      // The bottom may have been reallocated since Reshape (a larger batch); share again.
-      top[0]->data = bottom[0]->data;
-      T* y = top[0]->data.data<T>();
-      ParallelFor(top[0]->data.numel(), kReluChunk, [&](int64_t begin, int64_t end) {
-        ReluInPlaceKernel(y + begin, end - begin, slope);
-      });
-      return;
-    }
-    const T* x = bottom[0]->data.data<T>();  // bottom: any shape
-    T* y = top[0]->data.data<T>();           // top: same shape
-    ParallelFor(bottom[0]->data.numel(), kReluChunk, [&](int64_t begin, int64_t end) {
-      ReluForwardKernel(x + begin, y + begin, end - begin, slope);
+template <typename T>
+void ReluLayer::ForwardCpu(const Blobs& bottom, const Blobs& top) {
+  const T slope = static_cast<T>(negative_slope_);
+  if (in_place_) {
+    // The bottom may have been reallocated since Reshape (a larger batch); share again.
+    top[0]->data = bottom[0]->data;
+    T* y = top[0]->data.data<T>();
+    ParallelFor(top[0]->data.numel(), kReluChunk, [&](int64_t begin, int64_t end) {
+      ReluInPlaceKernel(y + begin, end - begin, slope);
     });
+    return;
+  }
+  const T* x = bottom[0]->data.data<T>();  // bottom: any shape
+  T* y = top[0]->data.data<T>();           // top: same shape
+  ParallelFor(bottom[0]->data.numel(), kReluChunk, [&](int64_t begin, int64_t end) {
+    ReluForwardKernel(x + begin, y + begin, end - begin, slope);
   });
 }
 
-void ReluLayer::Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
-                         const std::vector<Blob*>& bottom) {
+void ReluLayer::ForwardF32(const Blobs& bottom, const Blobs& top) {
+  ForwardCpu<float>(bottom, top);
+}
+void ReluLayer::ForwardF64(const Blobs& bottom, const Blobs& top) {
+  ForwardCpu<double>(bottom, top);
+}
+
+template <typename T>
+void ReluLayer::BackwardCpu(const Blobs& top, const std::vector<bool>& propagate_down,
+                            const Blobs& bottom) {
   if (!propagate_down[0]) return;
-  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
-    using T = decltype(zero);
-    // The sign of y is that of x unless the slope is negative; in place only y is left.
-    const T* x = negative_slope_ >= 0 ? top[0]->data.data<T>() : bottom[0]->data.data<T>();
-    const T* dy = top[0]->grad.data<T>();
-    T* dx = bottom[0]->grad.data<T>();
-    const T slope = static_cast<T>(negative_slope_);
-    ParallelFor(bottom[0]->data.numel(), kReluChunk, [&](int64_t begin, int64_t end) {
-      ReluBackwardKernel(x + begin, dy + begin, dx + begin, end - begin, slope);
-    });
+  // The sign of y is that of x unless the slope is negative; in place only y is left.
+  const T* x = negative_slope_ >= 0 ? top[0]->data.data<T>() : bottom[0]->data.data<T>();
+  const T* dy = top[0]->grad.data<T>();
+  T* dx = bottom[0]->grad.data<T>();
+  const T slope = static_cast<T>(negative_slope_);
+  ParallelFor(bottom[0]->data.numel(), kReluChunk, [&](int64_t begin, int64_t end) {
+    ReluBackwardKernel(x + begin, dy + begin, dx + begin, end - begin, slope);
   });
+}
+
+void ReluLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
+                            const Blobs& bottom) {
+  BackwardCpu<float>(top, propagate_down, bottom);
+}
+void ReluLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
+                            const Blobs& bottom) {
+  BackwardCpu<double>(top, propagate_down, bottom);
 }
 
 CORTADO_REGISTER_LAYER(ReLU, ReluLayer);

@@ -44,8 +44,10 @@ void SoftmaxWithLossLayer::Reshape(const std::vector<Blob*>& bottom,
                                    const std::vector<Blob*>& top) {
   CheckLogitsAndLabel(*this, bottom, &num_, &classes_);
   if (classes_ < 1) Fail(Describe(), ": logits need at least one class");
-  top[0]->data.Resize({}, bottom[0]->data.dtype());
-  prob_.Resize({num_, classes_}, bottom[0]->data.dtype());
+  // The loss and the probabilities stay f32 in a bf16/f16 net (softmax and loss are computed
+  // in f32 there).
+  top[0]->data.Resize({}, MasterDType(bottom[0]->data.dtype()));
+  prob_.Resize({num_, classes_}, MasterDType(bottom[0]->data.dtype()));
   sample_loss_.resize(num_);
 }
 
@@ -110,20 +112,21 @@ void SoftmaxWithLossLayer::BackwardT(const Tensor& label_t, const Tensor& dloss,
   });
 }
 
-void SoftmaxWithLossLayer::Forward(const std::vector<Blob*>& bottom,
-                                   const std::vector<Blob*>& top) {
-  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
-    ForwardT<decltype(zero)>(bottom[0]->data, bottom[1]->data, top[0]->data);
-  });
+void SoftmaxWithLossLayer::ForwardF32(const Blobs& bottom, const Blobs& top) {
+  ForwardT<float>(bottom[0]->data, bottom[1]->data, top[0]->data);
 }
-
-void SoftmaxWithLossLayer::Backward(const std::vector<Blob*>& top,
-                                    const std::vector<bool>& propagate_down,
-                                    const std::vector<Blob*>& bottom) {
+void SoftmaxWithLossLayer::ForwardF64(const Blobs& bottom, const Blobs& top) {
+  ForwardT<double>(bottom[0]->data, bottom[1]->data, top[0]->data);
+}
+void SoftmaxWithLossLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
+                                       const Blobs& bottom) {
   if (!propagate_down[0]) return;
-  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
-    BackwardT<decltype(zero)>(bottom[1]->data, top[0]->grad, bottom[0]->grad);
-  });
+  BackwardT<float>(bottom[1]->data, top[0]->grad, bottom[0]->grad);
+}
+void SoftmaxWithLossLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
+                                       const Blobs& bottom) {
+  if (!propagate_down[0]) return;
+  BackwardT<double>(bottom[1]->data, top[0]->grad, bottom[0]->grad);
 }
 
 CORTADO_REGISTER_LAYER(SoftmaxWithLoss, SoftmaxWithLossLayer);

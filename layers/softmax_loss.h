@@ -26,11 +26,14 @@ class SoftmaxWithLossLayer : public Layer {
   bool CanBackpropTo(int input_index) const override { return input_index == 0; }
   bool IsLoss() const override { return true; }
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
-  void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
-  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
-                const std::vector<Blob*>& bottom) override;
 
  protected:
+  void ForwardF32(const Blobs& bottom, const Blobs& top) override;
+  void ForwardF64(const Blobs& bottom, const Blobs& top) override;
+  void BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
+                   const Blobs& bottom) override;
+  void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
+                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:

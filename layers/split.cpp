@@ -18,34 +18,41 @@ void SplitLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<Blo
   for (Blob* t : top) t->data = bottom[0]->data;
 }
 
-void SplitLayer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+void SplitLayer::Share(const Blobs& bottom, const Blobs& top) {
   // The bottom may have been reallocated since Reshape (a larger batch); share again.
   for (Blob* t : top) t->data = bottom[0]->data;
 }
 
-void SplitLayer::Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
-                          const std::vector<Blob*>& bottom) {
+template <typename T>
+void SplitLayer::BackwardCpu(const Blobs& top, const std::vector<bool>& propagate_down,
+                             const Blobs& bottom) {
   if (!propagate_down[0]) return;
-  DispatchFloat(bottom[0]->data.dtype(), Describe(), [&](auto zero) {
-    using T = decltype(zero);
-    T* dx = bottom[0]->grad.data<T>();  // bottom: any shape
-    std::vector<const T*> dy;           // top[j]: bottom's shape
-    for (Blob* t : top) dy.push_back(t->grad.data<T>());
-    const size_t n_top = dy.size();
-    ParallelFor(bottom[0]->data.numel(), kSplitChunk, [&](int64_t begin, int64_t end) {
-      if (n_top == 1) {
-        std::copy(dy[0] + begin, dy[0] + end, dx + begin);
-        return;
-      }
-      const T* a = dy[0];
-      const T* b = dy[1];
-      for (int64_t i = begin; i < end; ++i) dx[i] = a[i] + b[i];
-      for (size_t j = 2; j < n_top; ++j) {
-        const T* c = dy[j];
-        for (int64_t i = begin; i < end; ++i) dx[i] += c[i];
-      }
-    });
+  T* dx = bottom[0]->grad.data<T>();  // bottom: any shape
+  std::vector<const T*> dy;           // top[j]: bottom's shape
+  for (Blob* t : top) dy.push_back(t->grad.data<T>());
+  const size_t n_top = dy.size();
+  ParallelFor(bottom[0]->data.numel(), kSplitChunk, [&](int64_t begin, int64_t end) {
+    if (n_top == 1) {
+      std::copy(dy[0] + begin, dy[0] + end, dx + begin);
+      return;
+    }
+    const T* a = dy[0];
+    const T* b = dy[1];
+    for (int64_t i = begin; i < end; ++i) dx[i] = a[i] + b[i];
+    for (size_t j = 2; j < n_top; ++j) {
+      const T* c = dy[j];
+      for (int64_t i = begin; i < end; ++i) dx[i] += c[i];
+    }
   });
+}
+
+void SplitLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
+                             const Blobs& bottom) {
+  BackwardCpu<float>(top, propagate_down, bottom);
+}
+void SplitLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
+                             const Blobs& bottom) {
+  BackwardCpu<double>(top, propagate_down, bottom);
 }
 
 CORTADO_REGISTER_LAYER(Split, SplitLayer);

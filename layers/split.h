@@ -16,12 +16,24 @@ class SplitLayer : public Layer {
   using Layer::Layer;
   int NumOutputs() const override { return -1; }
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
-  void Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
-  void Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
-                const std::vector<Blob*>& bottom) override;
 
  protected:
+  // Forward shares storage, so one implementation serves every dtype.
+  void ForwardF32(const Blobs& bottom, const Blobs& top) override { Share(bottom, top); }
+  void ForwardF64(const Blobs& bottom, const Blobs& top) override { Share(bottom, top); }
+  void ForwardBF16(const Blobs& bottom, const Blobs& top) override { Share(bottom, top); }
+  void ForwardF16(const Blobs& bottom, const Blobs& top) override { Share(bottom, top); }
+  void ForwardOtherDType(const Blobs& bottom, const Blobs& top) override { Share(bottom, top); }
+  void BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
+                   const Blobs& bottom) override;
+  void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
+                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+
+ private:
+  void Share(const Blobs& bottom, const Blobs& top);
+  template <typename T>
+  void BackwardCpu(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom);
 };
 
 }  // namespace cortado

@@ -58,7 +58,7 @@ TEST(LayerErrors, WrongShapesAndDtypesNameTheLayer) {
             std::string::npos);
   EXPECT_NE(ErrorOf([&] {
               LayerHarness h("Convolution", conv, {LabelTensor(4, 3, 1)});
-            }).find("must be f32 or f64"),
+            }).find("must be f32, f64, bf16 or f16"),
             std::string::npos);
   // The input's channel count changes after SetUp.
   LayerHarness h("Convolution", conv, {RandomTensor({1, 3, 5, 5}, kF32, 1)});

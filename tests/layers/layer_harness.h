@@ -68,7 +68,8 @@ class LayerHarness {
     for (size_t i = 0; i < bottom_.size(); ++i) {
       const bool p =
           layer_->CanBackpropTo(static_cast<int>(i)) &&
-          (bottom_[i]->data.dtype() == DType::kF32 || bottom_[i]->data.dtype() == DType::kF64);
+          (bottom_[i]->data.dtype() == DType::kF32 || bottom_[i]->data.dtype() == DType::kF64 ||
+           IsLowPrecision(bottom_[i]->data.dtype()));
       propagate.push_back(p);
       if (p) {
         bottom_[i]->grad.Resize(bottom_[i]->data.shape(), bottom_[i]->data.dtype());
