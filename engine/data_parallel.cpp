@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "engine/error.h"
+#include "engine/thread_pool.h"
 
 namespace cortado {
 namespace {
@@ -378,6 +379,15 @@ std::vector<Tensor> DataParallel::GatherResiduals() {
     out.push_back(std::move(t));
   }
   return out;
+}
+
+void DataParallel::ScaleResidual(double factor) {
+  if (residual_.empty()) return;
+  float* r = residual_.data<float>();
+  const float f = static_cast<float>(factor);
+  ParallelFor(residual_.numel(), 65536, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) r[i] *= f;
+  });
 }
 
 void DataParallel::SetResidual(const Tensor& residual) {

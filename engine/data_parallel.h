@@ -97,6 +97,9 @@ class DataParallel {
   const Tensor& residual() const { return residual_; }
   std::vector<Tensor> GatherResiduals();
   void SetResidual(const Tensor& residual);
+  // Multiplies the residual by factor: a loss scaler changed the scale the gradients carry, and
+  // what quantization lost must carry the new one (mixed precision with error feedback).
+  void ScaleResidual(double factor);
 
   // Collective check that this rank runs the same job as rank 0: rank 0's `description` (text,
   // one item per line, e.g. the resolved config and the model's parameter shapes) is compared

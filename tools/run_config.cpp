@@ -1,11 +1,13 @@
 #include "tools/run_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "engine/error.h"
+#include "engine/numbers.h"
 
 namespace cortado {
 namespace {
@@ -328,11 +330,45 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train) {
 
   YamlSection pr = root.Section("precision");
   const std::string compute = pr.String("compute", "fp32");
-  Require(compute == "fp32" || compute == "fp64", pr, "compute",
-          "must be fp32 or fp64, got '" + compute + "'");
-  c.precision.compute = compute == "fp64" ? DType::kF64 : DType::kF32;
+  Require(compute == "fp32" || compute == "fp64" || compute == "bf16" || compute == "fp16", pr,
+          "compute", "must be fp32, fp64, bf16 or fp16, got '" + compute + "'");
+  c.precision.compute = compute == "fp64"   ? DType::kF64
+                        : compute == "bf16" ? DType::kBF16
+                        : compute == "fp16" ? DType::kF16
+                                            : DType::kF32;
+  LossScalerOptions& so = c.precision.scaler;
+  const std::string loss_scale = pr.String("loss_scale", compute == "fp16" ? "dynamic" : "1");
+  so.init_scale = pr.Float("init_scale", so.init_scale);
+  so.growth_factor = pr.Float("growth_factor", so.growth_factor);
+  so.backoff_factor = pr.Float("backoff_factor", so.backoff_factor);
+  so.growth_interval = pr.Int("growth_interval", so.growth_interval);
+  if (loss_scale == "dynamic") {
+    so.dynamic = true;
+    c.precision.loss_scaling = true;
+  } else {
+    double value = 0;
+    const bool number = ParseFiniteDouble(loss_scale, &value);
+    Require(number && value > 0, pr, "loss_scale",
+            "must be dynamic or a positive number, got '" + loss_scale + "'");
+    so.dynamic = false;
+    so.init_scale = value;
+    c.precision.loss_scaling = value != 1.0;
+    Require(!pr.Has("init_scale") && !pr.Has("growth_interval") && !pr.Has("growth_factor") &&
+                !pr.Has("backoff_factor"),
+            pr, "loss_scale",
+            "is static ('" + loss_scale +
+                "'); init_scale, growth_factor, backoff_factor and growth_interval are for "
+                "loss_scale: dynamic");
+  }
+  Require(std::isfinite(so.init_scale) && so.init_scale > 0, pr, "init_scale",
+          "must be positive and finite");
+  Require(so.growth_factor > 1 && std::isfinite(so.growth_factor), pr, "growth_factor",
+          "must be > 1");
+  Require(so.backoff_factor > 0 && so.backoff_factor < 1, pr, "backoff_factor",
+          "must be in (0, 1)");
+  Require(so.growth_interval >= 1, pr, "growth_interval", "must be >= 1");
   pr.Finish();
-  if (c.precision.compute != DType::kF32 && dc.codec.codec != "f32") {
+  if (c.precision.compute == DType::kF64 && dc.codec.codec != "f32") {
     dd.Error("codec", "the gradient codecs compress f32 gradients; precision.compute is " +
                           compute + " (use distributed.codec: f32 with it)");
   }

@@ -9,6 +9,7 @@
 
 #include "data/data_options.h"
 #include "engine/data_parallel.h"
+#include "engine/loss_scaler.h"
 #include "engine/net.h"
 #include "engine/solver.h"
 #include "engine/yaml_config.h"
@@ -62,8 +63,14 @@ struct DistributedConfig {
 // The `precision:` section. fp64 computes every layer, gradient and update in double: about
 // 2-4x slower, for numerical reference runs (the data-parallel equivalence tests compare in it,
 // where f32 rounding would flip single ReLUs between runs and hide what is being compared).
+// bf16 and fp16 store activations and their gradients in 16 bits, with f32 master weights,
+// momentum, batch-norm statistics, softmax and loss (engine/layer.h); loss_scale is `dynamic`
+// (engine/loss_scaler.h), a number (a static scale) or 1 (none). Its default: dynamic for
+// fp16, whose gradients underflow without it, and none otherwise (bf16 has f32's range).
 struct PrecisionConfig {
-  DType compute = DType::kF32;  // fp32 | fp64
+  DType compute = DType::kF32;  // fp32 | fp64 | bf16 | fp16
+  bool loss_scaling = false;    // loss_scale is dynamic or a number other than 1
+  LossScalerOptions scaler;     // dynamic, init_scale (the static scale), growth and backoff
 };
 
 struct RunConfig {

@@ -6,6 +6,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
@@ -204,6 +205,9 @@ Trainer::Trainer(RunConfig config, World world)
                              config_.data.batch_size);
   net_ = std::make_unique<Net>(spec, seed, config_.precision.compute);
   solver_ = std::make_unique<SgdSolver>(net_->params(), config_.solver.sgd);
+  if (config_.precision.loss_scaling) {
+    scaler_ = std::make_unique<LossScaler>(config_.precision.scaler);
+  }
   schedule_ = std::make_unique<LrSchedule>(config_.solver.schedule);
   batches_per_epoch_ = train_source_->batches_per_epoch();
   max_iter_ = config_.solver.epoch_based ? config_.solver.max_epochs * batches_per_epoch_
@@ -322,6 +326,7 @@ Checkpoint Trainer::CollectState() const {
   SaveState(ckpt);
   net_->SaveState(ckpt);
   solver_->SaveState(ckpt);
+  if (scaler_) scaler_->SaveState(ckpt);
   if (!feedback_.empty()) {
     ckpt.meta["error_feedback_ranks"] = std::to_string(feedback_.size());
     for (size_t r = 0; r < feedback_.size(); ++r) {
@@ -334,6 +339,7 @@ Checkpoint Trainer::CollectState() const {
 void Trainer::LoadAllState(const Checkpoint& ckpt, const std::string& path) {
   net_->LoadState(ckpt, path);
   solver_->LoadState(ckpt, path);
+  if (scaler_) scaler_->LoadState(ckpt, path);
   LoadState(ckpt, path);
   LoadFeedback(ckpt, path);
 }
@@ -484,7 +490,9 @@ StepTimes Trainer::Step(const std::atomic<bool>* stop) {
     CORTADO_CHECK(std::isfinite(loss), "the loss became ", loss, " at iteration ", iteration_,
                   " (try a lower solver.base_lr or a warmup)");
   }
-  net_->Backward();
+  const double scale = scaler_ ? scaler_->scale() : 1.0;
+  net_->Backward(scale);
+  InjectTestFault();
   const auto t2 = Clock::now();
   if (dp_) {
     DataParallel::StepResult r = dp_->FinishStep();
@@ -499,7 +507,11 @@ StepTimes Trainer::Step(const std::atomic<bool>* stop) {
   const auto t3 = Clock::now();
   last_loss_ = loss;
   last_lr_ = schedule_->At(Progress(iteration_));
-  solver_->Step(last_lr_);
+  if (scaler_) {
+    UpdateScaled(scale);
+  } else {
+    solver_->Step(last_lr_);
+  }
   const auto t4 = Clock::now();
   times.compute = Seconds(t1, t2) + Seconds(t3, t4);
   if (sync_bn_) times.sync_bn = sync_bn_->TakeSeconds();
@@ -507,6 +519,44 @@ StepTimes Trainer::Step(const std::atomic<bool>* stop) {
   ++iteration_;
   if (trace_ && iteration_ == trace_until_) FinishTrace();
   return times;
+}
+
+// CORTADO_TEST_INF_GRADIENT=<rank>:<iteration> (tests of the loss scaler): that rank's first
+// gradient element becomes inf after that iteration's backward, before the all-reduce (so with
+// several ranks, use distributed.overlap: false, where nothing is sent during backward).
+void Trainer::InjectTestFault() {
+  const char* spec = std::getenv("CORTADO_TEST_INF_GRADIENT");
+  if (spec == nullptr) return;
+  long rank = -1, iteration = -1;
+  if (std::sscanf(spec, "%ld:%ld", &rank, &iteration) != 2) {
+    Fail("CORTADO_TEST_INF_GRADIENT='", spec, "': expected <rank>:<iteration>");
+  }
+  if (rank != world_.rank || iteration != iteration_) return;
+  Param& p = *net_->params().front();
+  if (p.grad.dtype() == DType::kF32) p.grad.data<float>()[0] = INFINITY;
+  if (p.grad.dtype() == DType::kF64) p.grad.data<double>()[0] = INFINITY;
+}
+
+void Trainer::UpdateScaled(double scale) {
+  // Every rank holds the same reduced gradients; the vote makes the decision collective even
+  // where a backend's all-reduce might differ in the last bit between ranks.
+  double overflowed = LossScaler::AllFinite(net_->params()) ? 0.0 : 1.0;
+  if (dp_) world_.comm->AllReduce(&overflowed, 1, dist::DataType::kF64, dist::ReduceOp::kMax);
+  const bool finite = overflowed == 0.0;
+  if (!finite && !scaler_->options().dynamic) {
+    Fail("the gradients are not finite at iteration ", iteration_, " with the static loss scale ",
+         scale, " (precision.loss_scale: try dynamic, or a smaller scale)");
+  }
+  const double change = scaler_->Update(finite);
+  if (finite) {
+    solver_->Step(last_lr_, 1.0 / scale);
+  } else if (is_root()) {
+    progress_.Clear();
+    LogInfo("iteration ", iteration_, ": gradients overflowed at loss scale ", scale,
+            "; step skipped, scale now ", scaler_->scale());
+  }
+  // Error-feedback residuals hold what quantization lost of the scaled gradients.
+  if (change != 1.0 && dp_ && dp_->options().error_feedback) dp_->ScaleResidual(change);
 }
 
 void Trainer::TraceStep(const StepTimes& times, Clock::time_point t0, Clock::time_point t_update0,
@@ -586,9 +636,16 @@ void Trainer::LogInterval() {
       comm += StrCat(" (+ sync BN ", Fixed(1000 * s.time.sync_bn / steps, 1), " in compute)");
     }
   }
+  std::string scaling;
+  if (scaler_) {
+    scaling = StrCat("  scale ", scaler_->scale());
+    if (scaler_->skipped_steps() > 0)
+      scaling += StrCat(" (", scaler_->skipped_steps(), " skipped)");
+  }
   LogInfo("train iter ", iteration_, "/", max_iter_, "  epoch ", Fixed(epoch, 2), "  loss ",
-          Fixed(loss, 4), "  lr ", last_lr_, "  ", Fixed(img_per_s, img_per_s < 100 ? 1 : 0),
-          " img/s  ms/step: compute ", Fixed(1000 * s.time.compute / steps, 1), comm, ", data ",
+          Fixed(loss, 4), "  lr ", last_lr_, scaling, "  ",
+          Fixed(img_per_s, img_per_s < 100 ? 1 : 0), " img/s  ms/step: compute ",
+          Fixed(1000 * s.time.compute / steps, 1), comm, ", data ",
           Fixed(1000 * s.time.data_wait / steps, 1), "  ETA ", FormatDuration(eta));
   nlohmann::ordered_json m;
   m["event"] = "train";
@@ -602,6 +659,10 @@ void Trainer::LogInterval() {
   m["comm_wait_s"] = s.time.comm_wait;
   m["sync_bn_s"] = s.time.sync_bn;
   if (dp_) m["wire_bytes_per_step"] = dp_->wire_bytes_per_step();
+  if (scaler_) {
+    m["loss_scale"] = scaler_->scale();
+    m["skipped_steps"] = scaler_->skipped_steps();
+  }
   metrics_.Write(m);
 }
 

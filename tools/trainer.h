@@ -19,6 +19,7 @@
 #include "data/batch_source.h"
 #include "engine/checkpoint.h"
 #include "engine/data_parallel.h"
+#include "engine/loss_scaler.h"
 #include "engine/net.h"
 #include "engine/solver.h"
 #include "engine/sync_batch_norm.h"
@@ -96,6 +97,8 @@ class Trainer : public CheckpointState {
   const World& world() const { return world_; }
   const EvalResult& last_eval() const { return last_eval_; }
   double last_loss() const { return last_loss_; }
+  // The loss scaler (null when precision.loss_scale is 1).
+  const LossScaler* loss_scaler() const { return scaler_.get(); }
   // The id every checkpoint of this run carries: new for a fresh start, the checkpoint's on
   // resume.
   const std::string& run_id() const { return run_id_; }
@@ -120,6 +123,10 @@ class Trainer : public CheckpointState {
   void StopHere(const char* why, const std::vector<std::string>& argv);
   void LogInterval();
   void RunEval();
+  // The update of a step whose loss was multiplied by `scale`: skipped (and the scale backed
+  // off) on every rank when any gradient is not finite, else SGD on the unscaled gradients.
+  void UpdateScaled(double scale);
+  void InjectTestFault();
   void TraceStep(const StepTimes& times, Trace::Clock::time_point t0,
                  Trace::Clock::time_point t_update0, Trace::Clock::time_point t_update1);
   void FinishTrace();
@@ -137,6 +144,8 @@ class Trainer : public CheckpointState {
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<SyncBatchNormReducer> sync_bn_;
   std::unique_ptr<DataParallel> dp_;
+  // Loss scaling (precision.loss_scale dynamic or static); null when the loss is not scaled.
+  std::unique_ptr<LossScaler> scaler_;
   // Error feedback: every rank's residual block, as last gathered or loaded (rank r's at r).
   std::vector<Tensor> feedback_;
   Batch batch_;

@@ -189,6 +189,32 @@ const char* kGraph =
     "    - {name: top1, type: Accuracy, inputs: [logits, label], outputs: top1, top_k: 1}\n"
     "    - {name: top5, type: Accuracy, inputs: [logits, label], outputs: top5, top_k: 5}\n";
 
+// Mixed precision across ranks: an overflow injected on rank 1 alone makes both ranks skip the
+// step and halve the scale (rank 0's checkpoint shows the skip though its own gradients were
+// finite; had rank 1 updated with inf, the next step's averaged loss would stop the job).
+TEST_F(DataParallelTest, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
+  const std::string config =
+      Config(kGraph, "distributed: {overlap: false}\nprecision: {compute: fp16}\n");
+  ::setenv("CORTADO_TEST_INF_GRADIENT", "1:3", 1);
+  Checkpoint c = Train(config, 2, 8, "inf");
+  ::unsetenv("CORTADO_TEST_INF_GRADIENT");
+  const Tensor* state = c.Find("loss_scaler/state");
+  ASSERT_NE(state, nullptr);
+  const double* s = state->data<double>();
+  EXPECT_GE(s[2], 1.0) << "skipped steps";
+  EXPECT_LE(s[0], 32768.0) << "scale";
+  for (const auto& [name, t] : c.tensors) {
+    if (name.rfind("param/", 0) != 0) continue;
+    for (int64_t i = 0; i < t.numel(); ++i)
+      ASSERT_TRUE(std::isfinite(ElementAsDouble(t, i))) << name;
+  }
+  // Without the injection, the same run skips fewer steps (none, or only those the initial
+  // scale of 65536 overflows by itself).
+  Checkpoint clean = Train(config, 2, 8, "clean");
+  ASSERT_NE(clean.Find("loss_scaler/state"), nullptr);
+  EXPECT_EQ(clean.Find("loss_scaler/state")->data<double>()[2] + 1, s[2]);
+}
+
 TEST_F(DataParallelTest, LeNetOnTwoAndThreeRanksEqualsOneProcessWithTheCombinedBatch) {
   const std::string config = Config(kLeNet);
   Checkpoint one16 = Train(config, 1, 16, "one16");
