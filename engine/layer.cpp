@@ -157,17 +157,20 @@ void Layer::BackwardInF32(const Blobs& top, const std::vector<bool>& propagate_d
   };
   std::vector<Blob> wide(bottom.size() + top.size());
   Blobs wide_bottom, wide_top;
+  // What the kernel does not read keeps its 16-bit tensor (shape and size stay right; reading it
+  // as f32 would throw), which saves a conversion of every activation the layer skips.
+  const bool reads_outputs = BackwardReadsOutputs(), reads_inputs = BackwardReadsInputs();
   for (size_t j = 0; j < top.size(); ++j) {
     Blob& w = wide[bottom.size() + j];
     w.name = top[j]->name;
-    w.data = widen(top[j]->data);
+    w.data = reads_outputs ? widen(top[j]->data) : top[j]->data;
     w.grad = widen(top[j]->grad);
     wide_top.push_back(&w);
   }
   for (size_t i = 0; i < bottom.size(); ++i) {
     Blob& w = wide[i];
     w.name = bottom[i]->name;
-    w.data = widen(bottom[i]->data);
+    w.data = reads_inputs ? widen(bottom[i]->data) : bottom[i]->data;
     const bool wants = i < propagate_down.size() && propagate_down[i];
     if (wants && IsLowPrecision(bottom[i]->grad.dtype())) {
       w.grad = Staged(pool, next++, bottom[i]->grad.shape());

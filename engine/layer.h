@@ -144,6 +144,9 @@ class Layer {
   // Whether Backward reads this layer's own outputs' data. One that does not lets the single
   // consumer of an output overwrite it (an in-place ReLU after BatchNorm or a convolution).
   virtual bool BackwardReadsOutputs() const { return true; }
+  // Whether Backward reads its floating inputs' data (the f32 fallback of bf16/f16 widens only
+  // what the kernel reads; labels are never widened).
+  virtual bool BackwardReadsInputs() const { return true; }
   // Whether the layer can write its output into its input's storage and compute its backward
   // from the output alone; the net turns that on (set_in_place) where the input has no other
   // reader and its producer's backward does not need it, saving the output's memory.

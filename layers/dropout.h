@@ -22,6 +22,7 @@ class DropoutLayer : public Layer {
  public:
   using Layer::Layer;
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  bool BackwardReadsInputs() const override { return false; }  // by the saved mask
 
  protected:
   void ForwardF32(const Blobs& bottom, const Blobs& top) override;

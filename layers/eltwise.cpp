@@ -163,7 +163,9 @@ void EltwiseLayer::BackwardCpu(const Blobs& top, const std::vector<bool>& propag
   const int32_t* arg = op_ == Op::kMax ? argmax_.data<int32_t>() : nullptr;
   const size_t k = bottom.size();
   std::vector<const T*> x;
-  for (Blob* b : bottom) x.push_back(b->data.data<T>());
+  if (op_ == Op::kProd) {
+    for (Blob* b : bottom) x.push_back(b->data.data<T>());  // only prod reads the inputs
+  }
   for (size_t j = 0; j < k; ++j) {
     if (!propagate_down[j]) continue;
     T* dx = bottom[j]->grad.data<T>();  // bottom[j]: top's shape

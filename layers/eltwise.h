@@ -21,6 +21,7 @@ class EltwiseLayer : public Layer {
   int MaxInputs() const override { return -1; }
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   bool BackwardReadsOutputs() const override { return false; }
+  bool BackwardReadsInputs() const override { return op_ == Op::kProd; }  // max: argmax
   // A sum needs none of its inputs in backward, so it may accumulate into input 0.
   bool CanRunInPlace() const override { return op_ == Op::kSum; }
 

@@ -59,7 +59,45 @@ void ReluBackwardKernel(const T* __restrict x, const T* __restrict dy, T* __rest
     }
   }
 }
+// bf16 and f16 share IEEE's sign-magnitude layout, so ReLU (slope 0) runs on the 16-bit codes:
+// x > 0 exactly when 0 < code <= the code of +inf (NaN codes lie above it and go to 0, as the
+// f32 comparison sends them).
+void Relu16Forward(const uint16_t* __restrict x, uint16_t* __restrict y, int64_t n, uint16_t inf) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t v = x[i];
+    y[i] = (v != 0 && v <= inf) ? v : uint16_t{0};
+  }
+}
+void Relu16Backward(const uint16_t* __restrict y, const uint16_t* __restrict dy,
+                    uint16_t* __restrict dx, int64_t n, uint16_t inf) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t v = y[i];
+    dx[i] = (v != 0 && v <= inf) ? dy[i] : uint16_t{0};
+  }
+}
 }  // namespace
+
+void ReluLayer::Forward16(const Blobs& bottom, const Blobs& top, uint16_t inf) {
+  if (negative_slope_ != 0) return ForwardInF32(bottom, top);
+  if (in_place_) top[0]->data = bottom[0]->data;
+  const auto* x = static_cast<const uint16_t*>(bottom[0]->data.raw_data());
+  auto* y = static_cast<uint16_t*>(top[0]->data.raw_data());
+  ParallelFor(bottom[0]->data.numel(), kReluChunk, [&](int64_t begin, int64_t end) {
+    Relu16Forward(x + begin, y + begin, end - begin, inf);
+  });
+}
+
+void ReluLayer::Backward16(const Blobs& top, const std::vector<bool>& propagate_down,
+                           const Blobs& bottom, uint16_t inf) {
+  if (negative_slope_ != 0) return BackwardInF32(top, propagate_down, bottom);
+  if (!propagate_down[0]) return;
+  const auto* y = static_cast<const uint16_t*>(top[0]->data.raw_data());
+  const auto* dy = static_cast<const uint16_t*>(top[0]->grad.raw_data());
+  auto* dx = static_cast<uint16_t*>(bottom[0]->grad.raw_data());
+  ParallelFor(bottom[0]->data.numel(), kReluChunk, [&](int64_t begin, int64_t end) {
+    Relu16Backward(y + begin, dy + begin, dx + begin, end - begin, inf);
+  });
+}
 
 void ReluLayer::LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
   negative_slope_ = settings().GetFloat("negative_slope", 0.0);

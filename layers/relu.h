@@ -17,6 +17,8 @@ class ReluLayer : public Layer {
   using Layer::Layer;
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   bool CanRunInPlace() const override { return negative_slope_ >= 0; }
+  // The gradient's mask comes from y where the slope is not negative (y > 0 iff x > 0).
+  bool BackwardReadsInputs() const override { return negative_slope_ < 0; }
 
  protected:
   void ForwardF32(const Blobs& bottom, const Blobs& top) override;
@@ -25,9 +27,28 @@ class ReluLayer : public Layer {
                    const Blobs& bottom) override;
   void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
                    const Blobs& bottom) override;
+  // bf16 and f16 with slope 0 on the 16-bit codes (no conversion); a leaky ReLU computes in f32.
+  void ForwardBF16(const Blobs& bottom, const Blobs& top) override {
+    Forward16(bottom, top, kBF16Inf);
+  }
+  void ForwardF16(const Blobs& bottom, const Blobs& top) override {
+    Forward16(bottom, top, kF16Inf);
+  }
+  void BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                    const Blobs& bottom) override {
+    Backward16(top, propagate_down, bottom, kBF16Inf);
+  }
+  void BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                   const Blobs& bottom) override {
+    Backward16(top, propagate_down, bottom, kF16Inf);
+  }
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
+  static constexpr uint16_t kBF16Inf = 0x7f80, kF16Inf = 0x7c00;  // codes of +inf
+  void Forward16(const Blobs& bottom, const Blobs& top, uint16_t inf);
+  void Backward16(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom,
+                  uint16_t inf);
   template <typename T>
   void ForwardCpu(const Blobs& bottom, const Blobs& top);
   template <typename T>

@@ -26,6 +26,7 @@ class SoftmaxWithLossLayer : public Layer {
   bool CanBackpropTo(int input_index) const override { return input_index == 0; }
   bool IsLoss() const override { return true; }
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  bool BackwardReadsInputs() const override { return false; }  // from the saved probabilities
 
  protected:
   void ForwardF32(const Blobs& bottom, const Blobs& top) override;

@@ -16,6 +16,7 @@ class SplitLayer : public Layer {
   using Layer::Layer;
   int NumOutputs() const override { return -1; }
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  bool BackwardReadsInputs() const override { return false; }  // the sum of the top gradients
 
  protected:
   // Forward shares storage, so one implementation serves every dtype.
