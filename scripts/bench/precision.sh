@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Mixed precision side by side: ResNet-50 training steps (batch 16, 224x224, synthetic data,
+# THREADS threads) in Cortado fp32, bf16 and fp16 (`cortado bench train --set
+# precision.compute=...`) and PyTorch 1.13 fp32 channels-last and bf16 autocast
+# (scripts/bench/models/torch_models.py), ROUNDS rounds in turn, each run its own process so
+# that peak memory is per run. Prints img/s and peak memory (median round [min, max]), Cortado's
+# activation-gradient memory, and the ratios against PyTorch bf16 autocast (the peer to beat).
+# Raw JSON lines go to runs/bench-precision-<time>/.
+#
+# Usage: scripts/bench/precision.sh   Environment: MODEL (resnet50), ROUNDS (3), ITERS (2,
+#        after WARMUP 1), THREADS (2), CORTADO_BUILD_DIR (build)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+model=${MODEL:-resnet50}
+rounds=${ROUNDS:-3}
+iters=${ITERS:-2}
+warmup=${WARMUP:-1}
+threads=${THREADS:-2}
+build=${CORTADO_BUILD_DIR:-build}
+py=/usr/bin/python3  # Debian's: sees python3-torch and python3-torchvision
+cortado=$build/tools/cortado
+[[ -x $cortado ]] || { echo "precision.sh: build first: cmake --build $build --target cortado" >&2; exit 1; }
+out=runs/bench-precision-$(date +%Y%m%d-%H%M%S)
+mkdir -p "$out"
+echo "# $(date -Is) $(git rev-parse --short HEAD 2>/dev/null || echo '?'); load: $(cut -d' ' -f1-3 /proc/loadavg)" > "$out/info.txt"
+config=$out/$model.yaml
+printf 'model: {builder: %s, num_classes: 1000}\ndata: {type: synthetic, batch_size: 16, crop: 224}\nsolver: {base_lr: 0.01, momentum: 0.9, max_iter: 1000}\n' "$model" > "$config"
+
+for r in $(seq "$rounds"); do
+  for precision in fp32 bf16 fp16; do
+    echo "== round $r/$rounds: cortado $precision" >&2
+    "$cortado" bench train --config "$config" --set "precision.compute=$precision" \
+      --iters "$iters" --warmup "$warmup" --threads "$threads" --json 2>/dev/null |
+      "$py" -c "import json,sys; j=json.load(sys.stdin); print(json.dumps({'round': $r, 'side': 'cortado', 'mode': '$precision', 'img_per_s': j['img_per_s'], 'peak_rss_mb': j['peak_rss_mb'], 'activation_grad_mb': j['activation_grad_mb']}))" >> "$out/results.jsonl"
+  done
+  for mode in channels_last bf16; do
+    echo "== round $r/$rounds: pytorch $mode" >&2
+    "$py" scripts/bench/models/torch_models.py --model "$model" --mode "$mode" --batch 16 \
+      --threads "$threads" --iters "$iters" --warmup "$warmup" |
+      "$py" -c "import json,sys; j=json.load(sys.stdin); print(json.dumps({'round': $r, 'side': 'pytorch', 'mode': '$mode', 'img_per_s': j['img_per_s'], 'peak_rss_mb': j['peak_rss_mb']}))" >> "$out/results.jsonl"
+  done
+done
+echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/info.txt"
+"$py" scripts/bench/precision/summarize.py "$out/results.jsonl" | tee "$out/summary.md"
+echo "Raw results: $out" >&2
