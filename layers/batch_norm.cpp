@@ -64,11 +64,12 @@ void BatchNormLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector
   top[0]->data.Resize(x.shape(), x.dtype());
 }
 
-template <typename T>
+template <typename S>
 void BatchNormLayer::ForwardT(const Tensor& xt, Tensor& yt) {
+  using T = Compute<S>;
   const int64_t c_n = channels_, n = num_, s = spatial_;
-  const T* x = xt.data<T>();  // bottom: (N, C, S)
-  T* y = yt.data<T>();        // top: (N, C, S)
+  const S* x = xt.data<S>();  // bottom: (N, C, S)
+  S* y = yt.data<S>();        // top: (N, C, S)
   T* running_mean = buffers_[0].value.data<T>();
   T* running_var = buffers_[1].value.data<T>();
   const T* gamma = affine_ ? params_[0].value.data<T>() : nullptr;
@@ -83,10 +84,10 @@ void BatchNormLayer::ForwardT(const Tensor& xt, Tensor& yt) {
       for (int64_t c = c0; c < c1; ++c) {
         double a1 = 0, a2 = 0;
         for (int64_t i = 0; i < n; ++i) {
-          const T* plane = x + (i * c_n + c) * s;
+          const S* plane = x + (i * c_n + c) * s;
 #pragma omp simd reduction(+ : a1, a2)
           for (int64_t j = 0; j < s; ++j) {
-            const double v = plane[j];
+            const double v = Widen(plane[j]);
             a1 += v;
             a2 += v * v;
           }
@@ -138,18 +139,19 @@ void BatchNormLayer::ForwardT(const Tensor& xt, Tensor& yt) {
       const T a = static_cast<T>(g * invstd_[c]);
       const T m = static_cast<T>(mean_[c]);
       const T b = beta != nullptr ? beta[c] : T(0);
-      const T* src = x + plane * s;
-      T* dst = y + plane * s;
-      for (int64_t j = 0; j < s; ++j) dst[j] = a * (src[j] - m) + b;
+      const S* src = x + plane * s;
+      S* dst = y + plane * s;
+      for (int64_t j = 0; j < s; ++j) dst[j] = Narrow<S>(a * (Widen(src[j]) - m) + b);
     }
   });
 }
 
-template <typename T>
+template <typename S>
 void BatchNormLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propagate, Tensor* dxt) {
+  using T = Compute<S>;
   const int64_t c_n = channels_, n = num_, s = spatial_;
-  const T* x = xt.data<T>();    // bottom: (N, C, S)
-  const T* dy = dyt.data<T>();  // top grad: (N, C, S)
+  const S* x = xt.data<S>();    // bottom: (N, C, S)
+  const S* dy = dyt.data<S>();  // top grad: (N, C, S)
   const T* gamma = affine_ ? params_[0].value.data<T>() : nullptr;
 
   // Per channel: sum dy and sum dy * (x - mean).
@@ -159,13 +161,13 @@ void BatchNormLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propaga
       const T mean = static_cast<T>(mean_[c]);
       double a1 = 0, a2 = 0;
       for (int64_t i = 0; i < n; ++i) {
-        const T* xp = x + (i * c_n + c) * s;
-        const T* gp = dy + (i * c_n + c) * s;
+        const S* xp = x + (i * c_n + c) * s;
+        const S* gp = dy + (i * c_n + c) * s;
 #pragma omp simd reduction(+ : a1, a2)
         for (int64_t j = 0; j < s; ++j) {
-          const double g = gp[j];
+          const double g = Widen(gp[j]);
           a1 += g;
-          a2 += g * static_cast<double>(xp[j] - mean);
+          a2 += g * static_cast<double>(Widen(xp[j]) - mean);
         }
       }
       sdy[c] = a1;
@@ -212,16 +214,18 @@ void BatchNormLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propaga
       coef_c[c] = 0;
     }
   }
-  T* dx = dxt->data<T>();  // bottom grad: (N, C, S)
+  S* dx = dxt->data<S>();  // bottom grad: (N, C, S)
   ParallelFor(n * c_n, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t plane = p0; plane < p1; ++plane) {
       const int64_t c = plane % c_n;
       const T a = static_cast<T>(coef_a[c]), b = static_cast<T>(coef_b[c]),
               cc = static_cast<T>(coef_c[c]), m = static_cast<T>(mean_[c]);
-      const T* gp = dy + plane * s;
-      const T* xp = x + plane * s;
-      T* dp = dx + plane * s;
-      for (int64_t j = 0; j < s; ++j) dp[j] = a * gp[j] + b * (xp[j] - m) + cc;
+      const S* gp = dy + plane * s;
+      const S* xp = x + plane * s;
+      S* dp = dx + plane * s;
+      for (int64_t j = 0; j < s; ++j) {
+        dp[j] = Narrow<S>(a * Widen(gp[j]) + b * (Widen(xp[j]) - m) + cc);
+      }
     }
   });
 }
@@ -239,6 +243,21 @@ void BatchNormLayer::BackwardF32(const Blobs& top, const std::vector<bool>& prop
 void BatchNormLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
                                  const Blobs& bottom) {
   BackwardT<double>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
+}
+
+void BatchNormLayer::ForwardBF16(const Blobs& bottom, const Blobs& top) {
+  ForwardT<BFloat16>(bottom[0]->data, top[0]->data);
+}
+void BatchNormLayer::ForwardF16(const Blobs& bottom, const Blobs& top) {
+  ForwardT<Half>(bottom[0]->data, top[0]->data);
+}
+void BatchNormLayer::BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                                  const Blobs& bottom) {
+  BackwardT<BFloat16>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
+}
+void BatchNormLayer::BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                                 const Blobs& bottom) {
+  BackwardT<Half>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
 }
 
 CORTADO_REGISTER_LAYER(BatchNorm, BatchNormLayer);

@@ -49,15 +49,23 @@ class BatchNormLayer : public Layer {
                    const Blobs& bottom) override;
   void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
                    const Blobs& bottom) override;
+  void ForwardBF16(const Blobs& bottom, const Blobs& top) override;
+  void ForwardF16(const Blobs& bottom, const Blobs& top) override;
+  void BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                    const Blobs& bottom) override;
+  void BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
   bool UseGlobalStats() const;
   // The reducer this layer synchronizes through, or null for per-rank statistics.
   BatchStatsReducer* Reducer() const;
-  template <typename T>
+  // S: the activations' storage type; params, statistics and arithmetic in Compute<S> (f32 for
+  // bf16 and f16, which thus run natively, without staging copies).
+  template <typename S>
   void ForwardT(const Tensor& x, Tensor& y);
-  template <typename T>
+  template <typename S>
   void BackwardT(const Tensor& x, const Tensor& dy, bool propagate, Tensor* dx);
 
   double eps_ = 1e-5;

@@ -7,13 +7,62 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include "cortado/dist/types.h"
 #include "engine/layer.h"
 #include "engine/random.h"
 #include "engine/tensor.h"
 
 namespace cortado {
+
+// Storage and arithmetic types of a kernel that reads and writes S and computes in Compute<S>:
+// f32 and f64 compute in themselves, bf16 and f16 in f32 (widened on load, rounded to nearest
+// even on store, as Tensor::ConvertFrom does, so a native kernel equals the f32 fallback).
+template <typename S>
+struct ComputeOf {
+  using type = S;
+};
+template <>
+struct ComputeOf<BFloat16> {
+  using type = float;
+};
+template <>
+struct ComputeOf<Half> {
+  using type = float;
+};
+template <typename S>
+using Compute = typename ComputeOf<S>::type;
+
+inline float Widen(float v) { return v; }
+inline double Widen(double v) { return v; }
+inline float Widen(BFloat16 v) { return dist::BFloat16ToFloat(v.bits); }
+inline float Widen(Half v) {
+#if defined(__F16C__)
+  return _cvtsh_ss(v.bits);
+#else
+  return HalfToFloat(v);
+#endif
+}
+template <typename S>
+S Narrow(Compute<S> v) {
+  if constexpr (std::is_same_v<S, BFloat16>) {
+    return BFloat16{dist::FloatToBFloat16(v)};
+  } else if constexpr (std::is_same_v<S, Half>) {
+#if defined(__F16C__)
+    return Half{static_cast<uint16_t>(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT))};
+#else
+    return FloatToHalf(v);
+#endif
+  } else {
+    return v;
+  }
+}
 
 // Throws unless t is a compute type: f32 or f64, or bf16 or f16 (mixed precision).
 inline void CheckFloatInput(const Layer& layer, const Tensor& t, const char* what) {
