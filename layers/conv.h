@@ -16,7 +16,8 @@
 // layers on small images), so that each GEMM is wide enough to run near peak. A 1x1 kernel
 // with stride 1 and no padding skips im2col (the input already is the column matrix). A
 // strided convolution first splits each image into phase planes (coordinates mod stride), on
-// which every tap is a stride-1 shift, so im2col and col2im copy contiguous runs.
+// which every tap is a stride-1 shift, so im2col and col2im copy contiguous runs (those kernels:
+// layers/im2col.h).
 // Backward recomputes the columns (cheaper than keeping them for the whole batch) and
 // accumulates the weight and bias gradients into per-thread buffers that are summed in thread
 // order afterwards: results are deterministic for a given thread count. The input gradient is
@@ -29,13 +30,9 @@
 #include <vector>
 
 #include "engine/layer.h"
+#include "layers/im2col.h"
 
 namespace cortado {
-
-// The geometry of one image: input (c, h, w), output (oh, ow), kernel, stride, pad, dilation.
-struct ConvGeometry {
-  int64_t c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw;
-};
 
 class ConvolutionLayer : public Layer {
  public:
