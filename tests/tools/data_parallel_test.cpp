@@ -213,6 +213,26 @@ TEST_F(DataParallelTest, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
   Checkpoint clean = Train(config, 2, 8, "clean");
   ASSERT_NE(clean.Find("loss_scaler/state"), nullptr);
   EXPECT_EQ(clean.Find("loss_scaler/state")->data<double>()[2] + 1, s[2]);
+
+  // Through a gradient codec with error feedback: the infinity survives encoding, the step is
+  // skipped, and the residuals (rescaled with the scale) stay finite.
+  const std::string coded = Config(
+      kGraph,
+      "distributed: {overlap: false, codec: epgc8, error_feedback: true, codec_keep_f32: []}\n"
+      "precision: {compute: fp16}\n");
+  ::setenv("CORTADO_TEST_INF_GRADIENT", "1:3", 1);
+  Checkpoint c8 = Train(coded, 2, 8, "inf8");
+  ::unsetenv("CORTADO_TEST_INF_GRADIENT");
+  ASSERT_NE(c8.Find("loss_scaler/state"), nullptr);
+  EXPECT_GE(c8.Find("loss_scaler/state")->data<double>()[2], 1.0);
+  int residuals = 0;
+  for (const auto& [name, t] : c8.tensors) {
+    if (name.rfind("param/", 0) != 0 && name.rfind("error_feedback/", 0) != 0) continue;
+    residuals += name.rfind("error_feedback/", 0) == 0;
+    for (int64_t i = 0; i < t.numel(); ++i)
+      ASSERT_TRUE(std::isfinite(ElementAsDouble(t, i))) << name;
+  }
+  EXPECT_EQ(residuals, 2);
 }
 
 TEST_F(DataParallelTest, LeNetOnTwoAndThreeRanksEqualsOneProcessWithTheCombinedBatch) {
