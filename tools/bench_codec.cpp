@@ -6,7 +6,7 @@
 // (dist::FloatToHalf) and, where the CPU has F16C, a _mm256_cvtps_ph loop. The default count
 // (8M floats, 32 MiB) mostly misses the caches; --count 64K stays in them. A round repeats the
 // call until it has covered at least 8M values, so small counts time something measurable.
-// CORTADO_CODEC_ISA=portable|avx2 chooses the kernels (printed).
+// CORTADO_CODEC_ISA=portable|avx2|avx512 chooses the kernels (printed).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

@@ -116,6 +116,7 @@ struct Consts {
   // E5 stochastic (see MagE5Stochastic in codec_avx2.cpp).
   __m512i e113 = U32(113), base_off = U32(113u << M), s_off = U32(23 - M);
   __m512i s_max = U32(40), c32 = U32(32);
+  __m512i normal_min = U32(113u << 23), rebias = U32(112u << 23);
   // The hash: lane j's index multiplier, a block's step, fmix32's multipliers.
   __m512i hash_lanes = Keep(
       _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -216,11 +217,19 @@ CORTADO_AVX512_INLINE __m512i MagE8(const Consts<8, M>& k, __m512i u, __m512i r)
   return Finish(k, mag, abs);
 }
 
-// Magnitude code of E5 formats, stochastic: the integer formula of MagE5Stochastic in
-// codec_avx2.cpp (variable shifts by 32 or more give 0 here too), rounding up by the mask.
+// Magnitude code of E5 formats, stochastic. Where every lane is normal in the target (fp32
+// exponent 113 and up: NaN, infinity and overflow included, Finish saturates them), base + q of
+// the reference is (abs - 112 << 23) >> s with s = 23 - M fixed, and the threshold abs << (32 -
+// s), as for the E8 formats: half the work. Otherwise the integer formula of MagE5Stochastic
+// in codec_avx2.cpp, per-lane s and all (variable shifts by 32 or more give 0 here too).
 template <int M>
 CORTADO_AVX512_INLINE __m512i MagE5Stochastic(const Consts<5, M>& k, __m512i u, __m512i r) {
   const __m512i abs = _mm512_and_si512(u, k.abs);
+  if (_mm512_cmplt_epu32_mask(abs, k.normal_min) == 0) [[likely]] {
+    const __m512i q = _mm512_srli_epi32(_mm512_sub_epi32(abs, k.rebias), 23 - M);
+    const __mmask16 up = _mm512_cmplt_epu32_mask(r, _mm512_slli_epi32(abs, 9 + M));
+    return Finish(k, _mm512_mask_add_epi32(q, up, q, k.one), abs);
+  }
   const __m512i ef = _mm512_srli_epi32(abs, 23);
   const __m512i e1 = _mm512_max_epi32(ef, k.one);
   const __m512i sig =
