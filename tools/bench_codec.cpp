@@ -1,4 +1,5 @@
-// `cortado bench codec [--json] [--count N] [--rounds R] [--codec C,...] [--rounding M,...]`
+// `cortado bench codec [--json] [--count N] [--rounds R] [--codec C,...] [--rounding M,...]
+// [--cpu-time]`
 // Single-thread throughput of the gradient codecs (cortado/dist/codec.h): Encode, Encode with
 // the residual, and DecodeAccumulate, each as GB/s of fp32 input (count * 4 bytes / time, GB =
 // 1e9 bytes), the median of R timed rounds with their min and max, beside baselines measured
