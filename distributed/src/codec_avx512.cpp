@@ -3,12 +3,13 @@
 // ActiveIsa() found the CPU able. They follow the AVX2 kernels' routes to EncodeValue's exact
 // result (see codec_avx2.cpp), 16 values per vector, with what AVX-512 adds:
 //   - unsigned compares into mask registers: stochastic rounding adds the mask's 1 (r <
-//     threshold) directly, and NaN and overflow fix-ups are masked moves;
+//     threshold) directly, and NaN and overflow fix-ups are masked moves; stochastic E5
+//     rounding takes a fixed-shift formula for vectors with no subnormal target lane;
 //   - bit-packed formats (epgc11, epgc9) in 64 values at a time, 8 groups: the planes are
 //     gathered by vptestmw (bit p of each code word, as a mask of 64 bits) or, for epgc9's
 //     signs, vpmovd2m; the high bytes and the plane bytes are then put in place by two VBMI
 //     byte permutes (vpermt2b) from tables made at compile time; decoding permutes back and
-//     sets the low bits by masked ORs from vptestmb.
+//     sets the low bits by masked byte adds from vptestmb.
 // Not used: AVX512_BF16's VCVTNEPS2BF16. It rounds to nearest even like bf16's kNearest but
 // flushes fp32 subnormals to zero and quiets NaNs its own way, so it would need the integer
 // formula as a fix-up anyway; the integer formula alone is a few instructions. Loops cover
