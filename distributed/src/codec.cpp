@@ -192,7 +192,17 @@ uint32_t StochasticBits(uint64_t seed, uint64_t index) {
 
 namespace codec_internal {
 
-const char* IsaName(Isa isa) { return isa == Isa::kAvx2 ? "avx2" : "portable"; }
+const char* IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kPortable:
+      return "portable";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
 
 bool CpuHasAvx2() {
 #if CORTADO_CODEC_HAVE_AVX2
@@ -206,24 +216,48 @@ bool CpuHasAvx2() {
 #endif
 }
 
-Isa ResolveIsa(const char* env_value, bool cpu_has_avx2) {
+bool CpuHasAvx512() {
+#if CORTADO_CODEC_HAVE_AVX512
+  // The compiler runtime reports AVX-512 features only where the OS saves the ZMM and mask
+  // registers (XCR0).
+  return CpuHasAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512vbmi");
+#else
+  return false;
+#endif
+}
+
+Isa BestIsa() { return CpuHasAvx512() ? Isa::kAvx512 : CpuHasAvx2() ? Isa::kAvx2 : Isa::kPortable; }
+
+Isa ResolveIsa(const char* env_value, Isa best) {
   const std::string value = env_value != nullptr ? env_value : "";
-  if (value.empty() || value == "auto") return cpu_has_avx2 ? Isa::kAvx2 : Isa::kPortable;
+  if (value.empty() || value == "auto") return best;
   if (value == "portable") return Isa::kPortable;
   if (value == "avx2") {
-    if (!cpu_has_avx2) {
+    if (best < Isa::kAvx2) {
       Fail(ErrorKind::kConfig, "CORTADO_CODEC_ISA=avx2, but ",
            CORTADO_CODEC_HAVE_AVX2 ? "this CPU lacks AVX2 or F16C"
                                    : "this build has no AVX2 kernels (not x86)");
     }
     return Isa::kAvx2;
   }
-  Fail(ErrorKind::kConfig, "CORTADO_CODEC_ISA='", value, "': expected portable, avx2 or auto");
+  if (value == "avx512") {
+    if (best < Isa::kAvx512) {
+      Fail(ErrorKind::kConfig, "CORTADO_CODEC_ISA=avx512, but ",
+           CORTADO_CODEC_HAVE_AVX512
+               ? "this CPU lacks one of AVX-512 F, BW, DQ, VL, VBMI, or AVX2 and F16C"
+               : "this build has no AVX-512 kernels (not x86-64)");
+    }
+    return Isa::kAvx512;
+  }
+  Fail(ErrorKind::kConfig, "CORTADO_CODEC_ISA='", value,
+       "': expected portable, avx2, avx512 or auto");
 }
 
 Isa ActiveIsa() {
   // Decided once; a malformed value throws on every call (the static stays uninitialized).
-  static const Isa isa = ResolveIsa(std::getenv("CORTADO_CODEC_ISA"), CpuHasAvx2());
+  static const Isa isa = ResolveIsa(std::getenv("CORTADO_CODEC_ISA"), BestIsa());
   return isa;
 }
 
@@ -578,6 +612,9 @@ void EncodeWith(Isa isa, CodecKind kind, const float* src, size_t count, void* d
                 const EncodeOptions& options, float* residual) {
   if (count == 0) return;
   auto* out = static_cast<uint8_t*>(dst);
+#if CORTADO_CODEC_HAVE_AVX512
+  if (isa == Isa::kAvx512) return EncodeAvx512(kind, src, count, out, options, residual);
+#endif
 #if CORTADO_CODEC_HAVE_AVX2
   if (isa == Isa::kAvx2) return EncodeAvx2(kind, src, count, out, options, residual);
 #endif
@@ -588,6 +625,9 @@ void DecodeWith(Isa isa, CodecKind kind, const void* src, size_t count, float* d
                 bool accumulate) {
   if (count == 0) return;
   const auto* in = static_cast<const uint8_t*>(src);
+#if CORTADO_CODEC_HAVE_AVX512
+  if (isa == Isa::kAvx512) return DecodeAvx512(kind, in, count, dst, accumulate);
+#endif
 #if CORTADO_CODEC_HAVE_AVX2
   if (isa == Isa::kAvx2) return DecodeAvx2(kind, in, count, dst, accumulate);
 #endif

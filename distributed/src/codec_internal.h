@@ -1,7 +1,7 @@
-// Internals of the gradient codecs (cortado/dist/codec.h), shared by codec.cpp, codec_avx2.cpp
-// and the tests: the format parameters, the random-word hash, which kernel set runs, and each
-// kernel set callable with its ISA named, so a test can hold the portable and the AVX2 kernels
-// against each other in one process whatever CORTADO_CODEC_ISA says.
+// Internals of the gradient codecs (cortado/dist/codec.h), shared by codec.cpp, codec_avx2.cpp,
+// codec_avx512.cpp and the tests: the format parameters, the random-word hash, which kernel set
+// runs, and each kernel set callable with its ISA named, so a test can hold the portable, AVX2
+// and AVX-512 kernels against each other in one process whatever CORTADO_CODEC_ISA says.
 #pragma once
 
 #include <cstddef>
@@ -15,6 +15,13 @@
 #define CORTADO_CODEC_HAVE_AVX2 1
 #else
 #define CORTADO_CODEC_HAVE_AVX2 0
+#endif
+// The AVX-512 kernels also need 64-bit mask registers moved to and from general registers:
+// x86-64 only.
+#if CORTADO_CODEC_HAVE_AVX2 && defined(__x86_64__)
+#define CORTADO_CODEC_HAVE_AVX512 1
+#else
+#define CORTADO_CODEC_HAVE_AVX512 0
 #endif
 
 namespace cortado::dist::codec_internal {
@@ -63,27 +70,34 @@ inline uint32_t Fmix32(uint32_t h) {
   return h;
 }
 
-enum class Isa : uint8_t { kPortable, kAvx2 };
-const char* IsaName(Isa isa);  // "portable", "avx2"
+// Kernel sets, in order: each later one needs what the earlier ones do.
+enum class Isa : uint8_t { kPortable, kAvx2, kAvx512 };
+const char* IsaName(Isa isa);  // "portable", "avx2", "avx512"
 // Whether this CPU (and build) can run the AVX2 kernels: AVX2 and F16C.
 bool CpuHasAvx2();
-// The kernel set for a CORTADO_CODEC_ISA value (null or empty or "auto": the best the CPU
-// has). Throws kConfig naming the variable for an unknown value, or for avx2 on a CPU without.
-Isa ResolveIsa(const char* env_value, bool cpu_has_avx2);
+// Whether it can run the AVX-512 kernels: those of CpuHasAvx2 and AVX-512 F, BW, DQ, VL, VBMI
+// (with the OS saving the ZMM and mask registers).
+bool CpuHasAvx512();
+// The best kernel set this CPU and build can run.
+Isa BestIsa();
+// The kernel set for a CORTADO_CODEC_ISA value (null or empty or "auto": `best`, what the CPU
+// has). Throws kConfig naming the variable for an unknown value, or for a set above `best`.
+Isa ResolveIsa(const char* env_value, Isa best);
 // ResolveIsa of this process's environment and CPU, decided once.
 Isa ActiveIsa();
 
 // The public entry points with the kernel set chosen by the caller (arguments already checked;
-// Isa::kAvx2 only where CpuHasAvx2()).
+// Isa::kAvx2 only where CpuHasAvx2(), Isa::kAvx512 only where CpuHasAvx512()).
 void EncodeWith(Isa isa, CodecKind kind, const float* src, size_t count, void* dst,
                 const EncodeOptions& options, float* residual);
 void DecodeWith(Isa isa, CodecKind kind, const void* src, size_t count, float* dst,
                 bool accumulate);
 
-// The kernel sets: any count, src at any alignment, dst at any byte offset. The AVX2 set runs
-// its vector loops over whole blocks and hands the rest to the portable set, which therefore
-// must accept a start in the middle of a stream: its (src, dst, first_index) are the caller's
-// advanced by a multiple of 8 values, so dst starts at a group boundary.
+// The kernel sets: any count, src at any alignment, dst at any byte offset. The AVX-512 set runs
+// its vector loops over whole blocks and hands the rest to the AVX2 set, which does the same
+// with the portable set: so both must accept a start in the middle of a stream, their (src,
+// dst, first_index) being the caller's advanced by a multiple of 8 values (dst starts at a
+// group boundary).
 void EncodePortable(CodecKind kind, const float* src, size_t count, uint8_t* dst,
                     const EncodeOptions& options, float* residual);
 void DecodePortable(CodecKind kind, const uint8_t* src, size_t count, float* dst, bool accumulate);
@@ -91,6 +105,11 @@ void DecodePortable(CodecKind kind, const uint8_t* src, size_t count, float* dst
 void EncodeAvx2(CodecKind kind, const float* src, size_t count, uint8_t* dst,
                 const EncodeOptions& options, float* residual);
 void DecodeAvx2(CodecKind kind, const uint8_t* src, size_t count, float* dst, bool accumulate);
+#endif
+#if CORTADO_CODEC_HAVE_AVX512
+void EncodeAvx512(CodecKind kind, const float* src, size_t count, uint8_t* dst,
+                  const EncodeOptions& options, float* residual);
+void DecodeAvx512(CodecKind kind, const uint8_t* src, size_t count, float* dst, bool accumulate);
 #endif
 
 }  // namespace cortado::dist::codec_internal

@@ -1,7 +1,7 @@
 // Gradient codecs (cortado/dist/codec.h): the scalar reference against brute force on every f16
-// value, the portable and AVX2 kernels against the reference on a dense sweep of fp32 (bitwise,
-// all rounding modes, residual on and off) with per-format error bounds, stochastic rounding's
-// bias and reproducibility, the packed layout byte by byte, and the edges of a buffer.
+// value, the portable, AVX2 and AVX-512 kernels against the reference on a dense sweep of fp32
+// (bitwise, all rounding modes, residual on and off) with per-format error bounds, stochastic
+// rounding's bias and reproducibility, the packed layout byte by byte, and the edges of a buffer.
 #include "cortado/dist/codec.h"
 
 #include <gtest/gtest.h>
@@ -34,6 +34,7 @@ constexpr Rounding kRoundings[] = {Rounding::kNearest, Rounding::kTruncate, Roun
 std::vector<Isa> Isas() {
   std::vector<Isa> isas = {Isa::kPortable};
   if (codec_internal::CpuHasAvx2()) isas.push_back(Isa::kAvx2);
+  if (codec_internal::CpuHasAvx512()) isas.push_back(Isa::kAvx512);
   return isas;
 }
 
@@ -223,21 +224,33 @@ TEST(CodecNames, BitsSizesAndLimits) {
 
 TEST(CodecIsa, ResolvesTheEnvironment) {
   using codec_internal::ResolveIsa;
-  EXPECT_EQ(ResolveIsa(nullptr, true), Isa::kAvx2);
-  EXPECT_EQ(ResolveIsa(nullptr, false), Isa::kPortable);
-  EXPECT_EQ(ResolveIsa("", true), Isa::kAvx2);
-  EXPECT_EQ(ResolveIsa("auto", false), Isa::kPortable);
-  EXPECT_EQ(ResolveIsa("portable", true), Isa::kPortable);
-  EXPECT_EQ(ResolveIsa("avx2", true), Isa::kAvx2);
-  ErrorKind kind{};
-  std::string e = ErrorOf([] { ResolveIsa("avx2", false); }, &kind);
-  EXPECT_NE(e.find("CORTADO_CODEC_ISA"), std::string::npos) << e;
-  EXPECT_EQ(kind, ErrorKind::kConfig);
-  e = ErrorOf([] { ResolveIsa("sse9", true); });
+  EXPECT_EQ(ResolveIsa(nullptr, Isa::kAvx512), Isa::kAvx512);
+  EXPECT_EQ(ResolveIsa(nullptr, Isa::kAvx2), Isa::kAvx2);
+  EXPECT_EQ(ResolveIsa(nullptr, Isa::kPortable), Isa::kPortable);
+  EXPECT_EQ(ResolveIsa("", Isa::kAvx2), Isa::kAvx2);
+  EXPECT_EQ(ResolveIsa("auto", Isa::kPortable), Isa::kPortable);
+  EXPECT_EQ(ResolveIsa("portable", Isa::kAvx512), Isa::kPortable);
+  EXPECT_EQ(ResolveIsa("avx2", Isa::kAvx2), Isa::kAvx2);
+  EXPECT_EQ(ResolveIsa("avx2", Isa::kAvx512), Isa::kAvx2);
+  EXPECT_EQ(ResolveIsa("avx512", Isa::kAvx512), Isa::kAvx512);
+  for (const std::pair<const char*, Isa>& lacking :
+       {std::pair{"avx2", Isa::kPortable}, std::pair{"avx512", Isa::kAvx2},
+        std::pair{"avx512", Isa::kPortable}}) {
+    const char* value = lacking.first;
+    ErrorKind kind{};
+    const std::string e = ErrorOf([&] { ResolveIsa(value, lacking.second); }, &kind);
+    EXPECT_NE(e.find(StrCat("CORTADO_CODEC_ISA=", value)), std::string::npos) << e;
+    EXPECT_EQ(kind, ErrorKind::kConfig);
+  }
+  const std::string e = ErrorOf([] { ResolveIsa("sse9", Isa::kAvx512); });
   EXPECT_NE(e.find("CORTADO_CODEC_ISA"), std::string::npos) << e;
   EXPECT_NE(e.find("sse9"), std::string::npos) << e;
+  EXPECT_NE(e.find("avx512"), std::string::npos) << e;  // the known values
   const std::string active = CodecIsa();
-  EXPECT_TRUE(active == "avx2" || active == "portable") << active;
+  EXPECT_TRUE(active == "avx512" || active == "avx2" || active == "portable") << active;
+  EXPECT_EQ(codec_internal::BestIsa(), codec_internal::CpuHasAvx512() ? Isa::kAvx512
+                                       : codec_internal::CpuHasAvx2() ? Isa::kAvx2
+                                                                      : Isa::kPortable);
 }
 
 TEST(CodecIsa, RejectsBadArguments) {
@@ -655,9 +668,10 @@ TEST(CodecStochastic, ReproducibleAndChunkable) {
 TEST(CodecStochastic, IndexCrossingTwoToThe32) {
   std::vector<float> x(64);
   for (size_t i = 0; i < x.size(); ++i) x[i] = 1.0f + static_cast<float>(i) * 0x1p-12f;
-  // The lower index word wraps inside a block of 8, at its end, and at a later upper word.
-  for (uint64_t first : {(uint64_t{1} << 32) - 13, (uint64_t{1} << 32) - 16,
-                         (uint64_t{1} << 32) - 8, (uint64_t{3} << 32) - 24}) {
+  // The lower index word wraps inside a block of 8 or 16, at its end, and at a later upper word.
+  for (uint64_t first :
+       {(uint64_t{1} << 32) - 13, (uint64_t{1} << 32) - 16, (uint64_t{1} << 32) - 8,
+        (uint64_t{1} << 32) - 40, (uint64_t{3} << 32) - 24}) {
     for (CodecKind kind : kLossyKinds) {
       EncodeOptions o;
       o.rounding = Rounding::kStochastic;
@@ -711,7 +725,7 @@ TEST(CodecPacking, LayoutByteByByte) {
 TEST(CodecPacking, CountsEdgesAndAlignment) {
   std::mt19937 gen(3);
   std::normal_distribution<float> normal(0.0f, 10.0f);
-  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{1023},
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{64}, size_t{1023},
                    (size_t{1} << 20) + 3}) {
     std::vector<float> values(n);
     for (size_t i = 0; i < n; ++i) {
@@ -808,7 +822,16 @@ TEST(CodecIsa, Avx2Available) {
   if (!codec_internal::CpuHasAvx2()) {
     GTEST_SKIP() << "this CPU lacks AVX2/F16C: only the portable kernels were tested";
   }
-  EXPECT_EQ(Isas().size(), 2u);
+  EXPECT_GE(Isas().size(), 2u);
+}
+
+TEST(CodecIsa, Avx512Available) {
+  if (!codec_internal::CpuHasAvx512()) {
+    GTEST_SKIP() << "this CPU lacks AVX-512 F/BW/DQ/VL/VBMI: the AVX-512 kernels were not tested "
+                    "(the cross-ISA tests compared only "
+                 << (codec_internal::CpuHasAvx2() ? "AVX2 and portable)" : "portable)");
+  }
+  EXPECT_EQ(Isas().size(), 3u);
 }
 
 }  // namespace

@@ -40,10 +40,13 @@
 // epgc9: high part = the 8 exponent bits, low part = the sign. So a full group is 11 or 9
 // bytes and EncodedBytes(n) = ceil(n * bits / 8) for every n.
 //
-// Kernels: AVX2 with F16C where the CPU has them (detected at run time), else a portable path;
-// both give bitwise identical bytes and values (tested). CORTADO_CODEC_ISA=portable forces the
-// portable path, =avx2 insists on AVX2 (an error where the CPU lacks it), =auto or unset
-// detects (for tests and benchmarks; another value is an error naming the variable).
+// Kernels, detected at run time, best first: AVX-512 (F, BW, DQ, VL and VBMI, with AVX2 and
+// F16C), AVX2 with F16C, else a portable path; all give bitwise identical bytes, residuals and
+// values (tested), whichever set runs. The vector sets are built with per-function target
+// attributes, whatever -march says, and run only where the CPU has what they need.
+// CORTADO_CODEC_ISA=portable forces the portable path, =avx2 or =avx512 insists on that set (an
+// error naming the variable where the CPU lacks it; avx2 on an AVX-512 CPU runs the AVX2 kernels),
+// =auto or unset detects (for tests and benchmarks; another value is an error naming the variable).
 #pragma once
 
 #include <cstddef>
@@ -65,7 +68,7 @@ size_t EncodedBytes(CodecKind kind, size_t count);
 // The largest finite value the format holds (what overflows beyond it).
 float CodecMaxFinite(CodecKind kind);
 
-// Which kernels run: "avx2" or "portable" (after CPU detection and CORTADO_CODEC_ISA).
+// Which kernels run: "avx512", "avx2" or "portable" (after CPU detection and CORTADO_CODEC_ISA).
 const char* CodecIsa();
 
 struct EncodeOptions {
