@@ -12,7 +12,7 @@ namespace cortado {
 World JoinWorld(const DistributedConfig& config) {
   dist::CommOptions options = dist::CommOptions::FromEnv();
   if (!config.backend.empty()) {
-    options.backend = config.backend == "mpi" ? dist::Backend::kMpi : dist::Backend::kTcp;
+    options.backend = config.backend == "mpi" ? dist::Backend::kMpi : dist::Backend::kCortado;
   }
   if (config.timeout_s > 0) {
     options.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.timeout_s * 1000));

@@ -12,6 +12,7 @@
 
 #include "../src/socket.h"
 #include "../src/wire.h"
+#include "cortado/dist/tcp_transport.h"
 
 namespace cortado::dist {
 namespace {
