@@ -67,6 +67,9 @@ std::string Unhex(const std::string& text) {
   return out;
 }
 
+// "10.0.0.5:4000" -> "10.0.0.5" (control addresses are IPv4 host:port).
+std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
+
 void Check(ucs_status_t status, const char* call) {
   if (status != UCS_OK) {
     Fail(ErrorKind::kSystem, "UCX ", call, " failed: ", ucs_status_string(status));
@@ -299,6 +302,7 @@ void UcxTransport::Connect(const std::vector<std::string>& addresses, Deadline d
   }
   // Admission first: the handshake on the control mesh checks the job identity.
   control_->Connect(control, deadline);
+  const std::string my_host = HostOf(control[static_cast<size_t>(rank_)]);
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (int r = 0; r < size_; ++r) {
@@ -310,7 +314,12 @@ void UcxTransport::Connect(const std::vector<std::string>& addresses, Deadline d
       ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
       ep.address = reinterpret_cast<const ucp_address_t*>(worker[static_cast<size_t>(r)].data());
-      ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      // Peer error handling where the peer is on another host (UCX then detects its failure on
+      // rc/dc/tcp itself). Not within a host: UCX 1.13 has no peer failure detection on its
+      // shared-memory transports, so asking for it would leave only tcp over loopback; there
+      // the control mesh notices a dead process instead (its sockets close).
+      const bool same_host = HostOf(control[static_cast<size_t>(r)]) == my_host;
+      ep.err_mode = same_host ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
       ep.err_handler.cb = &UcxTransport::OnEndpointError;
       ep.err_handler.arg = &p;
       ucs_status_t s = ucp_ep_create(worker_, &ep, &p.ep);

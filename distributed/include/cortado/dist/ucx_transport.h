@@ -21,9 +21,12 @@
 // (ucp_worker_arm) and sleeps in poll() on its event fd, at most 50 ms at a time so a failure
 // seen by the control plane is noticed. Between operations nothing polls: no core is taken.
 //
-// Failures: a UCX endpoint error (peer gone, connection reset) fails the requests on that
-// endpoint and names the peer and the UCX status string; a peer process that dies is seen by
-// the control mesh and fails every rank's operation naming it; a stall reaches the deadline.
+// Failures: endpoints to other hosts use UCX's peer error handling, and an endpoint error (peer
+// gone, connection reset) fails the requests on it naming the peer and the UCX status string;
+// within a host they do not (UCX 1.13's shared-memory transports cannot detect a dead peer, and
+// asking for it would leave only tcp over loopback). Everywhere, a peer process that dies is
+// seen by the control mesh and fails every rank's operation naming it; a stall reaches the
+// deadline.
 #pragma once
 
 #include <memory>
