@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -521,13 +522,18 @@ void UcxTransport::Wait(RequestId id, Deadline deadline) {
   auto it = requests_.find(id);
   if (it == requests_.end()) Fail(ErrorKind::kInvalidArgument, "unknown request ", id);
   Request& r = it->second;
-  const auto t_start = Clock::now();
-  const auto spin_until = t_start + std::chrono::microseconds(spin_us_);
+  auto t_start = Clock::now();
+  int sleep_ms = 1;
   for (uint64_t round = 0; !r.done; ++round) {
-    if (ProgressAll()) continue;
+    if (ProgressAll()) {
+      // Something moved: poll on (a rendezvous transfer is driven by progress calls).
+      t_start = Clock::now();
+      sleep_ms = 1;
+      continue;
+    }
     if (r.done) break;
     auto now = Clock::now();
-    if (now < spin_until) {
+    if (now - t_start < std::chrono::microseconds(spin_us_)) {
       // Poll before sleeping: a reply on an idle core comes in microseconds, far sooner than a
       // wake-up. After the first few, yield between polls in case the peer shares our core.
       if (now - t_start > std::chrono::microseconds(kBusyPollUs)) sched_yield();
@@ -539,7 +545,11 @@ void UcxTransport::Wait(RequestId id, Deadline deadline) {
       throw Error(ErrorKind::kTimeout,
                   StrCat("rank ", rank_, ": deadline passed waiting for rank ", r.peer), r.peer);
     }
-    Sleep(deadline.RemainingMs(kMaxSleepMs));
+    // Not every UCX transport signals the event fd for every step (a shared-memory rendezvous
+    // is advanced by progress calls, not events), so the sleeps start at 1 ms and double up to
+    // kMaxSleepMs while nothing happens: a missed wake-up costs at most the current sleep.
+    Sleep(deadline.RemainingMs(sleep_ms));
+    sleep_ms = std::min(2 * sleep_ms, kMaxSleepMs);
   }
   if (r.handle) ucp_request_free(r.handle);
   r.handle = nullptr;

@@ -26,6 +26,7 @@ def cell(values):
 def main(path):
     bw = defaultdict(list)   # (ranks, bytes, contender) -> busbw per round
     lat = defaultdict(list)  # (ranks, bytes, contender) -> time_us per round
+    cpu = defaultdict(list)  # (ranks, bytes, contender) -> rank 0's CPU time / wall time
     for line in open(path):
         line = line.strip()
         if not line.startswith("{"):
@@ -39,6 +40,8 @@ def main(path):
         key = (j["ranks"], j["bytes"], who)
         bw[key].append(j["busbw"])
         lat[key].append(j["time_us"])
+        if "cpu_us" in j and j["time_us"] > 0:
+            cpu[key].append(j["cpu_us"] / j["time_us"])
     ranks = sorted({k[0] for k in bw})
     sizes = sorted({k[1] for k in bw})
     for n in ranks:
@@ -53,6 +56,13 @@ def main(path):
         print(f"\n{size_name(s)} latency, {n} ranks (time_us, median [min, max]; ucx_perftest: "
               "tag_lat one-way): " + "; ".join(
                   f"{c} {cell(lat.get((n, s, c), []))}" for c in cols if lat.get((n, s, c))))
+    print("\nCPU cost of progress: rank 0's process CPU time / wall time during the timed "
+          "iterations (1.0 = one core busy), median [min, max]:")
+    for n in ranks:
+        for s in (sizes[0], sizes[-1]):
+            parts = [f"{c} {cell(cpu[(n, s, c)])}" for c in ORDER if cpu.get((n, s, c))]
+            if parts:
+                print(f"- {n} ranks, {size_name(s)}: " + "; ".join(parts))
     med = lambda k: statistics.median(bw[k]) if bw.get(k) else None
     s64 = 64 << 20
     for ucx in ("Cortado UCX shm", "Cortado UCX tcp"):
