@@ -124,6 +124,7 @@ for round in $(seq 1 "$rounds"); do
       # Columns: iterations, overhead 50%ile / average / overall (us), bandwidth average /
       # overall (MB/s = 2^20 B/s), message rate average / overall.
       read -r _ _ avg_us _ mbs _ <<<"$line"
+      [[ $avg_us =~ ^[0-9.]+$ && $mbs =~ ^[0-9.]+$ ]] || continue  # perftest printed inf or nothing
       echo "{\"contender\":\"ucx_perftest\",\"op\":\"$test\",\"ranks\":2,\"bytes\":$bytes,\"time_us\":${avg_us:-0},\"busbw\":$(awk -v m="${mbs:-0}" 'BEGIN{printf "%.4f", m*1048576/1e9}')}" \
         | tee -a "$out/runs.jsonl" >&2
     done

@@ -31,7 +31,10 @@ def main(path):
         line = line.strip()
         if not line.startswith("{"):
             continue
-        j = json.loads(line)
+        try:
+            j = json.loads(line)
+        except json.JSONDecodeError:  # e.g. a perftest figure it printed as "inf": skipped
+            continue
         who, op = j["contender"], j.get("op", "allreduce")
         if who == "ucx_perftest":
             key = (2, j["bytes"], who)
