@@ -285,6 +285,9 @@ std::vector<PeerStatus> TcpTransport::QueryStatus(Deadline deadline) {
     out[static_cast<size_t>(r)].rank = r;
     Conn* c = conns_[static_cast<size_t>(r)].get();
     if (!c) continue;
+    // A peer that aborted already answered: its abort said which operation it was in (kept,
+    // or a query racing the abort would report it as silent).
+    if (c->state == ConnState::kAborted && c->status.responded) continue;
     c->status = PeerStatus{};
     c->status.rank = r;
     if (c->state == ConnState::kOpen) QueueControl(*c, internal::kFrameStatusReq, seq, {});
