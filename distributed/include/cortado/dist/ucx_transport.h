@@ -17,9 +17,10 @@
 //     thread sleeps in epoll_wait; it never touches UCX.
 //
 // Progress: only the calling thread drives UCX, inside Wait/Test (and Connect, Abort, the
-// destructor). Wait calls ucp_worker_progress for CORTADO_SPIN_US, then arms the worker
-// (ucp_worker_arm) and sleeps in poll() on its event fd, at most 50 ms at a time so a failure
-// seen by the control plane is noticed. Between operations nothing polls: no core is taken.
+// destructor). Wait calls ucp_worker_progress until CORTADO_SPIN_US pass without progress,
+// then arms the worker (ucp_worker_arm) and sleeps in poll() on its event fd, 1 ms doubling to
+// 50 ms while nothing happens (not every step of a shared-memory rendezvous signals the fd, and
+// a failure seen by the control plane must be noticed). Between operations nothing polls.
 //
 // Failures: endpoints to other hosts use UCX's peer error handling, and an endpoint error (peer
 // gone, connection reset) fails the requests on it naming the peer and the UCX status string;
