@@ -24,6 +24,7 @@ packages=(
   libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev
   libprotobuf-dev protobuf-compiler python3-protobuf
   openmpi-bin libopenmpi-dev
+  libucx-dev ucx-utils
   zlib1g-dev nlohmann-json3-dev
   dataset-fashion-mnist opencv-doc
   python3-matplotlib clang-format

@@ -81,6 +81,12 @@ if ((sanitize)); then
   stage "TSan build (build/tsan/)"
   build build/tsan . -DCORTADO_SANITIZE=thread -- test_concurrency cortado_distributed_tests dist_test_worker
   stage "TSan tests"
+  # UCX (linked when libucx is found) is not instrumented, and its memory hooks (ucm, patching
+  # mmap/munmap to keep its registration cache valid) crash TSan-instrumented processes, even
+  # in tests that never use UCX. Without them (UCX_MEM_EVENTS=no; the processes the tests start
+  # inherit it) the UCX cases run under TSan with no report; its registration cache only
+  # matters for RDMA memory, which these tests do not use.
+  export UCX_MEM_EVENTS=no
   build/tsan/tests/test_concurrency --gtest_filter='ThreadPool.*:Loader.*:LmdbSourceTest.*'
   # Without the MPI backend's tests: inside Open MPI, whose threads TSan cannot see, it
   # reports lock-order inversions of Open MPI's own (mca_btl_tcp_add_procs).
@@ -88,6 +94,6 @@ if ((sanitize)); then
   # 180 s limit at TSan's speed) and the 5-rank process collectives, whose deadline a loaded
   # 2-core machine missed under TSan on a clean-clone run; 1-4 ranks run.
   ctest --test-dir build/tsan --output-on-failure -j"$jobs" --timeout 900 -L distributed \
-    -E "$mpi_tests|CodecSweep|CollectivesProcesses.*/5\$"
+    -E "$mpi_tests|CodecSweep|CollectivesProcesses.*_5\$"
 fi
 stage "all tests passed"

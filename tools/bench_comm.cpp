@@ -1,5 +1,8 @@
 // `cortado bench comm [--op allreduce] [--sizes 4K:128M] [--json]`: collective bandwidth and
-// latency, run under `cortado launch --nproc N` (or mpirun, with CORTADO_BACKEND=tcp|mpi).
+// latency, run under `cortado launch --nproc N` (or mpirun, with CORTADO_BACKEND=cortado|mpi),
+// over the transport --transport (or CORTADO_TRANSPORT) names: tcp or ucx. Each line reports
+// the transport ("tcp", "ucx", "mpi"; "local" for one rank) and cpu_us, rank 0's process CPU
+// time per iteration (all its threads: the cost of driving progress, beside time_us).
 // Buffers are f32 (or --dtype); sizes are in bytes (K = 1024), doubling between the bounds.
 // Figures follow nccl-tests: algbw = bytes / time (GB/s = 1e9 bytes/s); busbw = algbw x
 // 2(n-1)/n for all-reduce, x (n-1)/n for all-gather and reduce-scatter (bytes: the whole
@@ -9,6 +12,8 @@
 // size, what each link really carried; and one run on random-like gradients before timing
 // gives the largest and mean relative error of the result against the exact average (computed
 // in f64; see CodecInput).
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -38,7 +43,14 @@ struct BenchArgs {
   bool check = false;
   std::string codec = "f32";  // all-reduce only: the compressed ring with this codec
   std::string rounding = "nearest";
+  std::string transport;  // "": CORTADO_TRANSPORT, else tcp
 };
+
+double ProcessCpuMicros() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e6 + u.ru_utime.tv_usec + u.ru_stime.tv_usec;
+}
 
 std::vector<size_t> ParseSizes(const std::string& text) {
   size_t colon = text.find(':');
@@ -118,14 +130,21 @@ void RunBench(const BenchArgs& a) {
   if (compressed && rop == dist::ReduceOp::kMax) {
     UsageFail("--codec ", a.codec, " sums or averages (--reduce sum or avg), not max");
   }
-  auto comm = dist::CreateCommunicatorFromEnv(dist::Fingerprint("bench comm"));
+  dist::CommOptions options = dist::CommOptions::FromEnv();
+  if (!a.transport.empty()) options.transport = dist::ParseTransportKind(a.transport);
+  // MPI knows rank and size itself.
+  dist::CommConfig config = options.backend == dist::Backend::kMpi
+                                ? dist::CommConfigFor(dist::LaunchInfo{}, options)
+                                : dist::CommConfigFor(dist::DiscoverLaunchInfo(), options);
+  config.fingerprint = dist::Fingerprint("bench comm");
+  auto comm = dist::CreateCommunicator(config);
   const int n = comm->size(), rank = comm->rank();
   const size_t esize = dist::DataTypeSize(type);
   const bool per_rank = a.op == "allgather" || a.op == "reducescatter";
   std::vector<char> in(sizes.back() + 64), out(sizes.back() + 64);
   const double wire_ratio = compressed ? dist::CodecBits(compression.codec) / 32.0 : 1.0;
   if (rank == 0 && !a.json) {
-    std::printf("# cortado bench comm: %s, %d rank(s), backend %s, %s, %s%s\n", a.op.c_str(), n,
+    std::printf("# cortado bench comm: %s, %d rank(s), transport %s, %s, %s%s\n", a.op.c_str(), n,
                 comm->backend(), a.dtype.c_str(), reduce.c_str(),
                 compressed ? (", codec " + a.codec + " (" + a.rounding + ")").c_str() : "");
     if (compressed) {
@@ -231,7 +250,9 @@ void RunBench(const BenchArgs& a) {
     }
     comm->Barrier();
     auto t0 = std::chrono::steady_clock::now();
+    const double cpu0 = ProcessCpuMicros();
     for (int i = 0; i < iters; ++i) run_once();
+    const double cpu_us = (ProcessCpuMicros() - cpu0) / iters;
     double us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
         iters;
@@ -243,6 +264,7 @@ void RunBench(const BenchArgs& a) {
       if (a.json) {
         nlohmann::ordered_json j;
         j["op"] = a.op;
+        j["transport"] = comm->backend();
         j["algo"] = "ring";
         j["codec"] = a.codec;
         j["rounding"] = a.rounding;
@@ -252,6 +274,7 @@ void RunBench(const BenchArgs& a) {
         j["algbw"] = algbw;
         j["busbw"] = busbw;
         j["wirebw"] = busbw * wire_ratio;
+        j["cpu_us"] = cpu_us;
         j["max_rel_error"] = max_error;
         j["mean_rel_error"] = mean_error;
         std::printf("%s\n",
@@ -266,12 +289,14 @@ void RunBench(const BenchArgs& a) {
       if (a.json) {
         nlohmann::ordered_json j;
         j["op"] = a.op;
+        j["transport"] = comm->backend();
         j["algo"] = algo_name;
         j["ranks"] = n;
         j["bytes"] = bytes;
         j["time_us"] = static_cast<double>(worst);
         j["algbw"] = algbw;
         j["busbw"] = busbw;
+        j["cpu_us"] = cpu_us;
         std::printf("%s\n",
                     j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       } else {
@@ -306,7 +331,11 @@ void AddBenchCommCommand(CLI::App& bench) {
       ->check(IntAtLeast(0))
       ->default_str("iters/10+2, at least 100 ms");
   cmd->add_flag("--json", args->json,
-                "One JSON line per size: {op, algo, ranks, bytes, time_us, algbw, busbw}");
+                "One JSON line per size: {op, transport, algo, ranks, bytes, time_us, algbw, "
+                "busbw, cpu_us}");
+  cmd->add_option("--transport", args->transport,
+                  "Under Cortado's collectives: tcp or ucx (default: CORTADO_TRANSPORT, else tcp)")
+      ->check(OneOf({"tcp", "ucx"}));
   cmd->add_flag("--check", args->check, "Verify one result per size before timing");
   cmd->add_option("--codec", args->codec,
                   "All-reduce in a gradient codec: f32, f16, bf16, epgc11, epgc9, epgc8 "

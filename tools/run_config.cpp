@@ -258,8 +258,12 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train) {
   YamlSection dd = root.Section("distributed");
   DistributedConfig& dc = c.distributed;
   dc.backend = dd.String("backend", "");
-  Require(dc.backend.empty() || dc.backend == "tcp" || dc.backend == "mpi", dd, "backend",
-          "must be tcp or mpi, got '" + dc.backend + "'");
+  Require(
+      dc.backend.empty() || dc.backend == "cortado" || dc.backend == "tcp" || dc.backend == "mpi",
+      dd, "backend", "must be cortado or mpi, got '" + dc.backend + "'");
+  dc.transport = dd.String("transport", "");
+  Require(dc.transport.empty() || dc.transport == "tcp" || dc.transport == "ucx", dd, "transport",
+          "must be tcp or ucx, got '" + dc.transport + "'");
   dc.bucket_mb = dd.Float("bucket_mb", dc.bucket_mb);
   Require(dc.bucket_mb > 0 && dc.bucket_mb <= 4096, dd, "bucket_mb", "must be in (0, 4096]");
   dc.first_bucket_mb = dd.Float("first_bucket_mb", dc.first_bucket_mb);

@@ -45,7 +45,8 @@ struct CheckpointConfig {
 // The `distributed:` section: how ranks talk and how gradients and batch-norm statistics are
 // combined. Rank and world size come from the launcher (tools/world.h).
 struct DistributedConfig {
-  std::string backend;           // tcp | mpi; "": CORTADO_BACKEND, else tcp
+  std::string backend;           // cortado | mpi (tcp: cortado); "": CORTADO_BACKEND, else cortado
+  std::string transport;         // tcp | ucx (under cortado); "": CORTADO_TRANSPORT, else tcp
   double bucket_mb = 25;         // gradient bucket size
   double first_bucket_mb = 1;    // the first bucket (the last layers), so comm starts early
   double last_bucket_mb = 1;     // the last bucket (the first layers): all of it is exposed

@@ -12,8 +12,9 @@ namespace cortado {
 World JoinWorld(const DistributedConfig& config) {
   dist::CommOptions options = dist::CommOptions::FromEnv();
   if (!config.backend.empty()) {
-    options.backend = config.backend == "mpi" ? dist::Backend::kMpi : dist::Backend::kTcp;
+    options.backend = config.backend == "mpi" ? dist::Backend::kMpi : dist::Backend::kCortado;
   }
+  if (!config.transport.empty()) options.transport = dist::ParseTransportKind(config.transport);
   if (config.timeout_s > 0) {
     options.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.timeout_s * 1000));
   }
@@ -37,7 +38,7 @@ World JoinWorld(const DistributedConfig& config) {
                   "this process is a 1-rank MPI job while its launcher (",
                   launched.source, ") started ", launched.world_size,
                   " ranks; run under mpirun, or use "
-                  "distributed.backend: tcp");
+                  "distributed.backend: cortado");
     // mpirun also says how many ranks share this machine.
     world.local_size = static_cast<int>(EnvInt("OMPI_COMM_WORLD_LOCAL_SIZE", 1, 1, 1 << 20));
     world.local_rank =

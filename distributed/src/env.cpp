@@ -197,7 +197,17 @@ LaunchInfo DiscoverLaunchInfo(const EnvLookup& env) {
   return info;
 }
 
-const char* BackendName(Backend backend) { return backend == Backend::kMpi ? "mpi" : "tcp"; }
+const char* BackendName(Backend backend) { return backend == Backend::kMpi ? "mpi" : "cortado"; }
+
+const char* TransportKindName(TransportKind kind) {
+  return kind == TransportKind::kUcx ? "ucx" : "tcp";
+}
+
+TransportKind ParseTransportKind(const std::string& name) {
+  if (name == "tcp") return TransportKind::kTcp;
+  if (name == "ucx") return TransportKind::kUcx;
+  Fail(ErrorKind::kConfig, "transport '", name, "' is not one of: tcp, ucx");
+}
 
 const char* AlgorithmName(Algorithm algo) {
   switch (algo) {
@@ -266,12 +276,23 @@ CommOptions CommOptions::FromEnv(const EnvLookup& env) {
   o.timeout = GetSeconds(env, "CORTADO_TIMEOUT_S", o.timeout);
   o.connect_timeout = GetSeconds(env, "CORTADO_CONNECT_TIMEOUT_S", o.connect_timeout);
   if (auto b = Get(env, "CORTADO_BACKEND")) {
-    if (*b == "tcp") {
-      o.backend = Backend::kTcp;
+    if (*b == "cortado" || *b == "tcp") {  // "tcp": the name before CORTADO_TRANSPORT existed
+      o.backend = Backend::kCortado;
     } else if (*b == "mpi") {
       o.backend = Backend::kMpi;
+    } else if (*b == "ucx") {
+      Fail(ErrorKind::kConfig,
+           "CORTADO_BACKEND='ucx': UCX is a transport under Cortado's collectives; set "
+           "CORTADO_TRANSPORT=ucx (CORTADO_BACKEND is cortado or mpi)");
     } else {
-      Fail(ErrorKind::kConfig, "CORTADO_BACKEND='", *b, "' is not one of: tcp, mpi");
+      Fail(ErrorKind::kConfig, "CORTADO_BACKEND='", *b, "' is not one of: cortado, mpi");
+    }
+  }
+  if (auto t = Get(env, "CORTADO_TRANSPORT")) {
+    try {
+      o.transport = ParseTransportKind(*t);
+    } catch (const Error&) {
+      Fail(ErrorKind::kConfig, "CORTADO_TRANSPORT='", *t, "' is not one of: tcp, ucx");
     }
   }
   if (auto s = Get(env, "CORTADO_SOCKET_IFNAME")) o.socket_ifname = *s;

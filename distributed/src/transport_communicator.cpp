@@ -18,6 +18,7 @@
 #include "backends.h"
 #include "cortado/dist/transport.h"
 #include "reduce.h"
+#include "rendezvous.h"
 
 namespace cortado::dist::internal {
 namespace {
@@ -96,7 +97,7 @@ class TransportCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  const char* backend() const override { return size_ == 1 ? "local" : "tcp"; }
+  const char* backend() const override { return size_ == 1 ? "local" : transport_->name(); }
 
  protected:
   void DoAllReduce(void* data, size_t count, DataType type, ReduceOp op, Algorithm algo) override;
@@ -211,37 +212,10 @@ TransportCommunicator::TransportCommunicator(const CommConfig& config, Store* re
       store = client.get();
     }
   }
-  TcpTransportOptions topts;
-  topts.identity = identity;
-  topts.rank = rank_;
-  topts.listen_host = options().socket_ifname.empty() ? RouteAddressTo(config.master_addr)
-                                                      : InterfaceAddress(options().socket_ifname);
-  topts.socket_buffer_bytes = options().socket_buffer_bytes;
-  topts.spin_us = options().spin_us;
-  transport_ = CreateTcpTransport(topts);
-  const std::string prefix = config.store_prefix + "cortado/addr/";
-  store->Set(prefix + std::to_string(rank_), transport_->LocalAddress());
-  std::vector<std::string> keys, addresses;
-  for (int r = 0; r < size_; ++r) keys.push_back(prefix + std::to_string(r));
-  try {
-    store->Wait(keys, deadline);
-  } catch (const Error& e) {
-    if (e.kind() != ErrorKind::kTimeout) throw;
-    std::vector<int> missing;
-    std::string list;
-    for (int r = 0; r < size_; ++r) {
-      if (!store->Check({keys[static_cast<size_t>(r)]})) {
-        missing.push_back(r);
-        list += (list.empty() ? "" : ", ") + std::to_string(r);
-      }
-    }
-    double secs = std::chrono::duration<double>(options().EffectiveConnectTimeout()).count();
-    throw Error(ErrorKind::kTimeout,
-                StrCat("rank ", rank_, ": rank(s) ", list, " did not join the job within ", secs,
-                       " s (CORTADO_CONNECT_TIMEOUT_S)"),
-                missing.empty() ? -1 : missing.front(), "rendezvous", missing);
-  }
-  for (const auto& k : keys) addresses.push_back(store->Get(k, deadline));
+  transport_ = CreateTransportFor(options(), identity, rank_, config.master_addr);
+  const std::vector<std::string> addresses =
+      ExchangeAddresses(*store, config.store_prefix + "cortado/addr/", rank_, size_,
+                        transport_->LocalAddress(), deadline, options().EffectiveConnectTimeout());
   transport_->Connect(addresses, deadline);
 }
 

@@ -1,5 +1,6 @@
-// Every collective and algorithm, for 1 to 5 ranks running as threads of this process over real
-// loopback TCP (an in-memory store for the rendezvous), on counts 0, 1, odd and large.
+// Every collective and algorithm, for 1 to 5 ranks running as threads of this process over each
+// transport (loopback TCP; UCX where built), an in-memory store for the rendezvous, on counts
+// 0, 1, odd and large.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -12,25 +13,38 @@
 namespace cortado::dist::testing {
 namespace {
 
-class CollectivesThreads : public ::testing::TestWithParam<int> {};
+class CollectivesThreads : public ::testing::TestWithParam<TransportRanks> {};
 
 TEST_P(CollectivesThreads, EveryCollectiveAlgorithmTypeAndCount) {
-  const int n = GetParam();
+  const auto& [transport, n] = GetParam();
+  CORTADO_SKIP_UNLESS_BUILT(transport);
   std::vector<std::vector<std::string>> failures(static_cast<size_t>(n));
-  auto errors = RunThreads(n, [&](Communicator& comm) {
-    failures[static_cast<size_t>(comm.rank())] = RunMatrix(comm, DefaultCounts());
-  });
+  auto errors = RunThreads(
+      n,
+      [&](Communicator& comm) {
+        failures[static_cast<size_t>(comm.rank())] = RunMatrix(comm, DefaultCounts());
+        if (n > 1) {
+          EXPECT_EQ(comm.backend(), transport);
+        }
+      },
+      OptionsFor(transport));
   for (int r = 0; r < n; ++r) {
     EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
     for (const auto& f : failures[static_cast<size_t>(r)]) ADD_FAILURE() << f;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesThreads, ::testing::Values(1, 2, 3, 4, 5));
+INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesThreads,
+                         ::testing::Combine(::testing::ValuesIn(TransportNames()),
+                                            ::testing::Values(1, 2, 3, 4, 5)),
+                         TransportRanksName);
 
 // Small chunks make even modest buffers run many pipeline chunk-steps per segment.
-TEST(CollectivesThreadsTuning, SmallChunksAndDeepPipelines) {
-  CommOptions options;
+class CollectivesThreadsTuning : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CollectivesThreadsTuning, SmallChunksAndDeepPipelines) {
+  CORTADO_SKIP_UNLESS_BUILT(GetParam());
+  CommOptions options = OptionsFor(GetParam());
   options.chunk_bytes = 4096;
   options.pipeline_depth = 5;
   std::vector<std::vector<std::string>> failures(3);
@@ -45,6 +59,9 @@ TEST(CollectivesThreadsTuning, SmallChunksAndDeepPipelines) {
     for (const auto& f : failures[static_cast<size_t>(r)]) ADD_FAILURE() << f;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Each, CollectivesThreadsTuning, ::testing::ValuesIn(TransportNames()),
+                         TransportName);
 
 TEST(CollectivesThreadsApi, AutoAlgorithmFollowsSizeAndOptions) {
   auto errors = RunThreads(2, [](Communicator& comm) {

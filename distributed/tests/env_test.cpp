@@ -156,6 +156,28 @@ TEST(CommOptions, ReadFromEnvironment) {
             1 << 30);
 }
 
+TEST(CommOptions, TransportIsSeparateFromBackend) {
+  CommOptions o = CommOptions::FromEnv(Fake({}));
+  EXPECT_EQ(o.backend, Backend::kCortado);
+  EXPECT_EQ(o.transport, TransportKind::kTcp);
+  o = CommOptions::FromEnv(Fake({{"CORTADO_TRANSPORT", "ucx"}}));
+  EXPECT_EQ(o.transport, TransportKind::kUcx);
+  EXPECT_STREQ(TransportKindName(o.transport), "ucx");
+  // The value from before CORTADO_TRANSPORT existed still means Cortado's collectives.
+  o = CommOptions::FromEnv(Fake({{"CORTADO_BACKEND", "tcp"}, {"CORTADO_TRANSPORT", "ucx"}}));
+  EXPECT_EQ(o.backend, Backend::kCortado);
+  EXPECT_EQ(o.transport, TransportKind::kUcx);
+  EXPECT_STREQ(BackendName(Backend::kCortado), "cortado");
+  const std::string ucx_as_backend = ErrorOf([] {
+    CommOptions::FromEnv(Fake({{"CORTADO_BACKEND", "ucx"}}));
+  });
+  EXPECT_NE(ucx_as_backend.find("CORTADO_TRANSPORT=ucx"), std::string::npos) << ucx_as_backend;
+  const std::string bad = ErrorOf([] {
+    CommOptions::FromEnv(Fake({{"CORTADO_TRANSPORT", "ib"}}));
+  });
+  EXPECT_NE(bad.find("CORTADO_TRANSPORT='ib' is not one of: tcp, ucx"), std::string::npos) << bad;
+}
+
 TEST(ByteSizes, ParseAndFormat) {
   EXPECT_EQ(ParseByteSize("4K"), 4096u);
   EXPECT_EQ(ParseByteSize("64M"), 64u << 20);

@@ -1,4 +1,4 @@
-// Ranks as separate processes over loopback TCP (the dist_test_worker helper, rendezvous through
+// Ranks as separate processes over each transport (the dist_test_worker helper, rendezvous through
 // rank 0's TCP store): the collective matrix for 1-5 ranks, Split, a rank killed during a 64 MB
 // all-reduce (an ordinary rank and rank 0, the store's host), and a stalled rank (also on a
 // split child).
@@ -30,11 +30,12 @@ std::string Describe(const std::vector<ProcessResult>& results) {
   return out;
 }
 
-class CollectivesProcesses : public ::testing::TestWithParam<int> {};
+class CollectivesProcesses : public ::testing::TestWithParam<TransportRanks> {};
 
 TEST_P(CollectivesProcesses, EveryCollectiveAlgorithmTypeAndCount) {
-  const int n = GetParam();
-  auto results = RunProcesses(n, {"matrix"}, {}, 120);
+  const auto& [transport, n] = GetParam();
+  CORTADO_SKIP_UNLESS_BUILT(transport);
+  auto results = RunProcesses(n, {"matrix"}, {{"CORTADO_TRANSPORT", transport}}, 120);
   for (int r = 0; r < n; ++r) {
     EXPECT_EQ(results[static_cast<size_t>(r)].code, 0) << Describe(results);
     EXPECT_NE(results[static_cast<size_t>(r)].output.find("MATRIX OK"), std::string::npos)
@@ -42,15 +43,19 @@ TEST_P(CollectivesProcesses, EveryCollectiveAlgorithmTypeAndCount) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesProcesses, ::testing::Values(1, 2, 3, 4, 5));
+INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesProcesses,
+                         ::testing::Combine(::testing::ValuesIn(TransportNames()),
+                                            ::testing::Values(1, 2, 3, 4, 5)),
+                         TransportRanksName);
 
 // Split over the TCP store: rank 0 serves it, the others reach it with clients of their own for
 // each child's rendezvous; the matrix on both children, a nested split and the priority lane.
-class SplitProcesses : public ::testing::TestWithParam<int> {};
+class SplitProcesses : public ::testing::TestWithParam<TransportRanks> {};
 
 TEST_P(SplitProcesses, ChildrenRendezvousThroughTheJobsStore) {
-  const int n = GetParam();
-  auto results = RunProcesses(n, {"split", "0,1,17,5003"}, {}, 120);
+  const auto& [transport, n] = GetParam();
+  CORTADO_SKIP_UNLESS_BUILT(transport);
+  auto results = RunProcesses(n, {"split", "0,1,17,5003"}, {{"CORTADO_TRANSPORT", transport}}, 120);
   for (int r = 0; r < n; ++r) {
     EXPECT_EQ(results[static_cast<size_t>(r)].code, 0) << Describe(results);
     EXPECT_NE(results[static_cast<size_t>(r)].output.find("SPLIT OK"), std::string::npos)
@@ -58,14 +63,17 @@ TEST_P(SplitProcesses, ChildrenRendezvousThroughTheJobsStore) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, SplitProcesses, ::testing::Values(1, 2, 3, 5));
+INSTANTIATE_TEST_SUITE_P(Ranks, SplitProcesses,
+                         ::testing::Combine(::testing::ValuesIn(TransportNames()),
+                                            ::testing::Values(1, 2, 3, 5)),
+                         TransportRanksName);
 
 // 5 ranks, one killed during a 64 MB all-reduce: every survivor fails within 5 s, naming the
 // dead rank and the all-reduce.
-void ExpectSurvivorsBlame(int victim) {
+void ExpectSurvivorsBlame(const std::string& transport, int victim) {
   const int n = 5;
   auto results = RunProcesses(n, {"kill", std::to_string(victim), std::to_string(64 << 20)},
-                              {{"CORTADO_TIMEOUT_S", "60"}}, 60);
+                              {{"CORTADO_TIMEOUT_S", "60"}, {"CORTADO_TRANSPORT", transport}}, 60);
   const std::string all = Describe(results);
   long long killed_at = Field(results[static_cast<size_t>(victim)].output, "t_us", "KILL");
   ASSERT_GT(killed_at, 0) << all;
@@ -86,16 +94,26 @@ void ExpectSurvivorsBlame(int victim) {
   }
 }
 
-TEST(RankFailure, RankKilledDuringAllReduceIsNamedByEveryRank) { ExpectSurvivorsBlame(2); }
+// Every failure test runs over each transport.
+class RankFailure : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { CORTADO_SKIP_UNLESS_BUILT(GetParam()); }
+};
 
-TEST(RankFailure, StoreHostKilledDuringAllReduceIsNamedByEveryRank) { ExpectSurvivorsBlame(0); }
+TEST_P(RankFailure, RankKilledDuringAllReduceIsNamedByEveryRank) {
+  ExpectSurvivorsBlame(GetParam(), 2);
+}
+
+TEST_P(RankFailure, StoreHostKilledDuringAllReduceIsNamedByEveryRank) {
+  ExpectSurvivorsBlame(GetParam(), 0);
+}
 
 // A rank that does not arrive: the others fail at the 2 s deadline naming it; it fails at once
 // when it finally arrives instead of hanging.
-TEST(RankFailure, StalledRankIsNamedAtTheDeadline) {
+TEST_P(RankFailure, StalledRankIsNamedAtTheDeadline) {
   const int n = 3, sleeper = 1;
-  auto results =
-      RunProcesses(n, {"stall", std::to_string(sleeper), "3500"}, {{"CORTADO_TIMEOUT_S", "2"}}, 30);
+  auto results = RunProcesses(n, {"stall", std::to_string(sleeper), "3500"},
+                              {{"CORTADO_TIMEOUT_S", "2"}, {"CORTADO_TRANSPORT", GetParam()}}, 30);
   const std::string all = Describe(results);
   for (int r = 0; r < n; ++r) {
     const std::string& out = results[static_cast<size_t>(r)].output;
@@ -117,10 +135,10 @@ TEST(RankFailure, StalledRankIsNamedAtTheDeadline) {
 
 // The same on a child of world->Split(0, -rank): world rank 0 (the store's host) sleeps, which
 // is child rank 2 of 3; the others must name child rank 2.
-TEST(RankFailure, StalledRankOfASplitChildIsNamedAtTheDeadline) {
+TEST_P(RankFailure, StalledRankOfASplitChildIsNamedAtTheDeadline) {
   const int n = 3, sleeper = 0, late = n - 1 - sleeper;
   auto results = RunProcesses(n, {"split_stall", std::to_string(sleeper), "3500"},
-                              {{"CORTADO_TIMEOUT_S", "2"}}, 30);
+                              {{"CORTADO_TIMEOUT_S", "2"}, {"CORTADO_TRANSPORT", GetParam()}}, 30);
   const std::string all = Describe(results);
   for (int r = 0; r < n; ++r) {
     const std::string& out = results[static_cast<size_t>(r)].output;
@@ -138,6 +156,8 @@ TEST(RankFailure, StalledRankOfASplitChildIsNamedAtTheDeadline) {
     EXPECT_NE(out.find("rank(s) 2 did not arrive"), std::string::npos) << all;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Each, RankFailure, ::testing::ValuesIn(TransportNames()), TransportName);
 
 TEST(Rendezvous, MismatchedWorldSizeFailsEveryRankClearly) {
   auto results =

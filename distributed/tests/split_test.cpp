@@ -25,7 +25,7 @@ void ExpectGroup(Communicator& world, Communicator& child, const std::vector<int
   auto me = std::find(members.begin(), members.end(), world.rank());
   ASSERT_NE(me, members.end());
   EXPECT_EQ(child.rank(), me - members.begin());
-  EXPECT_STREQ(child.backend(), members.size() == 1 ? "local" : "tcp");
+  EXPECT_STREQ(child.backend(), members.size() == 1 ? "local" : world.backend());
   float sum = static_cast<float>(world.rank()), want = 0;
   for (int m : members) want += static_cast<float>(m);
   child.AllReduce(&sum, 1, DataType::kF32, ReduceOp::kSum);
@@ -38,49 +38,56 @@ void ExpectGroup(Communicator& world, Communicator& child, const std::vector<int
   }
 }
 
-class SplitThreads : public ::testing::TestWithParam<int> {};
+class SplitThreads : public ::testing::TestWithParam<TransportRanks> {};
 
 TEST_P(SplitThreads, ConsecutiveAndInterleavedGroupsRunEveryCollective) {
-  const int n = GetParam();
+  const auto& [transport, n] = GetParam();
+  CORTADO_SKIP_UNLESS_BUILT(transport);
   std::vector<std::vector<std::string>> failures(static_cast<size_t>(n));
-  auto errors = RunThreads(n, [&](Communicator& world) {
-    const int r = world.rank();
-    auto& mine = failures[static_cast<size_t>(r)];
-    auto pairs = world.Split(r / 2, r);
-    std::vector<int> pair_members;
-    for (int q = 0; q < n; ++q) {
-      if (q / 2 == r / 2) pair_members.push_back(q);
-    }
-    ExpectGroup(world, *pairs, pair_members, "split(rank / 2, rank)");
-    auto parity = world.Split(r % 2, -r);
-    std::vector<int> parity_members;  // reversed keys: the highest world rank is rank 0
-    for (int q = n - 1; q >= 0; --q) {
-      if (q % 2 == r % 2) parity_members.push_back(q);
-    }
-    ExpectGroup(world, *parity, parity_members, "split(rank % 2, -rank)");
-    for (Communicator* child : {pairs.get(), parity.get()}) {
-      for (const auto& f : RunMatrix(*child, {0, 1, 17, 5003})) {
-        mine.push_back("child of size " + std::to_string(child->size()) + ": " + f);
-      }
-    }
-    // A split of a split, and every rank alone.
-    auto nested = parity->Split(0, -parity->rank());
-    std::vector<int> nested_members(parity_members.rbegin(), parity_members.rend());
-    ExpectGroup(world, *nested, nested_members, "nested split");
-    auto alone = world.Split(r, 0);
-    ExpectGroup(world, *alone, {r}, "split(rank, 0)");
-    // The parent is unaffected and keeps counting its own operations.
-    float x = 1;
-    world.AllReduce(&x, 1, DataType::kF32, ReduceOp::kSum);
-    EXPECT_EQ(x, static_cast<float>(n));
-  });
+  auto errors = RunThreads(
+      n,
+      [&, n = n](Communicator& world) {
+        const int r = world.rank();
+        auto& mine = failures[static_cast<size_t>(r)];
+        auto pairs = world.Split(r / 2, r);
+        std::vector<int> pair_members;
+        for (int q = 0; q < n; ++q) {
+          if (q / 2 == r / 2) pair_members.push_back(q);
+        }
+        ExpectGroup(world, *pairs, pair_members, "split(rank / 2, rank)");
+        auto parity = world.Split(r % 2, -r);
+        std::vector<int> parity_members;  // reversed keys: the highest world rank is rank 0
+        for (int q = n - 1; q >= 0; --q) {
+          if (q % 2 == r % 2) parity_members.push_back(q);
+        }
+        ExpectGroup(world, *parity, parity_members, "split(rank % 2, -rank)");
+        for (Communicator* child : {pairs.get(), parity.get()}) {
+          for (const auto& f : RunMatrix(*child, {0, 1, 17, 5003})) {
+            mine.push_back("child of size " + std::to_string(child->size()) + ": " + f);
+          }
+        }
+        // A split of a split, and every rank alone.
+        auto nested = parity->Split(0, -parity->rank());
+        std::vector<int> nested_members(parity_members.rbegin(), parity_members.rend());
+        ExpectGroup(world, *nested, nested_members, "nested split");
+        auto alone = world.Split(r, 0);
+        ExpectGroup(world, *alone, {r}, "split(rank, 0)");
+        // The parent is unaffected and keeps counting its own operations.
+        float x = 1;
+        world.AllReduce(&x, 1, DataType::kF32, ReduceOp::kSum);
+        EXPECT_EQ(x, static_cast<float>(n));
+      },
+      OptionsFor(transport));
   for (int r = 0; r < n; ++r) {
     EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
     for (const auto& f : failures[static_cast<size_t>(r)]) ADD_FAILURE() << f;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, SplitThreads, ::testing::Values(2, 3, 4, 5));
+INSTANTIATE_TEST_SUITE_P(Ranks, SplitThreads,
+                         ::testing::Combine(::testing::ValuesIn(TransportNames()),
+                                            ::testing::Values(2, 3, 4, 5)),
+                         TransportRanksName);
 
 // The priority lane: on every rank the parent's worker all-reduces 16 MB while another thread
 // runs many small all-reduces on a child. Both must be right, and the child's must not wait for

@@ -10,12 +10,40 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "cortado/dist/communicator.h"
 #include "cortado/dist/store.h"
+#include "cortado/dist/ucx_transport.h"
 
 namespace cortado::dist::testing {
+
+// The transports the collective suites run over (CORTADO_TRANSPORT values). A suite takes one as
+// its parameter and calls SkipUnlessBuilt first: the UCX cases skip, saying why, in builds
+// without libucx.
+inline std::vector<std::string> TransportNames() { return {"tcp", "ucx"}; }
+#define CORTADO_SKIP_UNLESS_BUILT(transport)                                           \
+  do {                                                                                 \
+    if ((transport) == std::string("ucx") && !::cortado::dist::HasUcxTransport()) {    \
+      GTEST_SKIP() << "the UCX transport is not built (libucx-dev was not found when " \
+                      "this build was configured)";                                    \
+    }                                                                                  \
+  } while (0)
+
+inline CommOptions OptionsFor(const std::string& transport, CommOptions options = CommOptions()) {
+  options.transport = ParseTransportKind(transport);
+  return options;
+}
+
+// Parameters (transport, ranks) and their test names ("ucx_3").
+using TransportRanks = std::tuple<std::string, int>;
+inline std::string TransportRanksName(const ::testing::TestParamInfo<TransportRanks>& info) {
+  return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param));
+}
+inline std::string TransportName(const ::testing::TestParamInfo<std::string>& info) {
+  return info.param;
+}
 
 // Runs fn(rank's communicator) on n threads; returns each rank's exception text ("" if none).
 inline std::vector<std::string> RunThreads(int n, const std::function<void(Communicator&)>& fn,

@@ -4,7 +4,7 @@
 //     norm and a graph with dropout, flips and batch norm in f64 within 1e-10 (and ResNet-20 in
 //     f32 after one step within 1e-5);
 //   - batch-norm groups of all ranks, of one rank and of two;
-//   - overlap on and off give bitwise identical parameters;
+//   - overlap on and off give bitwise identical parameters, and so do the TCP and UCX transports;
 //   - mpirun (TCP and MPI backends) and srun's variables run the job `cortado launch` runs;
 //   - evaluation over 3 ranks equals one process's, image for image;
 //   - a config that differs between ranks stops every rank naming the rank and the line;
@@ -32,6 +32,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cortado/dist/ucx_transport.h"
 #include "engine/checkpoint.h"
 #include "tests/tools/fashion_slice.h"
 
@@ -322,6 +323,19 @@ TEST_F(DataParallelTest, OverlapOnAndOffGiveBitwiseIdenticalParameters) {
   Checkpoint on = Train(config, 3, 4, "on", "--set distributed.overlap=true");
   Checkpoint off = Train(config, 3, 4, "off", "--set distributed.overlap=false");
   ExpectBitwiseEqual(on, off);
+}
+
+// The transport carries bytes; it must not change one bit of the result (the reductions run in
+// the same order whatever carries their chunks).
+TEST_F(DataParallelTest, UcxAndTcpTransportsGiveBitwiseIdenticalParameters) {
+  if (!dist::HasUcxTransport()) {
+    GTEST_SKIP() << "the UCX transport is not built (libucx-dev was not found at configure time)";
+  }
+  const std::string config =
+      Config(kResNet20, "distributed: {sync_bn: true, bucket_mb: 0.1, first_bucket_mb: 0.02}\n");
+  Checkpoint tcp = Train(config, 3, 4, "tcp", "--set distributed.transport=tcp");
+  Checkpoint ucx = Train(config, 3, 4, "ucx", "--set distributed.transport=ucx");
+  ExpectBitwiseEqual(tcp, ucx);
 }
 
 // A TCP port that was free a moment ago (bound to port 0 and released).

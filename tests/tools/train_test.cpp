@@ -126,7 +126,8 @@ TEST_F(TrainTest, BadConfigsStopWithTheKeyAndPlace) {
   EXPECT_NE(m.find("distributed.bucket_mb: must be in (0, 4096]"), std::string::npos) << m;
 
   m = ErrorOf(Config(), {"distributed.backend=nccl"});
-  EXPECT_NE(m.find("distributed.backend: must be tcp or mpi, got 'nccl'"), std::string::npos) << m;
+  EXPECT_NE(m.find("distributed.backend: must be cortado or mpi, got 'nccl'"), std::string::npos)
+      << m;
 }
 
 TEST_F(TrainTest, BadLayerSettingNamesLayerAndLine) {

@@ -100,7 +100,9 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual const char* backend() const = 0;  // "tcp", "mpi", "local"
+  // What carries the collectives: "tcp" or "ucx" (the transport under Cortado's own), "mpi",
+  // or "local" (a world of one).
+  virtual const char* backend() const = 0;
   const CommOptions& options() const { return options_; }
   // The all-reduce algorithm this communicator would use for a message of `bytes` ("ring",
   // "halving_doubling", "mpi", "local"), after CommOptions and the algo argument.

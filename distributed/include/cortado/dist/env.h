@@ -65,8 +65,18 @@ struct JobIdentity {
   uint64_t TokenDigest() const { return Fingerprint(token); }
 };
 
-enum class Backend { kTcp, kMpi };
-const char* BackendName(Backend backend);
+// Who runs the collectives (CORTADO_BACKEND): this library's own algorithms over a Transport, or
+// Open MPI's. Which transport carries Cortado's collectives is a separate choice
+// (CORTADO_TRANSPORT). The old value CORTADO_BACKEND=tcp still means kCortado (over TCP).
+enum class Backend { kCortado, kMpi };
+const char* BackendName(Backend backend);  // "cortado", "mpi"
+
+// The point-to-point transport under Cortado's collectives (CORTADO_TRANSPORT): the built-in TCP
+// transport (no dependencies, the default) or UCX (shared memory, TCP, InfiniBand/RoCE; only in
+// builds that found libucx, see HasUcxTransport in transport_factory.h).
+enum class TransportKind { kTcp, kUcx };
+const char* TransportKindName(TransportKind kind);          // "tcp", "ucx"
+TransportKind ParseTransportKind(const std::string& name);  // throws kConfig listing the known
 
 // Algorithm selection. kAuto picks by message size (see CommOptions); the others force one:
 // all-reduce: kRing or kHalvingDoubling; broadcast: kRing (a pipelined chain) or kTree
@@ -78,9 +88,10 @@ Algorithm ParseAlgorithm(const std::string& name);  // also accepts "hd"
 // Tunables of a communicator. Each field is read from the CORTADO_* variable named beside it by
 // FromEnv(); the defaults suit a commodity Ethernet or loopback link.
 struct CommOptions {
-  std::chrono::milliseconds timeout{300000};  // CORTADO_TIMEOUT_S: deadline of every operation
-  Backend backend = Backend::kTcp;            // CORTADO_BACKEND: tcp | mpi
-  std::string socket_ifname;                  // CORTADO_SOCKET_IFNAME: interface to listen on
+  std::chrono::milliseconds timeout{300000};      // CORTADO_TIMEOUT_S: deadline of every operation
+  Backend backend = Backend::kCortado;            // CORTADO_BACKEND: cortado | mpi (tcp: cortado)
+  TransportKind transport = TransportKind::kTcp;  // CORTADO_TRANSPORT: tcp | ucx
+  std::string socket_ifname;                      // CORTADO_SOCKET_IFNAME: interface to listen on
   Algorithm allreduce_algorithm = Algorithm::kAuto;  // CORTADO_ALLREDUCE_ALGO
   size_t allreduce_small_bytes = 512 << 10;          // CORTADO_ALLREDUCE_SMALL_BYTES: auto uses
                                                      //   halving-doubling at or below, ring above

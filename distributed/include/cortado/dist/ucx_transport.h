@@ -1,0 +1,53 @@
+// The UCX transport (CORTADO_TRANSPORT=ucx): Cortado's collectives over UCX's tagged messages,
+// so one binary uses shared memory between the ranks of a host and InfiniBand/RoCE (or TCP)
+// between hosts, as UCX picks (UCX_TLS, UCX_NET_DEVICES). Built only when CMake finds libucx;
+// elsewhere CreateUcxTransport throws kConfig saying so.
+//
+// Two planes per pair of ranks:
+//   - data: a UCX endpoint (ucp_ep) per peer on one ucp_worker. Messages are ucp_tag_send/recv
+//     with the sender's rank in the tag's top 12 bits (UCX matches tags from any endpoint), so
+//     a receive matches the first message with its tag from that peer, as the interface asks.
+//     UCX sends small messages eagerly and large ones by rendezvous (zero-copy: the receiver
+//     reads straight from the sender's registered buffer, cma or RDMA); Register maps the
+//     communicator's buffers once with ucp_mem_map and every transfer passes that handle.
+//   - control: a TCP transport mesh (the same handshake, so the job token, world size and
+//     fingerprint admit exactly the ranks TCP would), used for nothing but admission, status
+//     queries, abort notices and noticing that a peer's process is gone (its sockets close the
+//     moment it dies, while UCX's shared-memory transports may never notice). Its progress
+//     thread sleeps in epoll_wait; it never touches UCX.
+//
+// Progress: only the calling thread drives UCX, inside Wait/Test (and Connect, Abort, the
+// destructor). Wait calls ucp_worker_progress until CORTADO_SPIN_US pass without progress,
+// then arms the worker (ucp_worker_arm) and sleeps in poll() on its event fd, 1 ms doubling to
+// 50 ms while nothing happens (not every step of a shared-memory rendezvous signals the fd, and
+// a failure seen by the control plane must be noticed). Between operations nothing polls.
+//
+// Failures: endpoints to other hosts use UCX's peer error handling, and an endpoint error (peer
+// gone, connection reset) fails the requests on it naming the peer and the UCX status string;
+// within a host they do not (UCX 1.13's shared-memory transports cannot detect a dead peer, and
+// asking for it would leave only tcp over loopback). Everywhere, a peer process that dies is
+// seen by the control mesh and fails every rank's operation naming it; a stall reaches the
+// deadline.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "cortado/dist/env.h"
+#include "cortado/dist/transport.h"
+
+namespace cortado::dist {
+
+struct UcxTransportOptions {
+  JobIdentity identity;
+  int rank = 0;
+  std::string control_host;  // IPv4 address the control mesh listens on (as TCP's listen_host)
+  int spin_us = 50;          // CORTADO_SPIN_US: progress before sleeping on the event fd
+};
+
+// True when this build has the UCX transport.
+bool HasUcxTransport();
+// Throws kConfig when the build has no UCX, kSystem naming the UCX call and status on failure.
+std::unique_ptr<Transport> CreateUcxTransport(const UcxTransportOptions& options);
+
+}  // namespace cortado::dist

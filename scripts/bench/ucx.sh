@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The UCX transport beside everything it should be compared with, in one run, on this machine:
+#   Cortado TCP        cortado bench comm --transport tcp        (under cortado launch)
+#   Cortado UCX shm    cortado bench comm --transport ucx, UCX_TLS=sm,self (posix/sysv + cma)
+#   Cortado UCX tcp    cortado bench comm --transport ucx, UCX_TLS=tcp,self
+#   Open MPI           MPI_Allreduce (scripts/bench/comm/mpi_allreduce.c), default transports
+#   Gloo               torch.distributed (scripts/bench/comm/gloo_allreduce.py)
+#   ucx_perftest       tag_bw and tag_lat point to point, 2 processes (UCX's own ceiling)
+# for 2 and 4 ranks (--ranks), f32 sum all-reduce, sizes --sizes (default 4K:128M), --rounds
+# rounds in turn (default 3). Cells are bus bandwidth (nccl-tests: all-reduce busbw = algbw x
+# 2(n-1)/n; GB/s = 1e9 B/s), median of the rounds [min, max]; the 4 KB latency is the median
+# time. Raw JSON lines go to runs/bench-ucx-<time>/, the table to its summary.md.
+#
+#   scripts/bench/ucx.sh [--sizes 4K:128M] [--ranks 2,4] [--rounds 3] [--build DIR] [--no-gloo]
+# Needs: a build with the UCX transport (libucx-dev), ucx-utils (ucx_perftest), mpicc/mpirun,
+# and /usr/bin/python3 with torch for Gloo (scripts/setup.sh --bench).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+sizes=4K:128M
+ranks_list=2,4
+rounds=3
+build=""
+gloo=1
+while (($#)); do
+  case "$1" in
+    --sizes) sizes=$2; shift 2 ;;
+    --ranks) ranks_list=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --no-gloo) gloo=0; shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "ucx.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+to_bytes() {  # 4K -> 4096 (K = 1024)
+  local v=${1^^}
+  case "$v" in
+    *G) echo $(( ${v%G} << 30 )) ;;
+    *M) echo $(( ${v%M} << 20 )) ;;
+    *K) echo $(( ${v%K} << 10 )) ;;
+    *) echo "$v" ;;
+  esac
+}
+lo=$(to_bytes "${sizes%%:*}")
+hi=$(to_bytes "${sizes##*:}")
+
+for tool in mpicc mpirun ucx_perftest ucx_info; do
+  command -v "$tool" >/dev/null || { echo "ucx.sh: '$tool' not found; run scripts/setup.sh --bench" >&2; exit 1; }
+done
+if ((gloo)) && ! /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
+  echo "ucx.sh: /usr/bin/python3 cannot import torch (Gloo); run scripts/setup.sh --bench or pass --no-gloo" >&2
+  exit 1
+fi
+
+build=${build:-$root/build}
+if [[ ! -f "$build/CMakeCache.txt" ]]; then
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+fi
+echo "ucx.sh: building cortado in $build" >&2
+cmake --build "$build" -j "$(nproc)" --target cortado >"$build/ucx-bench-build.log" 2>&1 ||
+  echo "ucx.sh: warning: building cortado failed (see $build/ucx-bench-build.log)" >&2
+cortado="$build/tools/cortado"
+"$cortado" bench comm --help 2>/dev/null | grep -q -- --transport ||
+  { echo "ucx.sh: $cortado has no bench comm --transport" >&2; exit 1; }
+
+out="$root/runs/bench-ucx-$(date +%Y%m%d-%H%M%S)"
+mkdir -p "$out"
+work=$(mktemp -d)
+cleanup() { kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+{
+  echo "# $(date -Is) $(uname -srm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+  echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "# cortado: $cortado ($(git -C "$root" rev-parse --short HEAD)); $(mpirun --version 2>&1 | head -1); $(ucx_info -v | head -1 | sed 's/^# //')"
+  echo "# UCX transports here: $(ucx_info -d | awk '/Transport:/ {print $3}' | sort -u | tr '\n' ' ')"
+} | tee "$out/info.txt"
+
+mpicc -O2 -o "$work/mpi_allreduce" "$root/scripts/bench/comm/mpi_allreduce.c"
+mpi_flags=(--allow-run-as-root --oversubscribe)
+
+bench() {  # name ranks env... : cortado bench comm under cortado launch
+  local name=$1 n=$2; shift 2
+  echo "== round $round, $n ranks: $name" >&2
+  env "$@" "$cortado" launch --nproc "$n" --no-prefix -- "$cortado" bench comm --sizes "$sizes" --json \
+    | grep '^{' | sed "s/^{/{\"contender\":\"$name\",/" | tee -a "$out/runs.jsonl" >&2
+}
+
+for round in $(seq 1 "$rounds"); do
+  for n in ${ranks_list//,/ }; do
+    bench "Cortado TCP" "$n" CORTADO_TRANSPORT=tcp
+    bench "Cortado UCX shm" "$n" CORTADO_TRANSPORT=ucx UCX_TLS=sm,self
+    bench "Cortado UCX tcp" "$n" CORTADO_TRANSPORT=ucx UCX_TLS=tcp,self UCX_NET_DEVICES=lo
+
+    echo "== round $round, $n ranks: Open MPI" >&2
+    mpirun "${mpi_flags[@]}" -np "$n" "$work/mpi_allreduce" "$lo" "$hi" mpi \
+      | grep '^{' | sed 's/^{/{"contender":"Open MPI",/' | tee -a "$out/runs.jsonl" >&2
+
+    if ((gloo)); then
+      echo "== round $round, $n ranks: Gloo" >&2
+      port=$(free_port)
+      for r in $(seq 0 $((n - 1))); do
+        RANK=$r WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port OMP_NUM_THREADS=1 \
+          /usr/bin/python3 "$root/scripts/bench/comm/gloo_allreduce.py" "$lo" "$hi" > "$work/gloo.$r" &
+      done
+      wait
+      grep '^{' "$work/gloo.0" | sed 's/^{/{"contender":"Gloo",/' | tee -a "$out/runs.jsonl" >&2
+    fi
+  done
+
+  # UCX's own point-to-point rates between two processes: the ceiling for one link.
+  echo "== round $round: ucx_perftest tag_bw / tag_lat" >&2
+  for ((bytes = lo; bytes <= hi; bytes *= 2)); do
+    for test in tag_bw tag_lat; do
+      iters=$(( (256 << 20) / bytes )); ((iters < 20)) && iters=20; ((iters > 20000)) && iters=20000
+      port=$(free_port)
+      ucx_perftest -t "$test" -s "$bytes" -n "$iters" -p "$port" -f > "$work/pf.server" 2>&1 &
+      sleep 0.3
+      line=$(ucx_perftest 127.0.0.1 -t "$test" -s "$bytes" -n "$iters" -p "$port" -f 2>&1 | grep -E '^\s+[0-9]+' | tail -1 || true)
+      wait
+      # Columns: iterations, overhead 50%ile / average / overall (us), bandwidth average /
+      # overall (MB/s = 2^20 B/s), message rate average / overall.
+      read -r _ _ avg_us _ mbs _ <<<"$line"
+      [[ $avg_us =~ ^[0-9.]+$ && $mbs =~ ^[0-9.]+$ ]] || continue  # perftest printed inf or nothing
+      echo "{\"contender\":\"ucx_perftest\",\"op\":\"$test\",\"ranks\":2,\"bytes\":$bytes,\"time_us\":${avg_us:-0},\"busbw\":$(awk -v m="${mbs:-0}" 'BEGIN{printf "%.4f", m*1048576/1e9}')}" \
+        | tee -a "$out/runs.jsonl" >&2
+    done
+  done
+done
+echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/info.txt"
+
+/usr/bin/python3 "$root/scripts/bench/ucx/summarize.py" "$out/runs.jsonl" | tee "$out/summary.md"
