@@ -6,10 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__F16C__) && defined(__AVX__)
-#include <immintrin.h>
-#define CORTADO_DIST_F16C 1
-#endif
+#include "cortado/dist/codec.h"
 
 namespace cortado::dist::internal {
 namespace {
@@ -76,38 +73,12 @@ void Reduce16(uint16_t* d, const uint16_t* a, const uint16_t* b, size_t n, bool 
   }
 }
 
-void HalfToF32(const uint16_t* in, float* out, size_t n) {
-  size_t i = 0;
-#ifdef CORTADO_DIST_F16C
-  for (; i + 8 <= n; i += 8) {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
-    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
-  }
-#endif
-  for (; i < n; ++i) out[i] = HalfToFloat(in[i]);
-}
-
-void F32ToHalf(const float* in, uint16_t* out, size_t n) {
-  size_t i = 0;
-#ifdef CORTADO_DIST_F16C
-  for (; i + 8 <= n; i += 8) {
-    __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
-  }
-#endif
-  for (; i < n; ++i) out[i] = FloatToHalf(in[i]);
-}
-
-void BF16ToF32(const uint16_t* __restrict in, float* __restrict out, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t u = static_cast<uint32_t>(in[i]) << 16;
-    std::memcpy(&out[i], &u, 4);
-  }
-}
-
-void F32ToBF16(const float* __restrict in, uint16_t* __restrict out, size_t n) {
-  for (size_t i = 0; i < n; ++i) out[i] = FloatToBFloat16(in[i]);
-}
+// The 16-bit conversions are the codecs' (round to nearest even, vectorized per CPU): one set of
+// kernels for the compressed all-reduce, the f16/bf16 data all-reduce and the engine's tensors.
+void HalfToF32(const uint16_t* in, float* out, size_t n) { Decode(CodecKind::kF16, in, n, out); }
+void F32ToHalf(const float* in, uint16_t* out, size_t n) { Encode(CodecKind::kF16, in, n, out); }
+void BF16ToF32(const uint16_t* in, float* out, size_t n) { Decode(CodecKind::kBF16, in, n, out); }
+void F32ToBF16(const float* in, uint16_t* out, size_t n) { Encode(CodecKind::kBF16, in, n, out); }
 
 }  // namespace
 
