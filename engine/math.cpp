@@ -64,25 +64,29 @@ void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a
   GemmLd<T>(ta, tb, m, n, k, alpha, a, ta ? m : k, b, tb ? k : n, beta, c, n);
 }
 
+void SplitGemm(int64_t m, int64_t n, int64_t k,
+               const std::function<void(int64_t, int64_t, int64_t, int64_t)>& part) {
+  const int threads = NumThreads();
+  // Each task needs enough work to amortize the hand-off (~64K multiply-adds).
+  if (threads == 1 || m * n * k < 65536) return part(0, m, 0, n);
+  if (m >= n || m >= 4 * threads) {
+    ParallelFor(m, 4, [&](int64_t r0, int64_t r1) { part(r0, r1, 0, n); });
+  } else {
+    ParallelFor(n, 16, [&](int64_t c0, int64_t c1) { part(0, m, c0, c1); });
+  }
+}
+
 template <typename T>
 void ParallelGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                   const T* b, T beta, T* c) {
   const int64_t lda = ta ? m : k;
   const int64_t ldb = tb ? k : n;
-  const int threads = NumThreads();
-  // Each task needs enough work to amortize the hand-off (~64K multiply-adds).
-  if (threads == 1 || m * n * k < 65536) return Gemm<T>(ta, tb, m, n, k, alpha, a, b, beta, c);
-  if (m >= n || m >= 4 * threads) {
-    ParallelFor(m, 4, [&](int64_t r0, int64_t r1) {
-      const T* a_rows = ta ? a + r0 : a + r0 * lda;
-      GemmLd<T>(ta, tb, r1 - r0, n, k, alpha, a_rows, lda, b, ldb, beta, c + r0 * n, n);
-    });
-  } else {
-    ParallelFor(n, 16, [&](int64_t c0, int64_t c1) {
-      const T* b_cols = tb ? b + c0 * ldb : b + c0;
-      GemmLd<T>(ta, tb, m, c1 - c0, k, alpha, a, lda, b_cols, ldb, beta, c + c0, n);
-    });
-  }
+  SplitGemm(m, n, k, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    const T* a_rows = ta ? a + r0 : a + r0 * lda;
+    const T* b_cols = tb ? b + c0 * ldb : b + c0;
+    GemmLd<T>(ta, tb, r1 - r0, c1 - c0, k, alpha, a_rows, lda, b_cols, ldb, beta, c + r0 * n + c0,
+              n);
+  });
 }
 
 template <typename T>

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 namespace cortado {
 
@@ -21,6 +22,12 @@ void GemmLd(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha
 template <typename T>
 void ParallelGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                   const T* b, T beta, T* c);
+
+// How ParallelGemm splits C[M,N] across the pool: part(r0, r1, c0, c1) computes rows [r0, r1)
+// and columns [c0, c1), the rows when M is large, else the columns; inline when the product is
+// too small to share. Shared with the 16-bit products (engine/gemm_lowp.h).
+void SplitGemm(int64_t m, int64_t n, int64_t k,
+               const std::function<void(int64_t, int64_t, int64_t, int64_t)>& part);
 
 // y = alpha * x + y
 template <typename T>

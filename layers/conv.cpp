@@ -112,8 +112,13 @@ T* ConvolutionLayer::Workspace(std::vector<Tensor>& pool, int thread, int64_t el
   return t.data<T>();
 }
 
+// T is the storage type of activations and columns; A = Compute<T> is that of the GEMM
+// results, the parameters and their gradients (T itself for f32 and f64; f32 for bf16 and f16,
+// whose products accumulate in f32 and are rounded once when the output is stored).
 template <typename T>
 void ConvolutionLayer::ForwardT(const Tensor& xt, Tensor& yt) {
+  using A = Compute<T>;
+  constexpr bool lowp = kIsLowPrecision<T>;
   const ConvGeometry& g = geo_;
   const int64_t n = xt.dim(0);
   const int64_t in_size = g.c * g.h * g.w;
@@ -121,10 +126,12 @@ void ConvolutionLayer::ForwardT(const Tensor& xt, Tensor& yt) {
   const int64_t cout = num_output_, cog = num_output_ / groups_;
   const int64_t kg = g.c / groups_ * g.kh * g.kw;  // column rows per group
   const int64_t k = kg * groups_;
-  const T* x = xt.data<T>();                // bottom: (N, C_in, H, W)
-  T* y = yt.data<T>();                      // top: (N, C_out, H_out, W_out)
-  const T* w = params_[0].value.data<T>();  // weight: (C_out, C_in/g, kh, kw)
-  const T* bias = has_bias_ ? params_[1].value.data<T>() : nullptr;  // (C_out)
+  const T* x = xt.data<T>();  // bottom: (N, C_in, H, W)
+  T* y = yt.data<T>();        // top: (N, C_out, H_out, W_out)
+  // weight: (C_out, C_in/g, kh, kw), read in T
+  const T* w =
+      lowp ? LowPrecisionCopy<T>(params_[0].value, weight_lowp_) : params_[0].value.data<T>();
+  const A* bias = has_bias_ ? params_[1].value.data<A>() : nullptr;  // (C_out)
   if (n == 0) return;
 
   const int tasks = static_cast<int>(std::min<int64_t>(NumThreads(), n));
@@ -139,7 +146,7 @@ void ConvolutionLayer::ForwardT(const Tensor& xt, Tensor& yt) {
   }
   for (int t = 0; t < tasks; ++t) {
     Workspace<T>(col_ws, t, k * block * p);
-    if (block > 1) Workspace<T>(out_ws, t, cout * block * p);
+    if (block > 1 || lowp) Workspace<A>(out_ws, t, cout * block * p);
     Workspace<T>(phase_ws, t, PhaseSize(g));
   }
 
@@ -158,34 +165,37 @@ void ConvolutionLayer::ForwardT(const Tensor& xt, Tensor& yt) {
           ImageToColumns(x + (n0 + b) * in_size, g, xq, col + b * p, cols);
         }
       }
-      if (nb == 1) {
-        T* yn = y + n0 * cout * p;
-        if (bias != nullptr) {
-          for (int64_t co = 0; co < cout; ++co) std::fill(yn + co * p, yn + (co + 1) * p, bias[co]);
-        }
-        const T beta = bias != nullptr ? T(1) : T(0);
-        for (int64_t gi = 0; gi < groups_; ++gi) {
-          GemmLd<T>(false, false, cog, p, kg, T(1), w + gi * cog * kg, kg, colp + gi * kg * p, p,
-                    beta, yn + gi * cog * p, p);
-        }
-      } else {
-        T* out = out_ws[t].data<T>();  // (C_out, nb * P)
-        for (int64_t gi = 0; gi < groups_; ++gi) {
-          GemmLd<T>(false, false, cog, cols, kg, T(1), w + gi * cog * kg, kg, colp + gi * kg * cols,
-                    cols, T(0), out + gi * cog * cols, cols);
-        }
-        for (int64_t b = 0; b < nb; ++b) {
-          T* yn = y + (n0 + b) * cout * p;
-          for (int64_t co = 0; co < cout; ++co) {
-            const T* src = out + co * cols + b * p;
-            T* dst = yn + co * p;
-            if (bias != nullptr) {
-              const T bv = bias[co];
-              for (int64_t i = 0; i < p; ++i) dst[i] = src[i] + bv;
-            } else {
-              std::memcpy(dst, src, sizeof(T) * p);
+      if constexpr (!lowp) {
+        if (nb == 1) {
+          // f32/f64 one image at a time: the GEMM writes the output in place.
+          T* yn = y + n0 * cout * p;
+          if (bias != nullptr) {
+            for (int64_t co = 0; co < cout; ++co) {
+              std::fill(yn + co * p, yn + (co + 1) * p, bias[co]);
             }
           }
+          const T beta = bias != nullptr ? T(1) : T(0);
+          for (int64_t gi = 0; gi < groups_; ++gi) {
+            LayerGemm<T>(false, false, cog, p, kg, w + gi * cog * kg, kg, colp + gi * kg * p, p,
+                         beta, yn + gi * cog * p, p);
+          }
+          continue;
+        }
+      }
+      A* out = out_ws[t].data<A>();  // (C_out, nb * P)
+      for (int64_t gi = 0; gi < groups_; ++gi) {
+        LayerGemm<T>(false, false, cog, cols, kg, w + gi * cog * kg, kg, colp + gi * kg * cols,
+                     cols, A(0), out + gi * cog * cols, cols);
+      }
+      for (int64_t b = 0; b < nb; ++b) {
+        T* yn = y + (n0 + b) * cout * p;
+        for (int64_t co = 0; co < cout; ++co) {
+          A* src = out + co * cols + b * p;
+          if (bias != nullptr) {
+            const A bv = bias[co];
+            for (int64_t i = 0; i < p; ++i) src[i] += bv;
+          }
+          NarrowSpan<T>(src, p, yn + co * p);
         }
       }
     }
@@ -194,6 +204,8 @@ void ConvolutionLayer::ForwardT(const Tensor& xt, Tensor& yt) {
 
 template <typename T>
 void ConvolutionLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propagate, Tensor* dxt) {
+  using A = Compute<T>;
+  constexpr bool lowp = kIsLowPrecision<T>;
   const ConvGeometry& g = geo_;
   const int64_t n = xt.dim(0);
   const int64_t in_size = g.c * g.h * g.w;
@@ -205,40 +217,50 @@ void ConvolutionLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propa
   const T* x = xt.data<T>();                     // bottom: (N, C_in, H, W)
   const T* dy = dyt.data<T>();                   // top grad: (N, C_out, H_out, W_out)
   T* dx = propagate ? dxt->data<T>() : nullptr;  // bottom grad: (N, C_in, H, W)
-  const T* w = params_[0].value.data<T>();
-  T* dw = params_[0].grad.data<T>();
-  T* db = has_bias_ ? params_[1].grad.data<T>() : nullptr;
+  const T* w = !propagate ? nullptr
+               : lowp     ? LowPrecisionCopy<T>(params_[0].value, weight_lowp_)
+                          : params_[0].value.data<T>();
+  A* dw = params_[0].grad.data<A>();
+  A* db = has_bias_ ? params_[1].grad.data<A>() : nullptr;
   if (n == 0) {
-    std::fill(dw, dw + w_size, T(0));
-    if (db != nullptr) std::fill(db, db + cout, T(0));
+    std::fill(dw, dw + w_size, A(0));
+    if (db != nullptr) std::fill(db, db + cout, A(0));
     return;
   }
 
   const int tasks = static_cast<int>(std::min<int64_t>(NumThreads(), n));
   const int64_t block = block_;
   std::vector<Tensor>& col_ws = Workspaces(kColumns);
-  std::vector<Tensor>& out_ws = Workspaces(kOutputs);
+  std::vector<Tensor>& gather_ws = Workspaces(kGathered);
   std::vector<Tensor>& phase_ws = Workspaces(kPhases);
   std::vector<Tensor>& dw_ws = Workspaces(kWeightGrads);
   std::vector<Tensor>& db_ws = Workspaces(kBiasGrads);
-  for (auto* pool : {&col_ws, &out_ws, &phase_ws, &dw_ws, &db_ws}) {
+  std::vector<Tensor>& wide_col_ws = Workspaces(kWideColumns);
+  std::vector<Tensor>& wide_image_ws = Workspaces(kWideImage);
+  for (auto* pool :
+       {&col_ws, &gather_ws, &phase_ws, &dw_ws, &db_ws, &wide_col_ws, &wide_image_ws}) {
     if (static_cast<int>(pool->size()) < tasks) pool->resize(tasks);
   }
   for (int t = 0; t < tasks; ++t) {
     Workspace<T>(col_ws, t, k * block * p);
-    if (block > 1) Workspace<T>(out_ws, t, cout * block * p);
+    if (block > 1) Workspace<T>(gather_ws, t, cout * block * p);
     Workspace<T>(phase_ws, t, PhaseSize(g));
-    Workspace<T>(dw_ws, t, w_size);
-    Workspace<T>(db_ws, t, cout);
+    Workspace<A>(dw_ws, t, w_size);
+    Workspace<A>(db_ws, t, cout);
+    if (lowp && propagate) {
+      // The input gradient is summed in A: dcol, then the phase planes and the image.
+      Workspace<A>(wide_col_ws, t, k * block * p);
+      Workspace<A>(wide_image_ws, t, PhaseSize(g) + in_size);
+    }
   }
 
   ParallelTasks(tasks, [&](int t) {
     const int64_t begin = n * t / tasks, end = n * (t + 1) / tasks;
     T* col = col_ws[t].data<T>();
-    T* xq = phase_ws[t].data<T>();  // one image's phase planes (or their gradient)
-    T* dwt = dw_ws[t].data<T>();    // this thread's weight-gradient partial: (C_out, kg)
-    T* dbt = db_ws[t].data<T>();    // (C_out)
-    std::fill(dbt, dbt + cout, T(0));
+    T* xq = phase_ws[t].data<T>();  // one image's phase planes
+    A* dwt = dw_ws[t].data<A>();    // this thread's weight-gradient partial: (C_out, kg)
+    A* dbt = db_ws[t].data<A>();    // (C_out)
+    std::fill(dbt, dbt + cout, A(0));
     bool first = true;
     for (int64_t n0 = begin; n0 < end; n0 += block) {
       const int64_t nb = std::min(block, end - n0);
@@ -254,7 +276,7 @@ void ConvolutionLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propa
       // The top gradient of this block as a (C_out, nb * P) matrix.
       const T* dyb = dy + n0 * cout * p;
       if (nb > 1) {
-        T* gathered = out_ws[t].data<T>();
+        T* gathered = gather_ws[t].data<T>();
         for (int64_t b = 0; b < nb; ++b) {
           for (int64_t co = 0; co < cout; ++co) {
             std::memcpy(gathered + co * cols + b * p, dy + ((n0 + b) * cout + co) * p,
@@ -266,48 +288,58 @@ void ConvolutionLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propa
       if (db != nullptr) {
         for (int64_t co = 0; co < cout; ++co) {
           const T* row = dyb + co * cols;
-          T s = T(0);
+          A s = A(0);
 #pragma omp simd reduction(+ : s)
-          for (int64_t i = 0; i < cols; ++i) s += row[i];
+          for (int64_t i = 0; i < cols; ++i) s += Widen(row[i]);
           dbt[co] += s;
         }
       }
       // dW_g (C_out/g, kg) += dY_g (C_out/g, cols) * col_g^T (cols, kg)
       for (int64_t gi = 0; gi < groups_; ++gi) {
-        GemmLd<T>(false, true, cog, kg, cols, T(1), dyb + gi * cog * cols, cols,
-                  colp + gi * kg * cols, cols, first ? T(0) : T(1), dwt + gi * cog * kg, kg);
+        LayerGemm<T>(false, true, cog, kg, cols, dyb + gi * cog * cols, cols, colp + gi * kg * cols,
+                     cols, first ? A(0) : A(1), dwt + gi * cog * kg, kg);
       }
       first = false;
       if (!propagate) continue;
+      A* wide_image = lowp ? wide_image_ws[t].data<A>() : nullptr;
       if (is_1x1_ && nb == 1) {
-        // dX_g (kg, P) = W_g^T (kg, C_out/g) * dY_g (C_out/g, P), written in place.
+        // dX_g (kg, P) = W_g^T (kg, C_out/g) * dY_g (C_out/g, P), written in place (through
+        // an A image for 16-bit storage).
         T* dxn = dx + n0 * in_size;
+        A* dst = lowp ? wide_image : reinterpret_cast<A*>(dxn);
         for (int64_t gi = 0; gi < groups_; ++gi) {
-          GemmLd<T>(true, false, kg, p, cog, T(1), w + gi * cog * kg, kg, dyb + gi * cog * p, p,
-                    T(0), dxn + gi * kg * p, p);
+          LayerGemm<T>(true, false, kg, p, cog, w + gi * cog * kg, kg, dyb + gi * cog * p, p, A(0),
+                       dst + gi * kg * p, p);
         }
+        if constexpr (lowp) NarrowSpan<T>(wide_image, in_size, dxn);
         continue;
       }
-      // The columns are no longer needed: reuse their buffer for dcol.
-      T* dcol = col;
+      // dcol in A: for f32/f64 the columns' buffer, no longer needed, is reused.
+      A* dcol = lowp ? wide_col_ws[t].data<A>() : reinterpret_cast<A*>(col);
       for (int64_t gi = 0; gi < groups_; ++gi) {
-        GemmLd<T>(true, false, kg, cols, cog, T(1), w + gi * cog * kg, kg, dyb + gi * cog * cols,
-                  cols, T(0), dcol + gi * kg * cols, cols);
+        LayerGemm<T>(true, false, kg, cols, cog, w + gi * cog * kg, kg, dyb + gi * cog * cols, cols,
+                     A(0), dcol + gi * kg * cols, cols);
       }
       for (int64_t b = 0; b < nb; ++b) {
-        ColumnsToImage(dcol + b * p, cols, g, xq, dx + (n0 + b) * in_size);
+        if constexpr (lowp) {
+          A* dx_image = wide_image + PhaseSize(g);
+          ColumnsToImage(dcol + b * p, cols, g, wide_image, dx_image);
+          NarrowSpan<T>(dx_image, in_size, dx + (n0 + b) * in_size);
+        } else {
+          ColumnsToImage(dcol + b * p, cols, g, xq, dx + (n0 + b) * in_size);
+        }
       }
     }
   });
 
   // Sum the per-thread partials in thread order (deterministic for a given thread count).
-  const T* dw0 = dw_ws[0].data<T>();
+  const A* dw0 = dw_ws[0].data<A>();
   std::copy(dw0, dw0 + w_size, dw);
-  for (int t = 1; t < tasks; ++t) AddKernel(dw_ws[t].data<T>(), dw, w_size);
+  for (int t = 1; t < tasks; ++t) AddKernel(dw_ws[t].data<A>(), dw, w_size);
   if (db != nullptr) {
-    const T* db0 = db_ws[0].data<T>();
+    const A* db0 = db_ws[0].data<A>();
     std::copy(db0, db0 + cout, db);
-    for (int t = 1; t < tasks; ++t) AddKernel(db_ws[t].data<T>(), db, cout);
+    for (int t = 1; t < tasks; ++t) AddKernel(db_ws[t].data<A>(), db, cout);
   }
 }
 
@@ -324,6 +356,21 @@ void ConvolutionLayer::BackwardF32(const Blobs& top, const std::vector<bool>& pr
 void ConvolutionLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
                                    const Blobs& bottom) {
   BackwardT<double>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
+}
+
+void ConvolutionLayer::ForwardBF16(const Blobs& bottom, const Blobs& top) {
+  ForwardT<BFloat16>(bottom[0]->data, top[0]->data);
+}
+void ConvolutionLayer::ForwardF16(const Blobs& bottom, const Blobs& top) {
+  ForwardT<Half>(bottom[0]->data, top[0]->data);
+}
+void ConvolutionLayer::BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                                    const Blobs& bottom) {
+  BackwardT<BFloat16>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
+}
+void ConvolutionLayer::BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                                   const Blobs& bottom) {
+  BackwardT<Half>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
 }
 
 CORTADO_REGISTER_LAYER(Convolution, ConvolutionLayer);

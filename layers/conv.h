@@ -51,6 +51,14 @@ class ConvolutionLayer : public Layer {
                    const Blobs& bottom) override;
   void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
                    const Blobs& bottom) override;
+  // bf16 and f16: 16-bit activations and columns, products accumulated in f32 (native bf16
+  // GEMM where the CPU has it, engine/gemm_lowp.h), f32 parameters and gradients.
+  void ForwardBF16(const Blobs& bottom, const Blobs& top) override;
+  void ForwardF16(const Blobs& bottom, const Blobs& top) override;
+  void BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                    const Blobs& bottom) override;
+  void BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
@@ -70,11 +78,25 @@ class ConvolutionLayer : public Layer {
   ConvGeometry geo_{};
   int64_t block_ = 1;  // images per GEMM
   int64_t batch_ = 0;  // images at the current shape
-  // Workspaces by kind (columns, gathered outputs, phase planes, weight- and bias-gradient
-  // partials), per thread: the net's shared ones (LayerContext::scratch), else the layer's own.
-  enum Scratch { kColumns, kOutputs, kPhases, kWeightGrads, kBiasGrads, kScratchKinds };
+  // Workspaces by kind, per thread: the net's shared ones (LayerContext::scratch), else the
+  // layer's own. Each kind keeps one dtype (a kind used in two would be reallocated per call):
+  // columns, phase planes and the gathered top gradient in the storage type; GEMM outputs,
+  // weight- and bias-gradient partials, and the 16-bit backward's dcol and image gradient in
+  // the accumulation type.
+  enum Scratch {
+    kColumns,
+    kOutputs,
+    kGathered,
+    kPhases,
+    kWeightGrads,
+    kBiasGrads,
+    kWideColumns,
+    kWideImage,
+    kScratchKinds
+  };
   std::vector<Tensor>& Workspaces(Scratch kind);
   std::array<std::vector<Tensor>, kScratchKinds> own_workspaces_;
+  Tensor weight_lowp_;  // the 16-bit copy of the weight the bf16/f16 kernels read
 };
 
 }  // namespace cortado

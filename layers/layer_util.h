@@ -4,6 +4,7 @@
 // Header-only; nothing here owns state.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -14,8 +15,11 @@
 #include <immintrin.h>
 #endif
 
+#include "cortado/dist/codec.h"
 #include "cortado/dist/types.h"
+#include "engine/gemm_lowp.h"
 #include "engine/layer.h"
+#include "engine/math.h"
 #include "engine/random.h"
 #include "engine/tensor.h"
 
@@ -62,6 +66,69 @@ S Narrow(Compute<S> v) {
   } else {
     return v;
   }
+}
+
+template <typename S>
+constexpr bool kIsLowPrecision = !std::is_same_v<S, Compute<S>>;
+
+template <typename S>
+constexpr dist::CodecKind LowpCodec() {
+  return std::is_same_v<S, BFloat16> ? dist::CodecKind::kBF16 : dist::CodecKind::kF16;
+}
+
+// dst[0, n) = Narrow(src[0, n)), through the codec's vector kernels for bf16 and f16 (the same
+// rounding as Narrow); a copy for f32 and f64.
+template <typename S>
+void NarrowSpan(const Compute<S>* src, int64_t n, S* dst) {
+  if constexpr (kIsLowPrecision<S>) {
+    dist::Encode(LowpCodec<S>(), src, static_cast<size_t>(n), dst);
+  } else {
+    std::copy(src, src + n, dst);
+  }
+}
+
+// dst[0, n) = Widen(src[0, n)).
+template <typename S>
+void WidenSpan(const S* src, int64_t n, Compute<S>* dst) {
+  if constexpr (kIsLowPrecision<S>) {
+    dist::Decode(LowpCodec<S>(), src, static_cast<size_t>(n), dst);
+  } else {
+    std::copy(src, src + n, dst);
+  }
+}
+
+// C (Compute<S>) = op(A) op(B) + beta C for operands stored as S: the f32/f64 GEMM, or the
+// 16-bit product that accumulates in f32 (engine/gemm_lowp.h). Single-threaded.
+template <typename S>
+void LayerGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const S* a, int64_t lda,
+               const S* b, int64_t ldb, Compute<S> beta, Compute<S>* c, int64_t ldc) {
+  if constexpr (kIsLowPrecision<S>) {
+    GemmLdLowp<S>(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    GemmLd<S>(ta, tb, m, n, k, S(1), a, lda, b, ldb, beta, c, ldc);
+  }
+}
+
+// The same on the pool, dense leading dimensions.
+template <typename S>
+void ParallelLayerGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const S* a, const S* b,
+                       Compute<S> beta, Compute<S>* c) {
+  if constexpr (kIsLowPrecision<S>) {
+    ParallelGemmLowp<S>(ta, tb, m, n, k, a, b, beta, c);
+  } else {
+    ParallelGemm<S>(ta, tb, m, n, k, S(1), a, b, beta, c);
+  }
+}
+
+// The low-precision copy of a master (f32) parameter that a 16-bit kernel reads: converted
+// from the master on every call, so it always matches the weights the solver last wrote.
+template <typename S>
+const S* LowPrecisionCopy(const Tensor& master, Tensor& copy) {
+  if (copy.dtype() != DTypeOf<S>::value || copy.shape() != master.shape()) {
+    copy.Resize(master.shape(), DTypeOf<S>::value);
+  }
+  copy.ConvertFrom(master);
+  return copy.data<S>();
 }
 
 // Throws unless t is a compute type: f32 or f64, or bf16 or f16 (mixed precision).

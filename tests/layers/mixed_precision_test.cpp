@@ -8,6 +8,7 @@
 
 #include <cmath>
 
+#include "engine/gemm_lowp.h"
 #include "tests/layers/layer_harness.h"
 
 namespace cortado::testing {
@@ -116,6 +117,22 @@ TEST_P(MixedPrecision, Convolution) {
   strided.Set("stride", 2).Set("groups", 2);
   ExpectMatchesReference(GetParam(), "Convolution", strided,
                          {RandomTensor({2, 4, 8, 8}, DType::kF64, 2)});
+  // 1x1 over 23x23 = 529 positions: one image per GEMM, the input read as its own columns.
+  Settings pointwise;
+  pointwise.Set("num_output", 5).Set("kernel", 1).Set("bias", false);
+  ExpectMatchesReference(GetParam(), "Convolution", pointwise,
+                         {RandomTensor({2, 3, 23, 23}, DType::kF64, 4)});
+}
+
+// bf16 convolutions on the f32 fallback that CPUs without AVX512_BF16 run.
+TEST(MixedPrecisionLayers, ConvolutionOnTheWidenedBF16Path) {
+  const LowpGemmPath saved = BF16GemmPath();
+  SetBF16GemmPath(LowpGemmPath::kWidened);
+  Settings s;
+  s.Set("num_output", 6).Set("kernel", 3).Set("pad", 1).Set("stride", 2);
+  ExpectMatchesReference(DType::kBF16, "Convolution", s,
+                         {RandomTensor({2, 4, 9, 9}, DType::kF64, 5)});
+  SetBF16GemmPath(saved);
 }
 
 TEST_P(MixedPrecision, InnerProduct) {
