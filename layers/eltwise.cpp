@@ -112,39 +112,60 @@ void RouteKernel(const int32_t* __restrict arg, int32_t me, const T* __restrict 
 }  // namespace
 
 template <typename T>
+void EltwiseLayer::ForwardChunk(const std::vector<const T*>& x, T* y, int32_t* arg,
+                                int64_t n) const {
+  const size_t k = x.size();
+  switch (op_) {
+    case Op::kSum:
+      if (in_place_) {  // y is x[0]
+        ScaleAddKernel(static_cast<T>(coeffs_[0]), y, static_cast<T>(coeffs_[1]), x[1], n);
+      } else {
+        AxpbyKernel(static_cast<T>(coeffs_[0]), x[0], static_cast<T>(coeffs_[1]), x[1], y, n);
+      }
+      for (size_t j = 2; j < k; ++j) AxpyKernel(static_cast<T>(coeffs_[j]), x[j], y, n);
+      break;
+    case Op::kProd:
+      MulKernel(x[0], x[1], y, n);
+      for (size_t j = 2; j < k; ++j) MulInPlaceKernel(x[j], y, n);
+      break;
+    case Op::kMax:
+      std::copy(x[0], x[0] + n, y);
+      std::fill(arg, arg + n, 0);
+      for (size_t j = 1; j < k; ++j) MaxKernel(x[j], static_cast<int32_t>(j), y, arg, n);
+      break;
+  }
+}
+
+template <typename T>
 void EltwiseLayer::ForwardCpu(const Blobs& bottom, const Blobs& top) {
+  using A = Compute<T>;
   // In place, input 0 may have been reallocated since Reshape (a larger batch); share again.
   if (in_place_) top[0]->data = bottom[0]->data;
   std::vector<const T*> x;  // bottom[i]: any shape, all equal
   for (Blob* b : bottom) x.push_back(b->data.data<T>());
   T* y = top[0]->data.data<T>();  // top: the same shape
   int32_t* arg = op_ == Op::kMax ? argmax_.data<int32_t>() : nullptr;
-  const size_t k = x.size();
   ParallelFor(top[0]->data.numel(), kEltwiseChunk, [&](int64_t begin, int64_t end) {
-    const int64_t n = end - begin;
-    T* yb = y + begin;
-    switch (op_) {
-      case Op::kSum:
-        if (in_place_) {  // yb is x[0] + begin
-          ScaleAddKernel(static_cast<T>(coeffs_[0]), yb, static_cast<T>(coeffs_[1]), x[1] + begin,
-                         n);
-        } else {
-          AxpbyKernel(static_cast<T>(coeffs_[0]), x[0] + begin, static_cast<T>(coeffs_[1]),
-                      x[1] + begin, yb, n);
+    if constexpr (!kIsLowPrecision<T>) {
+      std::vector<const T*> xb;
+      for (const T* p : x) xb.push_back(p + begin);
+      ForwardChunk<T>(xb, y + begin, arg != nullptr ? arg + begin : nullptr, end - begin);
+    } else {
+      // 16-bit storage: widen a cache-sized block of every input, run the f32 kernel, round
+      // the output back (what the f32 fallback computes, without f32 copies of whole tensors).
+      std::vector<std::vector<A>> wide(x.size(), std::vector<A>(kEltwiseChunk));
+      std::vector<A> wide_y(kEltwiseChunk);
+      std::vector<const A*> xb(x.size());
+      for (int64_t b0 = begin; b0 < end; b0 += kEltwiseChunk) {
+        const int64_t n = std::min(kEltwiseChunk, end - b0);
+        for (size_t j = 0; j < x.size(); ++j) {
+          WidenSpan<T>(x[j] + b0, n, wide[j].data());
+          xb[j] = wide[j].data();
         }
-        for (size_t j = 2; j < k; ++j) AxpyKernel(static_cast<T>(coeffs_[j]), x[j] + begin, yb, n);
-        break;
-      case Op::kProd:
-        MulKernel(x[0] + begin, x[1] + begin, yb, n);
-        for (size_t j = 2; j < k; ++j) MulInPlaceKernel(x[j] + begin, yb, n);
-        break;
-      case Op::kMax:
-        std::copy(x[0] + begin, x[0] + end, yb);
-        std::fill(arg + begin, arg + end, 0);
-        for (size_t j = 1; j < k; ++j) {
-          MaxKernel(x[j] + begin, static_cast<int32_t>(j), yb, arg + begin, n);
-        }
-        break;
+        A* yb = in_place_ ? wide[0].data() : wide_y.data();
+        ForwardChunk<A>(xb, yb, arg != nullptr ? arg + b0 : nullptr, n);
+        NarrowSpan<T>(yb, n, y + b0);
+      }
     }
   });
 }
@@ -157,8 +178,40 @@ void EltwiseLayer::ForwardF64(const Blobs& bottom, const Blobs& top) {
 }
 
 template <typename T>
+void EltwiseLayer::BackwardChunk(size_t j, const T* dy, const std::vector<const T*>& x,
+                                 const int32_t* arg, T* dx, int64_t n) const {
+  switch (op_) {
+    case Op::kSum:
+      if (coeffs_[j] == 1.0) {
+        std::copy(dy, dy + n, dx);
+      } else {
+        ScaleKernel(static_cast<T>(coeffs_[j]), dy, dx, n);
+      }
+      break;
+    case Op::kProd: {
+      // dx_j = dy * prod_{m != j} x_m, computed directly (zeros in x are fine).
+      bool first = true;
+      for (size_t m = 0; m < x.size(); ++m) {
+        if (m == j) continue;
+        if (first) {
+          MulKernel(dy, x[m], dx, n);
+          first = false;
+        } else {
+          MulInPlaceKernel(x[m], dx, n);
+        }
+      }
+      break;
+    }
+    case Op::kMax:
+      RouteKernel(arg, static_cast<int32_t>(j), dy, dx, n);
+      break;
+  }
+}
+
+template <typename T>
 void EltwiseLayer::BackwardCpu(const Blobs& top, const std::vector<bool>& propagate_down,
                                const Blobs& bottom) {
+  using A = Compute<T>;
   const T* dy = top[0]->grad.data<T>();  // top: any shape
   const int32_t* arg = op_ == Op::kMax ? argmax_.data<int32_t>() : nullptr;
   const size_t k = bottom.size();
@@ -170,33 +223,29 @@ void EltwiseLayer::BackwardCpu(const Blobs& top, const std::vector<bool>& propag
     if (!propagate_down[j]) continue;
     T* dx = bottom[j]->grad.data<T>();  // bottom[j]: top's shape
     ParallelFor(top[0]->data.numel(), kEltwiseChunk, [&](int64_t begin, int64_t end) {
-      const int64_t n = end - begin;
-      T* dxb = dx + begin;
-      switch (op_) {
-        case Op::kSum:
-          if (coeffs_[j] == 1.0) {
-            std::copy(dy + begin, dy + end, dxb);
-          } else {
-            ScaleKernel(static_cast<T>(coeffs_[j]), dy + begin, dxb, n);
+      if constexpr (!kIsLowPrecision<T>) {
+        std::vector<const T*> xb;
+        for (const T* p : x) xb.push_back(p + begin);
+        BackwardChunk<T>(j, dy + begin, xb, arg != nullptr ? arg + begin : nullptr, dx + begin,
+                         end - begin);
+      } else if (op_ == Op::kSum && coeffs_[j] == 1.0) {
+        std::copy(dy + begin, dy + end, dx + begin);  // the gradient passes through unrounded
+      } else {
+        std::vector<std::vector<A>> wide(x.size(), std::vector<A>(kEltwiseChunk));
+        std::vector<A> wide_dy(kEltwiseChunk), wide_dx(kEltwiseChunk);
+        std::vector<const A*> xb(x.size());
+        for (int64_t b0 = begin; b0 < end; b0 += kEltwiseChunk) {
+          const int64_t n = std::min(kEltwiseChunk, end - b0);
+          WidenSpan<T>(dy + b0, n, wide_dy.data());
+          for (size_t m = 0; m < x.size(); ++m) {
+            if (m == j) continue;  // dx_j does not read x_j
+            WidenSpan<T>(x[m] + b0, n, wide[m].data());
+            xb[m] = wide[m].data();
           }
-          break;
-        case Op::kProd: {
-          // dx_j = dy * prod_{m != j} x_m, computed directly (zeros in x are fine).
-          bool first = true;
-          for (size_t m = 0; m < k; ++m) {
-            if (m == j) continue;
-            if (first) {
-              MulKernel(dy + begin, x[m] + begin, dxb, n);
-              first = false;
-            } else {
-              MulInPlaceKernel(x[m] + begin, dxb, n);
-            }
-          }
-          break;
+          BackwardChunk<A>(j, wide_dy.data(), xb, arg != nullptr ? arg + b0 : nullptr,
+                           wide_dx.data(), n);
+          NarrowSpan<T>(wide_dx.data(), n, dx + b0);
         }
-        case Op::kMax:
-          RouteKernel(arg + begin, static_cast<int32_t>(j), dy + begin, dxb, n);
-          break;
       }
     });
   }
@@ -209,6 +258,21 @@ void EltwiseLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propag
 void EltwiseLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
                                const Blobs& bottom) {
   BackwardCpu<double>(top, propagate_down, bottom);
+}
+
+void EltwiseLayer::ForwardBF16(const Blobs& bottom, const Blobs& top) {
+  ForwardCpu<BFloat16>(bottom, top);
+}
+void EltwiseLayer::ForwardF16(const Blobs& bottom, const Blobs& top) {
+  ForwardCpu<Half>(bottom, top);
+}
+void EltwiseLayer::BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                                const Blobs& bottom) {
+  BackwardCpu<BFloat16>(top, propagate_down, bottom);
+}
+void EltwiseLayer::BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                               const Blobs& bottom) {
+  BackwardCpu<Half>(top, propagate_down, bottom);
 }
 
 CORTADO_REGISTER_LAYER(Eltwise, EltwiseLayer);

@@ -32,6 +32,13 @@ class EltwiseLayer : public Layer {
                    const Blobs& bottom) override;
   void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
                    const Blobs& bottom) override;
+  // bf16 and f16: the f32 kernels on cache-sized widened blocks.
+  void ForwardBF16(const Blobs& bottom, const Blobs& top) override;
+  void ForwardF16(const Blobs& bottom, const Blobs& top) override;
+  void BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                    const Blobs& bottom) override;
+  void BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
@@ -39,6 +46,12 @@ class EltwiseLayer : public Layer {
   void ForwardCpu(const Blobs& bottom, const Blobs& top);
   template <typename T>
   void BackwardCpu(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom);
+  // One block of n elements, pointers already at the block (T is the compute type).
+  template <typename T>
+  void ForwardChunk(const std::vector<const T*>& x, T* y, int32_t* arg, int64_t n) const;
+  template <typename T>
+  void BackwardChunk(size_t j, const T* dy, const std::vector<const T*>& x, const int32_t* arg,
+                     T* dx, int64_t n) const;
   Op op_ = Op::kSum;
   std::vector<double> coeffs_;
   Tensor argmax_;  // i32, top's shape: which input held the max (max only)

@@ -164,134 +164,165 @@ bool MaxPool2x2Row(const T* __restrict r0, const T* __restrict r1, int32_t n, in
 
 }  // namespace
 
+// One (N, C) plane; T is the compute type (f32 or f64).
 template <typename T>
-void PoolingLayer::ForwardT(const Tensor& xt, Tensor& yt) {
-  const T* x = xt.data<T>();  // bottom: (N, C, H, W)
-  T* y = yt.data<T>();        // top: (N, C, H_out, W_out)
+void PoolingLayer::ForwardPlane(const T* xp, T* yp, int32_t* argp) const {
   const int64_t h = height_, w = width_, oh_n = out_h_, ow_n = out_w_;
-  const int64_t in_plane = h * w, out_plane = oh_n * ow_n;
-  int32_t* arg = is_max_ ? argmax_.data<int32_t>() : nullptr;
+  const int64_t in_plane = h * w;
   const bool fast_2x2 = is_max_ && !global_ && kh_ == 2 && kw_ == 2 && sh_ == 2 && sw_ == 2 &&
                         ph_ == 0 && pw_ == 0 && 2 * oh_n <= h && 2 * ow_n <= w;
-  ParallelFor(planes_, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t pl = p0; pl < p1; ++pl) {
-      const T* xp = x + pl * in_plane;
-      T* yp = y + pl * out_plane;
-      if (global_ && !is_max_) {
-        T s = T(0);
+  if (global_ && !is_max_) {
+    T s = T(0);
 #pragma omp simd reduction(+ : s)
-        for (int64_t i = 0; i < in_plane; ++i) s += xp[i];
-        yp[0] = s / static_cast<T>(in_plane);
+    for (int64_t i = 0; i < in_plane; ++i) s += xp[i];
+    yp[0] = s / static_cast<T>(in_plane);
+    return;
+  }
+  if (fast_2x2) {
+    for (int64_t oh = 0; oh < oh_n; ++oh) {
+      const T* r0 = xp + 2 * oh * w;
+      T* yrow = yp + oh * ow_n;
+      int32_t* arow = argp + oh * ow_n;
+      if (!MaxPool2x2Row(r0, r0 + w, static_cast<int32_t>(ow_n), static_cast<int32_t>(2 * oh * w),
+                         static_cast<int32_t>(w), yrow, arow)) {
         continue;
       }
-      if (fast_2x2) {
-        for (int64_t oh = 0; oh < oh_n; ++oh) {
-          const T* r0 = xp + 2 * oh * w;
-          T* yrow = yp + oh * ow_n;
-          int32_t* arow = arg + pl * out_plane + oh * ow_n;
-          if (!MaxPool2x2Row(r0, r0 + w, static_cast<int32_t>(ow_n),
-                             static_cast<int32_t>(2 * oh * w), static_cast<int32_t>(w), yrow,
-                             arow)) {
-            continue;
-          }
-          for (int64_t ow = 0; ow < ow_n; ++ow) {
-            yrow[ow] = -std::numeric_limits<T>::infinity();
-            arow[ow] = static_cast<int32_t>(2 * oh * w + 2 * ow);
-          }
-          for (int64_t ih = 2 * oh; ih < 2 * oh + 2; ++ih) {
-            for (int64_t kj = 0; kj < 2; ++kj) {
-              MaxStep<T, 2>(xp + ih * w, kj, 2, 0, ow_n, static_cast<int32_t>(ih * w), yrow, arow);
-            }
-          }
-        }
-        continue;
+      for (int64_t ow = 0; ow < ow_n; ++ow) {
+        yrow[ow] = -std::numeric_limits<T>::infinity();
+        arow[ow] = static_cast<int32_t>(2 * oh * w + 2 * ow);
       }
-      for (int64_t oh = 0; oh < oh_n; ++oh) {
-        const int64_t hs_pad = oh * sh_ - ph_;
-        const int64_t he_pad = std::min(hs_pad + kh_, h + ph_);
-        const int64_t hs = std::max<int64_t>(hs_pad, 0), he = std::min(he_pad, h);
-        T* yrow = yp + oh * ow_n;
-        if (is_max_) {
-          int32_t* arow = arg + pl * out_plane + oh * ow_n;
-          for (int64_t ow = 0; ow < ow_n; ++ow) {
-            yrow[ow] = -std::numeric_limits<T>::infinity();
-            arow[ow] = static_cast<int32_t>(hs * w + std::max<int64_t>(ow * sw_ - pw_, 0));
-          }
-          for (int64_t ih = hs; ih < he; ++ih) {
-            for (int64_t kj = 0; kj < kw_; ++kj) {
-              int64_t lo, hi;
-              ValidRange(kj - pw_, sw_, w, ow_n, &lo, &hi);
-              DispatchMaxStep(xp + ih * w, kj - pw_, sw_, lo, hi, static_cast<int32_t>(ih * w),
-                              yrow, arow);
-            }
-          }
-        } else {
-          std::fill(yrow, yrow + ow_n, T(0));
-          for (int64_t ih = hs; ih < he; ++ih) {
-            for (int64_t kj = 0; kj < kw_; ++kj) {
-              int64_t lo, hi;
-              ValidRange(kj - pw_, sw_, w, ow_n, &lo, &hi);
-              DispatchSumStep(xp + ih * w, kj - pw_, sw_, lo, hi, yrow);
-            }
-          }
-          for (int64_t ow = 0; ow < ow_n; ++ow) {
-            const int64_t ws_pad = ow * sw_ - pw_;
-            const int64_t we_pad = std::min(ws_pad + kw_, w + pw_);
-            const int64_t ws = std::max<int64_t>(ws_pad, 0), we = std::min(we_pad, w);
-            const int64_t divisor =
-                count_include_pad_ ? (he_pad - hs_pad) * (we_pad - ws_pad) : (he - hs) * (we - ws);
-            yrow[ow] = (hs >= he || ws >= we) ? T(0) : yrow[ow] / static_cast<T>(divisor);
-          }
+      for (int64_t ih = 2 * oh; ih < 2 * oh + 2; ++ih) {
+        for (int64_t kj = 0; kj < 2; ++kj) {
+          MaxStep<T, 2>(xp + ih * w, kj, 2, 0, ow_n, static_cast<int32_t>(ih * w), yrow, arow);
         }
+      }
+    }
+    return;
+  }
+  for (int64_t oh = 0; oh < oh_n; ++oh) {
+    const int64_t hs_pad = oh * sh_ - ph_;
+    const int64_t he_pad = std::min(hs_pad + kh_, h + ph_);
+    const int64_t hs = std::max<int64_t>(hs_pad, 0), he = std::min(he_pad, h);
+    T* yrow = yp + oh * ow_n;
+    if (is_max_) {
+      int32_t* arow = argp + oh * ow_n;
+      for (int64_t ow = 0; ow < ow_n; ++ow) {
+        yrow[ow] = -std::numeric_limits<T>::infinity();
+        arow[ow] = static_cast<int32_t>(hs * w + std::max<int64_t>(ow * sw_ - pw_, 0));
+      }
+      for (int64_t ih = hs; ih < he; ++ih) {
+        for (int64_t kj = 0; kj < kw_; ++kj) {
+          int64_t lo, hi;
+          ValidRange(kj - pw_, sw_, w, ow_n, &lo, &hi);
+          DispatchMaxStep(xp + ih * w, kj - pw_, sw_, lo, hi, static_cast<int32_t>(ih * w), yrow,
+                          arow);
+        }
+      }
+    } else {
+      std::fill(yrow, yrow + ow_n, T(0));
+      for (int64_t ih = hs; ih < he; ++ih) {
+        for (int64_t kj = 0; kj < kw_; ++kj) {
+          int64_t lo, hi;
+          ValidRange(kj - pw_, sw_, w, ow_n, &lo, &hi);
+          DispatchSumStep(xp + ih * w, kj - pw_, sw_, lo, hi, yrow);
+        }
+      }
+      for (int64_t ow = 0; ow < ow_n; ++ow) {
+        const int64_t ws_pad = ow * sw_ - pw_;
+        const int64_t we_pad = std::min(ws_pad + kw_, w + pw_);
+        const int64_t ws = std::max<int64_t>(ws_pad, 0), we = std::min(we_pad, w);
+        const int64_t divisor =
+            count_include_pad_ ? (he_pad - hs_pad) * (we_pad - ws_pad) : (he - hs) * (we - ws);
+        yrow[ow] = (hs >= he || ws >= we) ? T(0) : yrow[ow] / static_cast<T>(divisor);
+      }
+    }
+  }
+}
+
+template <typename T>
+void PoolingLayer::ForwardT(const Tensor& xt, Tensor& yt) {
+  using A = Compute<T>;
+  const T* x = xt.data<T>();  // bottom: (N, C, H, W)
+  T* y = yt.data<T>();        // top: (N, C, H_out, W_out)
+  const int64_t in_plane = height_ * width_, out_plane = out_h_ * out_w_;
+  int32_t* arg = is_max_ ? argmax_.data<int32_t>() : nullptr;
+  ParallelFor(planes_, 1, [&](int64_t p0, int64_t p1) {
+    // 16-bit storage: each plane widened, pooled in f32, rounded back (as the f32 fallback).
+    std::vector<A> wide_x(kIsLowPrecision<T> ? in_plane : 0);
+    std::vector<A> wide_y(kIsLowPrecision<T> ? out_plane : 0);
+    for (int64_t pl = p0; pl < p1; ++pl) {
+      int32_t* argp = arg != nullptr ? arg + pl * out_plane : nullptr;
+      if constexpr (kIsLowPrecision<T>) {
+        WidenSpan<T>(x + pl * in_plane, in_plane, wide_x.data());
+        ForwardPlane<A>(wide_x.data(), wide_y.data(), argp);
+        NarrowSpan<T>(wide_y.data(), out_plane, y + pl * out_plane);
+      } else {
+        ForwardPlane<T>(x + pl * in_plane, y + pl * out_plane, argp);
       }
     }
   });
 }
 
 template <typename T>
-void PoolingLayer::BackwardT(const Tensor& dyt, Tensor& dxt) {
-  const T* dy = dyt.data<T>();  // top grad: (N, C, H_out, W_out)
-  T* dx = dxt.data<T>();        // bottom grad: (N, C, H, W)
+void PoolingLayer::BackwardPlane(const T* dyp, T* dxp, const int32_t* argp,
+                                 std::vector<T>& g) const {
   const int64_t h = height_, w = width_, oh_n = out_h_, ow_n = out_w_;
   const int64_t in_plane = h * w, out_plane = oh_n * ow_n;
+  g.resize(is_max_ || global_ ? 0 : ow_n);
+  if (global_ && !is_max_) {
+    const T v = dyp[0] / static_cast<T>(in_plane);
+    std::fill(dxp, dxp + in_plane, v);
+    return;
+  }
+  std::fill(dxp, dxp + in_plane, T(0));
+  if (is_max_) {
+    const int32_t* ap = argp;
+    for (int64_t i = 0; i < out_plane; ++i) dxp[ap[i]] += dyp[i];
+    return;
+  }
+  for (int64_t oh = 0; oh < oh_n; ++oh) {
+    const int64_t hs_pad = oh * sh_ - ph_;
+    const int64_t he_pad = std::min(hs_pad + kh_, h + ph_);
+    const int64_t hs = std::max<int64_t>(hs_pad, 0), he = std::min(he_pad, h);
+    for (int64_t ow = 0; ow < ow_n; ++ow) {
+      const int64_t ws_pad = ow * sw_ - pw_;
+      const int64_t we_pad = std::min(ws_pad + kw_, w + pw_);
+      const int64_t ws = std::max<int64_t>(ws_pad, 0), we = std::min(we_pad, w);
+      const int64_t divisor =
+          count_include_pad_ ? (he_pad - hs_pad) * (we_pad - ws_pad) : (he - hs) * (we - ws);
+      g[ow] = (hs >= he || ws >= we) ? T(0) : dyp[oh * ow_n + ow] / static_cast<T>(divisor);
+    }
+    for (int64_t ih = hs; ih < he; ++ih) {
+      T* row = dxp + ih * w;
+      for (int64_t kj = 0; kj < kw_; ++kj) {
+        int64_t lo, hi;
+        ValidRange(kj - pw_, sw_, w, ow_n, &lo, &hi);
+        const int64_t off = kj - pw_;
+        for (int64_t ow = lo; ow < hi; ++ow) row[ow * sw_ + off] += g[ow];
+      }
+    }
+  }
+}
+
+template <typename T>
+void PoolingLayer::BackwardT(const Tensor& dyt, Tensor& dxt) {
+  using A = Compute<T>;
+  const T* dy = dyt.data<T>();  // top grad: (N, C, H_out, W_out)
+  T* dx = dxt.data<T>();        // bottom grad: (N, C, H, W)
+  const int64_t in_plane = height_ * width_, out_plane = out_h_ * out_w_;
   const int32_t* arg = is_max_ ? argmax_.data<int32_t>() : nullptr;
   ParallelFor(planes_, 1, [&](int64_t p0, int64_t p1) {
-    std::vector<T> g(is_max_ || global_ ? 0 : ow_n);
+    std::vector<A> g;
+    std::vector<A> wide_dy(kIsLowPrecision<T> ? out_plane : 0);
+    std::vector<A> wide_dx(kIsLowPrecision<T> ? in_plane : 0);
     for (int64_t pl = p0; pl < p1; ++pl) {
-      T* dxp = dx + pl * in_plane;
-      const T* dyp = dy + pl * out_plane;
-      if (global_ && !is_max_) {
-        const T v = dyp[0] / static_cast<T>(in_plane);
-        std::fill(dxp, dxp + in_plane, v);
-        continue;
-      }
-      std::fill(dxp, dxp + in_plane, T(0));
-      if (is_max_) {
-        const int32_t* ap = arg + pl * out_plane;
-        for (int64_t i = 0; i < out_plane; ++i) dxp[ap[i]] += dyp[i];
-        continue;
-      }
-      for (int64_t oh = 0; oh < oh_n; ++oh) {
-        const int64_t hs_pad = oh * sh_ - ph_;
-        const int64_t he_pad = std::min(hs_pad + kh_, h + ph_);
-        const int64_t hs = std::max<int64_t>(hs_pad, 0), he = std::min(he_pad, h);
-        for (int64_t ow = 0; ow < ow_n; ++ow) {
-          const int64_t ws_pad = ow * sw_ - pw_;
-          const int64_t we_pad = std::min(ws_pad + kw_, w + pw_);
-          const int64_t ws = std::max<int64_t>(ws_pad, 0), we = std::min(we_pad, w);
-          const int64_t divisor =
-              count_include_pad_ ? (he_pad - hs_pad) * (we_pad - ws_pad) : (he - hs) * (we - ws);
-          g[ow] = (hs >= he || ws >= we) ? T(0) : dyp[oh * ow_n + ow] / static_cast<T>(divisor);
-        }
-        for (int64_t ih = hs; ih < he; ++ih) {
-          T* row = dxp + ih * w;
-          for (int64_t kj = 0; kj < kw_; ++kj) {
-            int64_t lo, hi;
-            ValidRange(kj - pw_, sw_, w, ow_n, &lo, &hi);
-            const int64_t off = kj - pw_;
-            for (int64_t ow = lo; ow < hi; ++ow) row[ow * sw_ + off] += g[ow];
-          }
-        }
+      const int32_t* argp = arg != nullptr ? arg + pl * out_plane : nullptr;
+      if constexpr (kIsLowPrecision<T>) {
+        WidenSpan<T>(dy + pl * out_plane, out_plane, wide_dy.data());
+        BackwardPlane<A>(wide_dy.data(), wide_dx.data(), argp, g);
+        NarrowSpan<T>(wide_dx.data(), in_plane, dx + pl * in_plane);
+      } else {
+        BackwardPlane<T>(dy + pl * out_plane, dx + pl * in_plane, argp, g);
       }
     }
   });
@@ -312,6 +343,23 @@ void PoolingLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propag
                                const Blobs& bottom) {
   if (!propagate_down[0]) return;
   BackwardT<double>(top[0]->grad, bottom[0]->grad);
+}
+
+void PoolingLayer::ForwardBF16(const Blobs& bottom, const Blobs& top) {
+  ForwardT<BFloat16>(bottom[0]->data, top[0]->data);
+}
+void PoolingLayer::ForwardF16(const Blobs& bottom, const Blobs& top) {
+  ForwardT<Half>(bottom[0]->data, top[0]->data);
+}
+void PoolingLayer::BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                                const Blobs& bottom) {
+  if (!propagate_down[0]) return;
+  BackwardT<BFloat16>(top[0]->grad, bottom[0]->grad);
+}
+void PoolingLayer::BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                               const Blobs& bottom) {
+  if (!propagate_down[0]) return;
+  BackwardT<Half>(top[0]->grad, bottom[0]->grad);
 }
 
 CORTADO_REGISTER_LAYER(Pooling, PoolingLayer);

@@ -31,6 +31,13 @@ class PoolingLayer : public Layer {
                    const Blobs& bottom) override;
   void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
                    const Blobs& bottom) override;
+  // bf16 and f16: each plane widened, pooled by the f32 kernel, rounded back.
+  void ForwardBF16(const Blobs& bottom, const Blobs& top) override;
+  void ForwardF16(const Blobs& bottom, const Blobs& top) override;
+  void BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                    const Blobs& bottom) override;
+  void BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
@@ -38,6 +45,10 @@ class PoolingLayer : public Layer {
   void ForwardT(const Tensor& x, Tensor& y);
   template <typename T>
   void BackwardT(const Tensor& dy, Tensor& dx);
+  template <typename T>
+  void ForwardPlane(const T* xp, T* yp, int32_t* argp) const;
+  template <typename T>
+  void BackwardPlane(const T* dyp, T* dxp, const int32_t* argp, std::vector<T>& g) const;
 
   bool is_max_ = true;
   bool global_ = false;

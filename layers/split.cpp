@@ -36,12 +36,25 @@ void SplitLayer::BackwardCpu(const Blobs& top, const std::vector<bool>& propagat
       std::copy(dy[0] + begin, dy[0] + end, dx + begin);
       return;
     }
-    const T* a = dy[0];
-    const T* b = dy[1];
-    for (int64_t i = begin; i < end; ++i) dx[i] = a[i] + b[i];
-    for (size_t j = 2; j < n_top; ++j) {
-      const T* c = dy[j];
-      for (int64_t i = begin; i < end; ++i) dx[i] += c[i];
+    if constexpr (kIsLowPrecision<T>) {
+      // 16-bit: sum in f32 a cache-sized block at a time, round once (as the f32 fallback).
+      std::vector<float> acc(kSplitChunk);
+      for (int64_t b0 = begin; b0 < end; b0 += kSplitChunk) {
+        const size_t n = static_cast<size_t>(std::min(kSplitChunk, end - b0));
+        dist::Decode(LowpCodec<T>(), dy[0] + b0, n, acc.data());
+        for (size_t j = 1; j < n_top; ++j) {
+          dist::DecodeAccumulate(LowpCodec<T>(), dy[j] + b0, n, acc.data());
+        }
+        dist::Encode(LowpCodec<T>(), acc.data(), n, dx + b0);
+      }
+    } else {
+      const T* a = dy[0];
+      const T* b = dy[1];
+      for (int64_t i = begin; i < end; ++i) dx[i] = a[i] + b[i];
+      for (size_t j = 2; j < n_top; ++j) {
+        const T* c = dy[j];
+        for (int64_t i = begin; i < end; ++i) dx[i] += c[i];
+      }
     }
   });
 }
@@ -53,6 +66,15 @@ void SplitLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propagat
 void SplitLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
                              const Blobs& bottom) {
   BackwardCpu<double>(top, propagate_down, bottom);
+}
+
+void SplitLayer::BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                              const Blobs& bottom) {
+  BackwardCpu<BFloat16>(top, propagate_down, bottom);
+}
+void SplitLayer::BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                             const Blobs& bottom) {
+  BackwardCpu<Half>(top, propagate_down, bottom);
 }
 
 CORTADO_REGISTER_LAYER(Split, SplitLayer);

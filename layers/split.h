@@ -29,6 +29,10 @@ class SplitLayer : public Layer {
                    const Blobs& bottom) override;
   void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
                    const Blobs& bottom) override;
+  void BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                    const Blobs& bottom) override;
+  void BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:

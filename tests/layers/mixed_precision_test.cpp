@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "engine/gemm_lowp.h"
 #include "tests/layers/layer_harness.h"
@@ -216,6 +217,66 @@ TEST_P(MixedPrecision, DataMovers) {
   ExpectMatchesReference(GetParam(), "Flatten", Settings{},
                          {RandomTensor({2, 3, 2, 2}, DType::kF64, 22)});
   ExpectMatchesReference(GetParam(), "Split", Settings{}, {RandomTensor({2, 5}, DType::kF64, 23)},
+                         3);
+}
+
+// Layers whose 16-bit kernels run the f32 kernel on widened blocks (pooling, eltwise, the
+// split's gradient sum) must equal f32 on the widened values, rounded once: bitwise.
+void ExpectEqualsRoundedF32(DType dtype, const std::string& type, const Settings& settings,
+                            const std::vector<Tensor>& inputs, int num_tops = 1) {
+  SCOPED_TRACE(type + " in " + DTypeName(dtype));
+  std::vector<Tensor> low_in, f32_in;
+  for (const Tensor& t : inputs) {
+    low_in.push_back(Converted(t, dtype));
+    f32_in.push_back(Converted(low_in.back(), DType::kF32));
+  }
+  LayerHarness low(type, settings, low_in, num_tops);
+  LayerHarness f32(type, settings, f32_in, num_tops);
+  low.Forward();
+  f32.Forward();
+  for (size_t j = 0; j < low.top().size(); ++j) {
+    const Tensor want = Converted(f32.top()[j]->data, dtype);
+    ASSERT_EQ(low.top()[j]->data.nbytes(), want.nbytes());
+    EXPECT_EQ(std::memcmp(low.top()[j]->data.raw_data(), want.raw_data(), want.nbytes()), 0)
+        << "output " << j;
+  }
+  std::vector<Tensor> low_grads, f32_grads;
+  for (size_t j = 0; j < low.top().size(); ++j) {
+    low_grads.push_back(
+        Converted(RandomTensor(low.top()[j]->data.shape(), DType::kF64, 40 + j), dtype));
+    f32_grads.push_back(Converted(low_grads.back(), DType::kF32));
+  }
+  low.Backward(low_grads);
+  f32.Backward(f32_grads);
+  for (size_t i = 0; i < low.bottom().size(); ++i) {
+    const Tensor want = Converted(f32.bottom()[i]->grad, dtype);
+    EXPECT_EQ(std::memcmp(low.bottom()[i]->grad.raw_data(), want.raw_data(), want.nbytes()), 0)
+        << "input gradient " << i;
+  }
+}
+
+TEST_P(MixedPrecision, BlockwiseKernelsEqualRoundedF32) {
+  Settings max;
+  max.Set("pool", "max").Set("kernel", 3).Set("stride", 2).Set("pad", 1);
+  ExpectEqualsRoundedF32(GetParam(), "Pooling", max, {RandomTensor({2, 3, 9, 9}, DType::kF64, 30)});
+  Settings ave;
+  ave.Set("pool", "ave").Set("kernel", 2).Set("stride", 2);
+  ExpectEqualsRoundedF32(GetParam(), "Pooling", ave, {RandomTensor({2, 3, 8, 8}, DType::kF64, 31)});
+  // Over 16384 elements, so the eltwise kernels run more than one block per thread.
+  const Shape shape{3, 8, 30, 30};
+  Settings sum;
+  sum.Set("operation", "sum").SetList("coeffs", {"0.5", "-2", "1"});
+  ExpectEqualsRoundedF32(
+      GetParam(), "Eltwise", sum,
+      {RandomTensor(shape, DType::kF64, 32), RandomTensor(shape, DType::kF64, 33),
+       RandomTensor(shape, DType::kF64, 34)});
+  Settings prod;
+  prod.Set("operation", "prod");
+  ExpectEqualsRoundedF32(
+      GetParam(), "Eltwise", prod,
+      {RandomTensor(shape, DType::kF64, 35), RandomTensor(shape, DType::kF64, 36),
+       RandomTensor(shape, DType::kF64, 37)});
+  ExpectEqualsRoundedF32(GetParam(), "Split", Settings{}, {RandomTensor(shape, DType::kF64, 38)},
                          3);
 }
 
