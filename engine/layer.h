@@ -84,10 +84,14 @@ class ScratchSpace {
   std::vector<Tensor>& Buffers(int kind) { return kinds_.at(static_cast<size_t>(kind)); }
   // The f32 staging buffers of layers that compute a low-precision dtype in f32.
   std::vector<Tensor>& Staging() { return staging_; }
+  // The 16-bit copy of the weights of the layer now running (bf16/f16 kernels convert it from
+  // the f32 master on every call, so one copy serves every layer).
+  Tensor& LowPrecisionWeights() { return lowp_weights_; }
 
  private:
   std::array<std::vector<Tensor>, kKinds> kinds_;
   std::vector<Tensor> staging_;
+  Tensor lowp_weights_;
 };
 
 struct LayerContext {

@@ -103,6 +103,11 @@ std::vector<Tensor>& ConvolutionLayer::Workspaces(Scratch kind) {
   return shared != nullptr ? shared->Buffers(kind) : own_workspaces_[kind];
 }
 
+Tensor& ConvolutionLayer::WeightCopy() {
+  ScratchSpace* shared = context().scratch;
+  return shared != nullptr ? shared->LowPrecisionWeights() : own_weight_copy_;
+}
+
 template <typename T>
 T* ConvolutionLayer::Workspace(std::vector<Tensor>& pool, int thread, int64_t elements) {
   Tensor& t = pool[thread];
@@ -130,7 +135,7 @@ void ConvolutionLayer::ForwardT(const Tensor& xt, Tensor& yt) {
   T* y = yt.data<T>();        // top: (N, C_out, H_out, W_out)
   // weight: (C_out, C_in/g, kh, kw), read in T
   const T* w =
-      lowp ? LowPrecisionCopy<T>(params_[0].value, weight_lowp_) : params_[0].value.data<T>();
+      lowp ? LowPrecisionCopy<T>(params_[0].value, WeightCopy()) : params_[0].value.data<T>();
   const A* bias = has_bias_ ? params_[1].value.data<A>() : nullptr;  // (C_out)
   if (n == 0) return;
 
@@ -218,7 +223,7 @@ void ConvolutionLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propa
   const T* dy = dyt.data<T>();                   // top grad: (N, C_out, H_out, W_out)
   T* dx = propagate ? dxt->data<T>() : nullptr;  // bottom grad: (N, C_in, H, W)
   const T* w = !propagate ? nullptr
-               : lowp     ? LowPrecisionCopy<T>(params_[0].value, weight_lowp_)
+               : lowp     ? LowPrecisionCopy<T>(params_[0].value, WeightCopy())
                           : params_[0].value.data<T>();
   A* dw = params_[0].grad.data<A>();
   A* db = has_bias_ ? params_[1].grad.data<A>() : nullptr;

@@ -96,7 +96,9 @@ class ConvolutionLayer : public Layer {
   };
   std::vector<Tensor>& Workspaces(Scratch kind);
   std::array<std::vector<Tensor>, kScratchKinds> own_workspaces_;
-  Tensor weight_lowp_;  // the 16-bit copy of the weight the bf16/f16 kernels read
+  // The 16-bit copy of the weight the bf16/f16 kernels read: the net's shared one, else own.
+  Tensor& WeightCopy();
+  Tensor own_weight_copy_;
 };
 
 }  // namespace cortado

@@ -42,42 +42,62 @@ void InnerProductLayer::Reshape(const std::vector<Blob*>& bottom, const std::vec
   top[0]->data.Resize({x.dim(0), num_output_}, x.dtype());
 }
 
+// T is the storage type of the activations; A = Compute<T> that of the products, parameters
+// and gradients (f32 for bf16 and f16: 16-bit operands, f32 accumulation, one rounding).
+Tensor& InnerProductLayer::WeightCopy() {
+  ScratchSpace* shared = context().scratch;
+  return shared != nullptr ? shared->LowPrecisionWeights() : own_weight_copy_;
+}
+
 template <typename T>
 void InnerProductLayer::ForwardT(const Tensor& xt, Tensor& yt) {
+  using A = Compute<T>;
+  constexpr bool lowp = kIsLowPrecision<T>;
   const int64_t n = xt.dim(0);
-  const T* x = xt.data<T>();                // bottom: (N, K)
-  const T* w = params_[0].value.data<T>();  // weight: (O, K)
-  T* y = yt.data<T>();                      // top: (N, O)
-  T beta = T(0);
+  const T* x = xt.data<T>();  // bottom: (N, K)
+  // weight: (O, K), read in T
+  const T* w =
+      lowp ? LowPrecisionCopy<T>(params_[0].value, WeightCopy()) : params_[0].value.data<T>();
+  // top: (N, O); 16-bit outputs are summed in an A buffer first
+  if (lowp) wide_.Resize({n, num_output_}, DTypeOf<A>::value);
+  A* y = lowp ? wide_.data<A>() : reinterpret_cast<A*>(yt.data<T>());
+  A beta = A(0);
   if (has_bias_) {
-    const T* b = params_[1].value.data<T>();  // bias: (O)
+    const A* b = params_[1].value.data<A>();  // bias: (O)
     for (int64_t i = 0; i < n; ++i) std::copy(b, b + num_output_, y + i * num_output_);
-    beta = T(1);
+    beta = A(1);
   }
-  ParallelGemm<T>(false, true, n, num_output_, num_input_, T(1), x, w, beta, y);
+  ParallelLayerGemm<T>(false, true, n, num_output_, num_input_, x, w, beta, y);
+  if constexpr (lowp) NarrowSpan<T>(y, n * num_output_, yt.data<T>());
 }
 
 template <typename T>
 void InnerProductLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propagate,
                                   Tensor* dxt) {
+  using A = Compute<T>;
+  constexpr bool lowp = kIsLowPrecision<T>;
   const int64_t n = xt.dim(0);
   const T* x = xt.data<T>();    // bottom: (N, K)
   const T* dy = dyt.data<T>();  // top grad: (N, O)
-  const T* w = params_[0].value.data<T>();
   // dW (O, K) = dy^T (O, N) x (N, K)
-  ParallelGemm<T>(true, false, num_output_, num_input_, n, T(1), dy, x, T(0),
-                  params_[0].grad.data<T>());
+  ParallelLayerGemm<T>(true, false, num_output_, num_input_, n, dy, x, A(0),
+                       params_[0].grad.data<A>());
   if (has_bias_) {
-    T* db = params_[1].grad.data<T>();  // (O)
-    std::fill(db, db + num_output_, T(0));
+    A* db = params_[1].grad.data<A>();  // (O)
+    std::fill(db, db + num_output_, A(0));
     for (int64_t i = 0; i < n; ++i) {
       const T* row = dy + i * num_output_;
-      for (int64_t o = 0; o < num_output_; ++o) db[o] += row[o];
+      for (int64_t o = 0; o < num_output_; ++o) db[o] += Widen(row[o]);
     }
   }
   if (propagate) {
     // dx (N, K) = dy (N, O) W (O, K)
-    ParallelGemm<T>(false, false, n, num_input_, num_output_, T(1), dy, w, T(0), dxt->data<T>());
+    const T* w =
+        lowp ? LowPrecisionCopy<T>(params_[0].value, WeightCopy()) : params_[0].value.data<T>();
+    if (lowp) wide_.Resize({n, num_input_}, DTypeOf<A>::value);
+    A* dx = lowp ? wide_.data<A>() : reinterpret_cast<A*>(dxt->data<T>());
+    ParallelLayerGemm<T>(false, false, n, num_input_, num_output_, dy, w, A(0), dx);
+    if constexpr (lowp) NarrowSpan<T>(dx, n * num_input_, dxt->data<T>());
   }
 }
 
@@ -94,6 +114,21 @@ void InnerProductLayer::BackwardF32(const Blobs& top, const std::vector<bool>& p
 void InnerProductLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
                                     const Blobs& bottom) {
   BackwardT<double>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
+}
+
+void InnerProductLayer::ForwardBF16(const Blobs& bottom, const Blobs& top) {
+  ForwardT<BFloat16>(bottom[0]->data, top[0]->data);
+}
+void InnerProductLayer::ForwardF16(const Blobs& bottom, const Blobs& top) {
+  ForwardT<Half>(bottom[0]->data, top[0]->data);
+}
+void InnerProductLayer::BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                                     const Blobs& bottom) {
+  BackwardT<BFloat16>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
+}
+void InnerProductLayer::BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                                    const Blobs& bottom) {
+  BackwardT<Half>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
 }
 
 CORTADO_REGISTER_LAYER(InnerProduct, InnerProductLayer);

@@ -30,6 +30,13 @@ class InnerProductLayer : public Layer {
                    const Blobs& bottom) override;
   void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
                    const Blobs& bottom) override;
+  // bf16 and f16: 16-bit operands, products accumulated in f32 (engine/gemm_lowp.h).
+  void ForwardBF16(const Blobs& bottom, const Blobs& top) override;
+  void ForwardF16(const Blobs& bottom, const Blobs& top) override;
+  void BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                    const Blobs& bottom) override;
+  void BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
@@ -42,6 +49,10 @@ class InnerProductLayer : public Layer {
   int64_t num_input_ = 0;  // K
   int64_t batch_ = 0;      // rows at the current shape
   bool has_bias_ = true;
+  // The 16-bit copy of the weight the bf16/f16 kernels read: the net's shared one, else own.
+  Tensor& WeightCopy();
+  Tensor own_weight_copy_;
+  Tensor wide_;  // 16-bit kernels: the f32 output or input gradient before rounding
 };
 
 }  // namespace cortado
