@@ -166,6 +166,17 @@ void Net::SetBatchSize(int64_t batch) {
   }
 }
 
+size_t Net::activation_bytes() const {
+  std::set<const void*> seen;
+  size_t bytes = 0;
+  for (const auto& b : blobs_) {
+    if (b->data.raw_data() != nullptr && seen.insert(b->data.raw_data()).second) {
+      bytes += b->data.nbytes();
+    }
+  }
+  return bytes;
+}
+
 double Net::Forward() {
   double loss = 0;
   for (size_t i = 0; i < layers_.size(); ++i) {

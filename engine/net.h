@@ -53,6 +53,9 @@ class Net : public CheckpointState {
   // footprint); afterwards only the net inputs' gradients can be read, until the next call.
   void Backward(double loss_scale = 1.0);
   size_t grad_bytes_peak() const { return grad_pool_.bytes_created(); }
+  // Bytes of the forward activations (every blob's data; storage shared by in-place layers,
+  // splits and flattens counted once), net inputs included.
+  size_t activation_bytes() const;
 
   Blob* blob(const std::string& name);
   bool has_blob(const std::string& name) const { return blob_index_.count(name) != 0; }

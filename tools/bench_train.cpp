@@ -149,6 +149,7 @@ void AddBenchTrainCommand(CLI::App& bench) {
       j["data_ms_per_iter"] = 1000 * sum.data_wait / n;
       j["peak_rss_mb"] = peak_rss_mb;
       j["activation_grad_mb"] = trainer.net().grad_bytes_peak() / 1e6;
+      j["activation_mb"] = static_cast<double>(trainer.net().activation_bytes()) / 1e6;
       if (args->profile) {
         j["gemm_peak_gflops"] = gemm_peak;
         nlohmann::ordered_json layers = nlohmann::ordered_json::array();
@@ -168,11 +169,13 @@ void AddBenchTrainCommand(CLI::App& bench) {
     } else {
       std::printf(
           "%s: batch %lld x %d rank(s), %d thread(s) each: %.1f img/s (%.2f ms/iter: "
-          "compute %.2f, comm wait %.2f, data %.2f); peak memory %.0f MB (activation "
-          "gradients %.0f MB of it)\n",
+          "compute %.2f, comm wait %.2f, data %.2f); peak memory %.0f MB (activations %.0f MB and "
+          "their gradients %.0f MB of it)\n",
           model.c_str(), static_cast<long long>(config.data.batch_size), ranks, NumThreads(),
           img_per_s, 1000 * seconds / n, 1000 * sum.compute / n, 1000 * sum.comm_wait / n,
-          1000 * sum.data_wait / n, peak_rss_mb, trainer.net().grad_bytes_peak() / 1e6);
+          1000 * sum.data_wait / n, peak_rss_mb,
+          static_cast<double>(trainer.net().activation_bytes()) / 1e6,
+          trainer.net().grad_bytes_peak() / 1e6);
       if (args->profile) {
         std::printf("matrix-multiply peak (2048^3 fp32 GEMM, best of 3): %.1f GFLOP/s\n",
                     gemm_peak);

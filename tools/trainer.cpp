@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "engine/error.h"
+#include "engine/gemm_lowp.h"
 #include "engine/log.h"
 #include "engine/safetensors.h"
 #include "engine/thread_pool.h"
@@ -736,6 +737,20 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
           " parameters; data: ", train_source_->samples_per_epoch(), " training samples, ",
           batches_per_epoch_, " batches of ", config_.data.batch_size, " per epoch; ", NumThreads(),
           " thread(s)");
+  if (IsLowPrecision(config_.precision.compute)) {
+    const bool bf16 = config_.precision.compute == DType::kBF16;
+    const bool native = bf16 && BF16GemmPath() == LowpGemmPath::kNative;
+    LogInfo("precision: ", bf16 ? "bf16" : "fp16",
+            " activations, f32 master weights; convolution and inner-product products ",
+            native ? "in native bf16 (oneDNN, AVX512_BF16)"
+            : bf16 ? (NativeBF16GemmAvailable() ? "widened to f32 (CORTADO_GEMM_BF16=widened)"
+                                                : "widened to f32 (this CPU has no AVX512_BF16)")
+                   : "widened to f32 (no native f16 GEMM on CPUs)",
+            "; loss scale ",
+            scaler_ ? (scaler_->options().dynamic ? StrCat("dynamic from ", scaler_->scale())
+                                                  : StrCat(scaler_->scale()))
+                    : std::string("none"));
+  }
   if (dp_) {
     const auto& buckets = dp_->buckets();
     std::string sizes;

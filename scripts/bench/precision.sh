@@ -4,7 +4,7 @@
 # precision.compute=...`) and PyTorch 1.13 fp32 channels-last and bf16 autocast
 # (scripts/bench/models/torch_models.py), ROUNDS rounds in turn, each run its own process so
 # that peak memory is per run. Prints img/s and peak memory (median round [min, max]), Cortado's
-# activation-gradient memory, and the ratios against PyTorch bf16 autocast (the peer to beat).
+# activation and activation-gradient memory, and the ratios against PyTorch bf16 autocast (the peer to beat).
 # Raw JSON lines go to runs/bench-precision-<time>/.
 #
 # Usage: scripts/bench/precision.sh   Environment: MODEL (resnet50), ROUNDS (3), ITERS (2,
@@ -32,7 +32,7 @@ for r in $(seq "$rounds"); do
     echo "== round $r/$rounds: cortado $precision" >&2
     "$cortado" bench train --config "$config" --set "precision.compute=$precision" \
       --iters "$iters" --warmup "$warmup" --threads "$threads" --json 2>/dev/null |
-      "$py" -c "import json,sys; j=json.load(sys.stdin); print(json.dumps({'round': $r, 'side': 'cortado', 'mode': '$precision', 'img_per_s': j['img_per_s'], 'peak_rss_mb': j['peak_rss_mb'], 'activation_grad_mb': j['activation_grad_mb']}))" >> "$out/results.jsonl"
+      "$py" -c "import json,sys; j=json.load(sys.stdin); print(json.dumps({'round': $r, 'side': 'cortado', 'mode': '$precision', 'img_per_s': j['img_per_s'], 'peak_rss_mb': j['peak_rss_mb'], 'activation_mb': j['activation_mb'], 'activation_grad_mb': j['activation_grad_mb']}))" >> "$out/results.jsonl"
   done
   for mode in channels_last bf16; do
     echo "== round $r/$rounds: pytorch $mode" >&2

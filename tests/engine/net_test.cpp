@@ -212,6 +212,21 @@ TEST(Net, ReluRunsInPlaceExactlyWhereNothingElseNeedsItsInput) {
   }
 }
 
+TEST(Net, ActivationBytesCountSharedStorageOnceAndHalveInBF16) {
+  Net f32(ResidualSpec(4), 1, DType::kF32);
+  Net bf16(ResidualSpec(4), 1, DType::kBF16);
+  f32.Forward();
+  bf16.Forward();
+  // The i32 labels (4 x 4 bytes) and the f32 loss and accuracy (4 bytes each) keep their size;
+  // every other activation is half as large in bf16.
+  const size_t fixed = 4 * 4 + 4 + 4;
+  ASSERT_GT(f32.activation_bytes(), fixed);
+  EXPECT_EQ(bf16.activation_bytes() - fixed, (f32.activation_bytes() - fixed) / 2);
+  // data 4x5, fc1 4x6 (relu writes into it, the split shares it), fc2 4x6 (the sum accumulates
+  // into it), logits 4x3: 20 + 24 + 24 + 12 = 80 floats.
+  EXPECT_EQ(f32.activation_bytes() - fixed, 80 * sizeof(float));
+}
+
 TEST(Net, GradReadyHookRunsInReverseLayerOrder) {
   Net net(ResidualSpec(2), 1, DType::kF32);
   std::vector<std::string> order;

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The table of scripts/bench/precision.sh from its results.jsonl: img/s and peak memory per
-framework and precision as the median round [min, max], Cortado's activation-gradient memory,
+framework and precision as the median round [min, max], Cortado's activation and
+activation-gradient memory,
 and each row's ratios (of medians) against PyTorch bf16 autocast."""
 import collections
 import json
@@ -24,20 +25,21 @@ def main():
     peer = rows.get(("pytorch", "bf16"))
     peer_rate = statistics.median(r["img_per_s"] for r in peer) if peer else None
     peer_mem = statistics.median(r["peak_rss_mb"] for r in peer) if peer else None
-    print("| framework, precision | img/s | peak memory MB | activation gradients MB | "
-          "img/s / PyTorch bf16 | memory / PyTorch bf16 |")
-    print("|---|---|---|---|---|---|")
+    print("| framework, precision | img/s | peak memory MB | activations MB | "
+          "activation gradients MB | img/s / PyTorch bf16 | memory / PyTorch bf16 |")
+    print("|---|---|---|---|---|---|---|")
     for side, mode, label in LABELS:
         rs = rows.get((side, mode))
         if not rs:
             continue
         rate = [r["img_per_s"] for r in rs]
         mem = [r["peak_rss_mb"] for r in rs]
+        acts = cell([r["activation_mb"] for r in rs], "%.0f") if side == "cortado" else "-"
         grads = cell([r["activation_grad_mb"] for r in rs], "%.0f") if side == "cortado" else "-"
         ratio = "%.2fx" % (statistics.median(rate) / peer_rate) if peer_rate else "-"
         mratio = "%.2fx" % (statistics.median(mem) / peer_mem) if peer_mem else "-"
-        print("| %s | %s | %s | %s | %s | %s |" % (label, cell(rate, "%.2f"), cell(mem, "%.0f"),
-                                                   grads, ratio, mratio))
+        print("| %s | %s | %s | %s | %s | %s | %s |" % (label, cell(rate, "%.2f"), cell(mem, "%.0f"),
+                                                        acts, grads, ratio, mratio))
 
 
 if __name__ == "__main__":
