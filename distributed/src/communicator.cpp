@@ -47,21 +47,29 @@ void Communicator::StopWorker() {
   if (worker_.joinable()) worker_.join();
 }
 
-std::string Communicator::AllReduceAlgorithmFor(size_t bytes, Algorithm algo) const {
-  if (size() == 1) return "local";
+Algorithm Communicator::ResolveAllReduce(size_t bytes, Algorithm algo) const {
   if (algo == Algorithm::kAuto) algo = options_.allreduce_algorithm;
   if (algo == Algorithm::kAuto) {
     algo = bytes <= options_.allreduce_small_bytes ? Algorithm::kHalvingDoubling : Algorithm::kRing;
   }
-  return AlgorithmName(algo);
+  return algo;
+}
+
+Algorithm Communicator::ResolveBroadcast(size_t bytes, Algorithm algo) const {
+  if (algo == Algorithm::kAuto) {
+    algo = bytes <= options_.broadcast_small_bytes ? Algorithm::kTree : Algorithm::kRing;
+  }
+  return algo;
+}
+
+std::string Communicator::AllReduceAlgorithmFor(size_t bytes, Algorithm algo) const {
+  if (size() == 1) return "local";
+  return AlgorithmName(ResolveAllReduce(bytes, algo));
 }
 
 std::string Communicator::BroadcastAlgorithmFor(size_t bytes, Algorithm algo) const {
   if (size() == 1) return "local";
-  if (algo == Algorithm::kAuto) {
-    algo = bytes <= options_.broadcast_small_bytes ? Algorithm::kTree : Algorithm::kRing;
-  }
-  return AlgorithmName(algo);
+  return AlgorithmName(ResolveBroadcast(bytes, algo));
 }
 
 namespace {

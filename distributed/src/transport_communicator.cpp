@@ -177,7 +177,8 @@ void TransportCommunicator::Exchange(int peer, const Span& send, const Span& rec
 void TransportCommunicator::DoAllReduce(void* data, size_t count, DataType type, ReduceOp op,
                                         Algorithm algo) {
   const size_t esize = DataTypeSize(type);
-  std::string name = AllReduceAlgorithmFor(count * esize, algo);
+  const Algorithm resolved = ResolveAllReduce(count * esize, algo);
+  const char* name = AlgorithmName(resolved);
   if (size_ == 1 || count == 0) {
     if (size_ > 1) {
       RunOp(
@@ -190,7 +191,7 @@ void TransportCommunicator::DoAllReduce(void* data, size_t count, DataType type,
   };
   char* bytes = static_cast<char*>(data);
   RunOp("allreduce", describe, [&](uint64_t seq, Deadline deadline) {
-    if (name == "ring") {
+    if (resolved == Algorithm::kRing) {
       RingAllReduce(bytes, count, type, op, seq, deadline);
     } else {
       HalvingDoublingAllReduce(bytes, count, type, op, seq, deadline);
@@ -217,7 +218,8 @@ void TransportCommunicator::DoAllReduceCompressed(float* data, size_t count, Red
 void TransportCommunicator::DoBroadcast(void* data, size_t count, DataType type, int root,
                                         Algorithm algo) {
   const size_t esize = DataTypeSize(type);
-  std::string name = BroadcastAlgorithmFor(count * esize, algo);
+  const Algorithm resolved = ResolveBroadcast(count * esize, algo);
+  const char* name = AlgorithmName(resolved);
   if (size_ == 1) return;
   if (count == 0) {
     RunOp(
@@ -228,7 +230,7 @@ void TransportCommunicator::DoBroadcast(void* data, size_t count, DataType type,
     return StrCat(name, ", ", count, " x ", DataTypeName(type), ", root ", root);
   };
   RunOp("broadcast", describe, [&](uint64_t seq, Deadline deadline) {
-    if (name == "tree") {
+    if (resolved == Algorithm::kTree) {
       TreeBroadcast(static_cast<char*>(data), count, type, root, seq, deadline);
     } else {
       ChainBroadcast(static_cast<char*>(data), count, type, root, seq, deadline);

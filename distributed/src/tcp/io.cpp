@@ -307,6 +307,7 @@ void TcpTransport::HandleControl(Conn& c) {
                                ? StrCat("aborted: ", reason)
                                : StrCat("failed, as reported by rank ", c.peer, ": ", reason);
         failures_.push_back(Failure{root, what, true});
+        unhealthy_.store(true, std::memory_order_release);
         FailPending(c, StrCat("rank ", c.peer, " aborted"));
         break;
       }
@@ -365,6 +366,7 @@ void TcpTransport::FailConn(Conn& c, const std::string& why) {
   if (c.state == ConnState::kFailed || c.state == ConnState::kClosed) return;
   c.state = ConnState::kFailed;
   failures_.push_back(Failure{c.peer, why, false});
+  unhealthy_.store(true, std::memory_order_release);
   FailPending(c, StrCat("rank ", c.peer, " ", why));
   c.fd.Reset();
 }

@@ -212,6 +212,9 @@ class TcpTransport final : public Transport {
   RequestId awaited_ = 0;
   bool awaited_done_ = false;
 
+  // Set (under io_mu_) when failures_ or broken_ first becomes non-empty, so CheckHealthy
+  // costs one load, not the mutex, on the UCX transport's per-message path.
+  std::atomic<bool> unhealthy_{false};
   std::atomic<int> drivers_{0};
   std::atomic<uint64_t> ops_started_{0};
   std::atomic<uint64_t> ops_finished_{0};

@@ -273,6 +273,7 @@ void TcpTransport::EndOperation(uint64_t seq) {
 }
 
 void TcpTransport::CheckHealthy() {
+  if (!unhealthy_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(io_mu_);
   if (HasFailureLocked()) ThrowFailureLocked();
 }
@@ -317,6 +318,7 @@ void TcpTransport::Abort(int root_rank, const std::string& reason) {
   if (!broken_.empty()) return;
   broken_ = StrCat("the transport was aborted: ", reason);
   broken_rank_ = root_rank;
+  unhealthy_.store(true, std::memory_order_release);
   // Forget every posted receive: their buffers belong to the caller again. A payload being
   // received into one is read to its end and dropped.
   for (auto& c : conns_) {

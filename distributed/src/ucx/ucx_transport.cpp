@@ -8,9 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "cortado/dist/error.h"
@@ -32,6 +30,9 @@ constexpr uint64_t kFullMask = ~uint64_t{0};
 constexpr uint64_t kWireupTag = kTagMask;
 // Busy progress at the start of a wait, before polls start yielding the core.
 constexpr int kBusyPollUs = 10;
+// Idle progress calls in a wait before the first clock read (see Wait).
+constexpr uint64_t kClockFreePolls = 64;
+static_assert(kClockFreePolls % 16 == 0, "Wait reads the clock on every 16th idle poll");
 // The longest sleep on the worker's event fd, so a failure the control plane saw is noticed.
 constexpr int kMaxSleepMs = 50;
 // How long a failed UCX request waits for the control plane to name a root cause (an abort
@@ -109,6 +110,8 @@ class UcxRegion final : public MemoryRegion {
 };
 
 struct Request {
+  bool in_use = false;
+  uint32_t generation = 0;  // bumped at each reuse of the slot, so a stale id is caught
   int peer = -1;
   bool send = false;
   bool done = false;
@@ -176,6 +179,17 @@ class UcxTransport final : public Transport {
   void Sleep(int timeout_ms);
   [[noreturn]] void ThrowFailed(const Request& r);
   std::string Describe(const Request& r) const;
+  // Request slots: a free list over slots that never move (UCX callbacks hold Request*), so a
+  // message costs no allocation. An id is (generation << 32) | (slot + 1).
+  Request& NewRequest(RequestId* id);
+  Request& Find(RequestId id);
+  void Release(Request& r, RequestId id);
+  template <typename F>
+  void ForEachRequest(F f) {
+    for (auto& r : slots_) {
+      if (r->in_use) f(*r);
+    }
+  }
 
   int rank_;
   int size_;
@@ -191,11 +205,11 @@ class UcxTransport final : public Transport {
   bool aborted_ = false;
   std::string abort_reason_;
   int abort_rank_ = -1;
-  // One thread drives the transport at a time, but the communicator's worker thread and its
-  // caller take turns: the mutex orders their UCX calls (the worker is THREAD_MODE_SERIALIZED).
-  std::mutex mu_;
-  std::unordered_map<RequestId, Request> requests_;  // nodes: callbacks hold Request*
-  RequestId next_id_ = 1;
+  // No mutex: one thread drives the transport at a time (the Transport contract). The
+  // communicator's worker thread and its caller take turns under the communicator's order
+  // mutex, which orders their UCX calls (the worker is THREAD_MODE_SERIALIZED).
+  std::vector<std::unique_ptr<Request>> slots_;
+  std::vector<uint32_t> free_slots_;
   uint64_t started_ = 0;
   uint64_t finished_ = 0;
 };
@@ -246,7 +260,6 @@ UcxTransport::UcxTransport(const UcxTransportOptions& options)
 }
 
 UcxTransport::~UcxTransport() {
-  std::unique_lock<std::mutex> lock(mu_);
   // Flush first, so messages this rank sent eagerly (complete here, maybe not yet there) reach
   // their peers; bounded, since a dead peer never acknowledges. Then close every endpoint by
   // force: a flush-mode close would wait for the peer to progress, and it may be computing, or
@@ -272,17 +285,16 @@ UcxTransport::~UcxTransport() {
     p.ep = nullptr;
   }
   // Requests left behind by a failure: cancel, let them complete, give them back to UCX.
-  for (auto& [id, r] : requests_) {
+  ForEachRequest([&](Request& r) {
     if (r.handle && !r.done) ucp_request_cancel(worker_, r.handle);
-  }
+  });
   for (int i = 0; i < 100 && ProgressAll(); ++i) {
   }
-  for (auto& [id, r] : requests_) {
+  ForEachRequest([&](Request& r) {
     if (r.handle) ucp_request_free(r.handle);
-  }
-  requests_.clear();
+  });
+  slots_.clear();
   ucp_worker_destroy(worker_);  // the context goes with the last region
-  lock.unlock();
   control_.reset();  // says goodbye on the control mesh last: peers then know we left cleanly
 }
 
@@ -305,7 +317,6 @@ void UcxTransport::Connect(const std::vector<std::string>& addresses, Deadline d
   control_->Connect(control, deadline);
   const std::string my_host = HostOf(control[static_cast<size_t>(rank_)]);
   {
-    std::lock_guard<std::mutex> lock(mu_);
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       Peer& p = peers_[static_cast<size_t>(r)];
@@ -388,10 +399,9 @@ RequestId UcxTransport::PostSend(int peer, const MemoryRegion& region, size_t of
   // A peer that aborted (the control mesh heard it) fails new operations at once, as TCP's
   // aborted connections do, even when the messages they need arrived before the abort.
   control_->CheckHealthy();
-  std::lock_guard<std::mutex> lock(mu_);
   Peer& p = peers_[static_cast<size_t>(peer)];
-  RequestId id = next_id_++;
-  Request& r = requests_[id];
+  RequestId id;
+  Request& r = NewRequest(&id);
   r.peer = peer;
   r.send = true;
   r.expected = r.received = bytes;
@@ -425,10 +435,9 @@ RequestId UcxTransport::PostRecv(int peer, const MemoryRegion& region, size_t of
   // A peer that aborted (the control mesh heard it) fails new operations at once, as TCP's
   // aborted connections do, even when the messages they need arrived before the abort.
   control_->CheckHealthy();
-  std::lock_guard<std::mutex> lock(mu_);
   Peer& p = peers_[static_cast<size_t>(peer)];
-  RequestId id = next_id_++;
-  Request& r = requests_[id];
+  RequestId id;
+  Request& r = NewRequest(&id);
   r.peer = peer;
   r.expected = r.received = bytes;
   if (p.error != UCS_OK || aborted_) {
@@ -490,23 +499,16 @@ void UcxTransport::ThrowFailed(const Request& r) {
 }
 
 bool UcxTransport::Test(RequestId id) {
-  std::lock_guard<std::mutex> lock(mu_);
   ProgressAll();
-  auto it = requests_.find(id);
-  if (it == requests_.end()) Fail(ErrorKind::kInvalidArgument, "unknown request ", id);
-  Request& r = it->second;
+  Request& r = Find(id);
   if (!r.done) {
     control_->CheckHealthy();
     return false;
   }
-  if (r.handle) ucp_request_free(r.handle);
-  r.handle = nullptr;
-  if (r.status != UCS_OK || r.received != r.expected) {
-    Request copy = r;
-    requests_.erase(it);
-    ThrowFailed(copy);
-  }
-  requests_.erase(it);
+  const bool ok = r.status == UCS_OK && r.received == r.expected;
+  Request copy = r;
+  Release(r, id);
+  if (!ok) ThrowFailed(copy);
   return true;
 }
 
@@ -518,26 +520,28 @@ void UcxTransport::Sleep(int timeout_ms) {
 }
 
 void UcxTransport::Wait(RequestId id, Deadline deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  auto it = requests_.find(id);
-  if (it == requests_.end()) Fail(ErrorKind::kInvalidArgument, "unknown request ", id);
-  Request& r = it->second;
-  auto t_start = Clock::now();
+  Request& r = Find(id);
+  Clock::time_point t_start{};  // read lazily: a message already here costs no clock read
   int sleep_ms = 1;
-  for (uint64_t round = 0; !r.done; ++round) {
+  uint64_t idle = 0;  // progress calls since the last that did something
+  while (!r.done) {
     if (ProgressAll()) {
       // Something moved: poll on (a rendezvous transfer is driven by progress calls).
-      t_start = Clock::now();
+      idle = 0;
       sleep_ms = 1;
       continue;
     }
     if (r.done) break;
+    // The first idle polls skip the clock (a reply on an idle core comes within a few of them;
+    // a clock read costs as much as a poll), then every 16th reads it.
+    if (++idle < kClockFreePolls || (idle & 15) != 0) continue;
     auto now = Clock::now();
+    if (idle == kClockFreePolls) t_start = now;
     if (now - t_start < std::chrono::microseconds(spin_us_)) {
       // Poll before sleeping: a reply on an idle core comes in microseconds, far sooner than a
       // wake-up. After the first few, yield between polls in case the peer shares our core.
       if (now - t_start > std::chrono::microseconds(kBusyPollUs)) sched_yield();
-      if (round % 256 == 255) control_->CheckHealthy();
+      control_->CheckHealthy();  // one atomic load while healthy
       continue;
     }
     control_->CheckHealthy();
@@ -551,31 +555,58 @@ void UcxTransport::Wait(RequestId id, Deadline deadline) {
     Sleep(deadline.RemainingMs(sleep_ms));
     sleep_ms = std::min(2 * sleep_ms, kMaxSleepMs);
   }
+  const bool ok = r.status == UCS_OK && r.received == r.expected;
+  Request copy = r;
+  Release(r, id);
+  if (!ok) ThrowFailed(copy);
+}
+
+Request& UcxTransport::NewRequest(RequestId* id) {
+  if (free_slots_.empty()) {
+    free_slots_.push_back(static_cast<uint32_t>(slots_.size()));
+    slots_.push_back(std::make_unique<Request>());
+  }
+  const uint32_t slot = free_slots_.back();
+  free_slots_.pop_back();
+  Request& r = *slots_[slot];
+  const uint32_t generation = r.generation;
+  r = Request{};
+  r.in_use = true;
+  r.generation = generation;
+  *id = (static_cast<uint64_t>(generation) << 32) | (uint64_t{slot} + 1);
+  return r;
+}
+
+Request& UcxTransport::Find(RequestId id) {
+  const uint64_t slot = (id & 0xffffffffu) - 1;
+  if (slot >= slots_.size() || !slots_[slot]->in_use || slots_[slot]->generation != (id >> 32)) {
+    Fail(ErrorKind::kInvalidArgument, "unknown request ", id);
+  }
+  return *slots_[slot];
+}
+
+void UcxTransport::Release(Request& r, RequestId id) {
   if (r.handle) ucp_request_free(r.handle);
   r.handle = nullptr;
-  if (r.status != UCS_OK || r.received != r.expected) {
-    Request copy = r;
-    requests_.erase(it);
-    ThrowFailed(copy);
-  }
-  requests_.erase(it);
+  r.in_use = false;
+  ++r.generation;
+  free_slots_.push_back(static_cast<uint32_t>((id & 0xffffffffu) - 1));
 }
 
 void UcxTransport::Abort(int root_rank, const std::string& reason) {
   control_->Abort(root_rank, reason);  // tells every peer, over the control mesh
-  std::lock_guard<std::mutex> lock(mu_);
   if (aborted_) return;
   aborted_ = true;
   abort_reason_ = reason;
   abort_rank_ = root_rank;
   // Give posted buffers back to the caller: cancel what is in flight, bounded in time.
-  for (auto& [id, r] : requests_) {
+  ForEachRequest([&](Request& r) {
     if (r.handle && !r.done) ucp_request_cancel(worker_, r.handle);
-  }
+  });
   Deadline bound = Deadline::After(std::chrono::milliseconds(300));
   for (;;) {
     bool pending = false;
-    for (auto& [id, r] : requests_) pending |= r.handle && !r.done;
+    ForEachRequest([&](Request& r) { pending |= r.handle && !r.done; });
     if (!pending || bound.Expired()) break;
     if (!ProgressAll()) Sleep(5);
   }
@@ -583,7 +614,6 @@ void UcxTransport::Abort(int root_rank, const std::string& reason) {
 
 void UcxTransport::CheckHealthy() {
   control_->CheckHealthy();
-  std::lock_guard<std::mutex> lock(mu_);
   if (aborted_) {
     throw Error(ErrorKind::kPeerFailure, StrCat("the transport was aborted: ", abort_reason_),
                 abort_rank_);

@@ -151,6 +151,10 @@ class Communicator {
 
  protected:
   explicit Communicator(CommOptions options);
+  // The algorithm a collective of `bytes` runs with (never kAuto), for backends with a choice:
+  // an enum, so the per-operation path builds no string.
+  Algorithm ResolveAllReduce(size_t bytes, Algorithm algo) const;
+  Algorithm ResolveBroadcast(size_t bytes, Algorithm algo) const;
   // Backends implement the operations; the base class orders, queues and checks them.
   virtual void DoAllReduce(void* data, size_t count, DataType type, ReduceOp op,
                            Algorithm algo) = 0;
