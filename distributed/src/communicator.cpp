@@ -87,15 +87,6 @@ void CheckBuffer(const char* op, const void* p, size_t count, size_t multiple, D
 
 }  // namespace
 
-void Communicator::RunOrdered(const std::function<void()>& op) {
-  {
-    std::unique_lock<std::mutex> lock(queue_mu_);
-    idle_cv_.wait(lock, [&] { return queue_.empty() && !worker_busy_; });
-  }
-  std::lock_guard<std::mutex> order(order_mu_);
-  op();
-}
-
 std::shared_ptr<Work> Communicator::Enqueue(std::function<void()> op) {
   auto work = std::make_shared<Work>();
   work->queued_at_ = std::chrono::steady_clock::now();  // not shared with the worker yet

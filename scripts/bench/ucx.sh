@@ -9,9 +9,13 @@
 # for 2 and 4 ranks (--ranks), f32 sum all-reduce, sizes --sizes (default 4K:128M), --rounds
 # rounds in turn (default 3). Cells are bus bandwidth (nccl-tests: all-reduce busbw = algbw x
 # 2(n-1)/n; GB/s = 1e9 B/s), median of the rounds [min, max]; the 4 KB latency is the median
-# time. Raw JSON lines go to runs/bench-ucx-<time>/, the table to its summary.md.
+# time. The 4 KB latency figures come from separate rounds (--lat-rounds, default 9; Gloo and
+# ucx_perftest not included) of --lat-iters (default 20000) timed all-reduces each: a sweep
+# round times only 1000 at 4 KB (about 1 ms), too short to be steady on a shared machine.
+# Raw JSON lines go to runs/bench-ucx-<time>/, the table to its summary.md.
 #
-#   scripts/bench/ucx.sh [--sizes 4K:128M] [--ranks 2,4] [--rounds 3] [--build DIR] [--no-gloo]
+#   scripts/bench/ucx.sh [--sizes 4K:128M] [--ranks 2,4] [--rounds 3] [--lat-rounds 9]
+#                        [--lat-iters 20000] [--build DIR] [--no-gloo]
 # Needs: a build with the UCX transport (libucx-dev), ucx-utils (ucx_perftest), mpicc/mpirun,
 # and /usr/bin/python3 with torch for Gloo (scripts/setup.sh --bench).
 set -euo pipefail
@@ -20,6 +24,8 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 sizes=4K:128M
 ranks_list=2,4
 rounds=3
+lat_rounds=9
+lat_iters=20000
 build=""
 gloo=1
 while (($#)); do
@@ -27,9 +33,11 @@ while (($#)); do
     --sizes) sizes=$2; shift 2 ;;
     --ranks) ranks_list=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
+    --lat-rounds) lat_rounds=$2; shift 2 ;;
+    --lat-iters) lat_iters=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --no-gloo) gloo=0; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "ucx.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -82,12 +90,14 @@ free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("12
 mpicc -O2 -o "$work/mpi_allreduce" "$root/scripts/bench/comm/mpi_allreduce.c"
 mpi_flags=(--allow-run-as-root --oversubscribe)
 
-bench() {  # name ranks env... : cortado bench comm under cortado launch
+bench() {  # name ranks env... : cortado bench comm under cortado launch (bench_args: extra)
   local name=$1 n=$2; shift 2
   echo "== round $round, $n ranks: $name" >&2
   env "$@" "$cortado" launch --nproc "$n" --no-prefix -- "$cortado" bench comm --sizes "$sizes" --json \
-    | grep '^{' | sed "s/^{/{\"contender\":\"$name\",/" | tee -a "$out/runs.jsonl" >&2
+    "${bench_args[@]}" | grep '^{' | sed "s/^{/{\"contender\":\"$name\",$tag/" | tee -a "$out/runs.jsonl" >&2
 }
+bench_args=()
+tag=""
 
 for round in $(seq 1 "$rounds"); do
   for n in ${ranks_list//,/ }; do
@@ -128,6 +138,20 @@ for round in $(seq 1 "$rounds"); do
       echo "{\"contender\":\"ucx_perftest\",\"op\":\"$test\",\"ranks\":2,\"bytes\":$bytes,\"time_us\":${avg_us:-0},\"busbw\":$(awk -v m="${mbs:-0}" 'BEGIN{printf "%.4f", m*1048576/1e9}')}" \
         | tee -a "$out/runs.jsonl" >&2
     done
+  done
+done
+# Dedicated 4 KB latency rounds: every contender in turn, long enough to be steady.
+sizes=4K
+bench_args=(--iters "$lat_iters")
+tag='"phase":"latency",'
+for round in $(seq 1 "$lat_rounds"); do
+  for n in ${ranks_list//,/ }; do
+    bench "Cortado TCP" "$n" CORTADO_TRANSPORT=tcp
+    bench "Cortado UCX shm" "$n" CORTADO_TRANSPORT=ucx UCX_TLS=sm,self
+    bench "Cortado UCX tcp" "$n" CORTADO_TRANSPORT=ucx UCX_TLS=tcp,self UCX_NET_DEVICES=lo
+    echo "== latency round $round, $n ranks: Open MPI" >&2
+    mpirun "${mpi_flags[@]}" -np "$n" "$work/mpi_allreduce" 4096 4096 mpi "$lat_iters" \
+      | grep '^{' | sed "s/^{/{\"contender\":\"Open MPI\",$tag/" | tee -a "$out/runs.jsonl" >&2
   done
 done
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/info.txt"

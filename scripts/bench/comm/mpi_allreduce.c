@@ -1,7 +1,8 @@
 // MPI_Allreduce bandwidth and latency on f32 buffers, printed like `cortado bench comm --json`
 // (one JSON line per size, nccl-tests bus bandwidth), so scripts/bench/comm.sh can compare.
 //   mpicc -O2 -o mpi_allreduce mpi_allreduce.c
-//   mpirun -np 2 ./mpi_allreduce MIN_BYTES MAX_BYTES [ITERS_SCALE]
+//   mpirun -np 2 ./mpi_allreduce MIN_BYTES MAX_BYTES [LABEL] [ITERS]
+// ITERS (0 or absent: about 256 MB moved, 5 to 1000) fixes the timed iterations per size.
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,10 +23,11 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   long lo = argc > 1 ? atol(argv[1]) : 4096, hi = argc > 2 ? atol(argv[2]) : (128L << 20);
   const char* label = argc > 3 ? argv[3] : "mpi";
+  const int fixed_iters = argc > 4 ? atoi(argv[4]) : 0;
   float* buf = (float*)malloc(hi);
   for (long i = 0; i < hi / 4; ++i) buf[i] = (float)(i % 7);
   for (long bytes = lo; bytes <= hi; bytes *= 2) {
-    int count = (int)(bytes / 4), iters = Iters(bytes), warm = iters / 10 + 2;
+    int count = (int)(bytes / 4), iters = fixed_iters > 0 ? fixed_iters : Iters(bytes), warm = iters / 10 + 2;
     // Warm up for warm runs and at least 100 ms (rank 0 decides), like cortado bench comm.
     double w0 = MPI_Wtime();
     for (int i = 0; i < warm; ++i)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tables for scripts/bench/ucx.sh: busbw GB/s, median of the rounds [min, max], per rank count
-and size, one column per contender; then the 4 KB latency (median time_us [min, max]) and the
-ratios the issue sets as goals (UCX vs Cortado TCP and vs Open MPI at 64 MB, 2 ranks)."""
+and size, one column per contender; then the 4 KB latency (median time_us [min, max]; from the
+dedicated latency rounds where the run has them) and the ratios the issue sets as goals (UCX vs
+Cortado TCP and vs Open MPI at 64 MB, 2 ranks; UCX's 4 KB latency vs Open MPI's)."""
 import json
 import statistics
 import sys
@@ -27,6 +28,7 @@ def main(path):
     bw = defaultdict(list)   # (ranks, bytes, contender) -> busbw per round
     lat = defaultdict(list)  # (ranks, bytes, contender) -> time_us per round
     cpu = defaultdict(list)  # (ranks, bytes, contender) -> rank 0's CPU time / wall time
+    lat_rounds = defaultdict(list)  # (ranks, contender) -> time_us of each dedicated 4 KB round
     for line in open(path):
         line = line.strip()
         if not line.startswith("{"):
@@ -36,6 +38,9 @@ def main(path):
         except json.JSONDecodeError:  # e.g. a perftest figure it printed as "inf": skipped
             continue
         who, op = j["contender"], j.get("op", "allreduce")
+        if j.get("phase") == "latency":
+            lat_rounds[(j["ranks"], who)].append(j["time_us"])
+            continue
         if who == "ucx_perftest":
             key = (2, j["bytes"], who)
             (bw if op == "tag_bw" else lat)[key].append(j["busbw"] if op == "tag_bw" else j["time_us"])
@@ -56,9 +61,14 @@ def main(path):
         for s in sizes:
             print(f"| {size_name(s)} | " + " | ".join(cell(bw.get((n, s, c), [])) for c in cols) + " |")
         s = sizes[0]
-        print(f"\n{size_name(s)} latency, {n} ranks (time_us, median [min, max]; ucx_perftest: "
-              "tag_lat one-way): " + "; ".join(
+        print(f"\n{size_name(s)} latency, {n} ranks, sweep rounds (time_us, median [min, max]; "
+              "ucx_perftest: tag_lat one-way): " + "; ".join(
                   f"{c} {cell(lat.get((n, s, c), []))}" for c in cols if lat.get((n, s, c))))
+        if any(k[0] == n for k in lat_rounds):
+            k = len(next(v for key, v in lat_rounds.items() if key[0] == n))
+            print(f"\n4K latency, {n} ranks, {k} dedicated rounds (time_us, median [min, max]): "
+                  + "; ".join(f"{c} {cell(lat_rounds[(n, c)])}" for c in ORDER
+                              if lat_rounds.get((n, c))))
     print("\nCPU cost of progress: rank 0's process CPU time / wall time during the timed "
           "iterations (1.0 = one core busy), median [min, max]:")
     for n in ranks:
@@ -73,6 +83,12 @@ def main(path):
         if u and t and m:
             print(f"\n64M, 2 ranks: {ucx} {u:.3f} GB/s = {u / t:.2f}x Cortado TCP ({t:.3f}), "
                   f"{u / m:.2f}x Open MPI ({m:.3f})")
+    for n in ranks:
+        u, m = lat_rounds.get((n, "Cortado UCX shm")), lat_rounds.get((n, "Open MPI"))
+        if u and m:
+            um, mm = statistics.median(u), statistics.median(m)
+            print(f"\n4K latency, {n} ranks: Cortado UCX shm {um:.3f} us vs Open MPI {mm:.3f} us "
+                  f"({'below' if um < mm else 'not below'}; ratio {um / mm:.2f})")
 
 
 if __name__ == "__main__":

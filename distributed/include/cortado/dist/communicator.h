@@ -172,7 +172,17 @@ class Communicator {
   void StopWorker();
 
  private:
-  void RunOrdered(const std::function<void()>& op);
+  // Runs op on the calling thread once everything queued before it has run. A template, not a
+  // std::function: the blocking collectives' small-message path then allocates nothing.
+  template <typename Op>
+  void RunOrdered(Op&& op) {
+    {
+      std::unique_lock<std::mutex> lock(queue_mu_);
+      idle_cv_.wait(lock, [&] { return queue_.empty() && !worker_busy_; });
+    }
+    std::lock_guard<std::mutex> order(order_mu_);
+    op();
+  }
   void RunCompressed(float* data, size_t count, ReduceOp op, const Compression& compression);
   std::shared_ptr<Work> Enqueue(std::function<void()> op);
   void WorkerLoop();
