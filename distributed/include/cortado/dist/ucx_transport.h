@@ -21,6 +21,9 @@
 // then arms the worker (ucp_worker_arm) and sleeps in poll() on its event fd, 1 ms doubling to
 // 50 ms while nothing happens (not every step of a shared-memory rendezvous signals the fd, and
 // a failure seen by the control plane must be noticed). Between operations nothing polls.
+// The per-message path takes no lock and allocates nothing: one thread drives the transport at
+// a time (the communicator's order mutex hands it between its caller and its worker thread),
+// and requests live in reused slots.
 //
 // Failures: endpoints to other hosts use UCX's peer error handling, and an endpoint error (peer
 // gone, connection reset) fails the requests on it naming the peer and the UCX status string;
