@@ -3,7 +3,10 @@
 // over the transport --transport (or CORTADO_TRANSPORT) names: tcp or ucx. Each line reports
 // the transport ("tcp", "ucx", "mpi"; "local" for one rank) and cpu_us, rank 0's process CPU
 // time per iteration (all its threads: the cost of driving progress, beside time_us).
-// Buffers are f32 (or --dtype); sizes are in bytes (K = 1024), doubling between the bounds.
+// Buffers are f32 (or --dtype), allocated once with the communicator's AllocateRegistered as
+// the trainer's gradient block is (--memory plain: heap memory); over UCX with every rank on one
+// host that is shared memory, and large all-reduces run the "direct" algorithm (the "algo"
+// column says which ran). Sizes are in bytes (K = 1024), doubling between the bounds.
 // Figures follow nccl-tests: algbw = bytes / time (GB/s = 1e9 bytes/s); busbw = algbw x
 // 2(n-1)/n for all-reduce, x (n-1)/n for all-gather and reduce-scatter (bytes: the whole
 // n-rank buffer), x 1 for broadcast. The time is the slowest rank's mean over the iterations.
@@ -44,7 +47,32 @@ struct BenchArgs {
   std::string codec = "f32";  // all-reduce only: the compressed ring with this codec
   std::string rounding = "nearest";
   std::string transport;  // "": CORTADO_TRANSPORT, else tcp
+  std::string memory =
+      "registered";  // buffers from AllocateRegistered (as the trainer's), or plain
 };
+
+// A buffer of the benchmark: from the communicator's AllocateRegistered, or plain heap memory.
+struct Buffer {
+  std::unique_ptr<dist::RegisteredMemory> registered;
+  std::vector<char> plain;
+  char* p = nullptr;
+  size_t bytes = 0;
+  char* data() const { return p; }
+  size_t size() const { return bytes; }
+};
+
+Buffer MakeBuffer(dist::Communicator& comm, size_t bytes, bool registered) {
+  Buffer b;
+  if (registered) {
+    b.registered = comm.AllocateRegistered(bytes);
+    b.p = static_cast<char*>(b.registered->data());
+  } else {
+    b.plain.resize(bytes);
+    b.p = b.plain.data();
+  }
+  b.bytes = bytes;
+  return b;
+}
 
 double ProcessCpuMicros() {
   rusage u{};
@@ -70,7 +98,7 @@ double BusFactor(const std::string& op, int n) {
   return 1.0;
 }
 
-void Fill(std::vector<char>& buf, dist::DataType type, int rank) {
+void Fill(Buffer& buf, dist::DataType type, int rank) {
   size_t count = buf.size() / dist::DataTypeSize(type);
   for (size_t i = 0; i < count; ++i) {
     float v = static_cast<float>((i + static_cast<size_t>(rank)) % 7);
@@ -104,7 +132,7 @@ float CodecInput(int rank, size_t i) {
   return base * (1.0f + 0.25f * (static_cast<float>(g % 20001u) / 10000.0f - 1.0f));
 }
 
-float ValueAt(const std::vector<char>& buf, dist::DataType type, size_t i) {
+float ValueAt(const Buffer& buf, dist::DataType type, size_t i) {
   if (type == dist::DataType::kF32) return reinterpret_cast<const float*>(buf.data())[i];
   uint16_t b = reinterpret_cast<const uint16_t*>(buf.data())[i];
   return type == dist::DataType::kF16 ? dist::HalfToFloat(b) : dist::BFloat16ToFloat(b);
@@ -141,11 +169,13 @@ void RunBench(const BenchArgs& a) {
   const int n = comm->size(), rank = comm->rank();
   const size_t esize = dist::DataTypeSize(type);
   const bool per_rank = a.op == "allgather" || a.op == "reducescatter";
-  std::vector<char> in(sizes.back() + 64), out(sizes.back() + 64);
+  // One pair of buffers for every size, allocated once, as the trainer's gradient block is.
+  Buffer in = MakeBuffer(*comm, sizes.back() + 64, a.memory == "registered");
+  Buffer out = MakeBuffer(*comm, sizes.back() + 64, a.memory == "registered");
   const double wire_ratio = compressed ? dist::CodecBits(compression.codec) / 32.0 : 1.0;
   if (rank == 0 && !a.json) {
-    std::printf("# cortado bench comm: %s, %d rank(s), transport %s, %s, %s%s\n", a.op.c_str(), n,
-                comm->backend(), a.dtype.c_str(), reduce.c_str(),
+    std::printf("# cortado bench comm: %s, %d rank(s), transport %s, %s memory, %s, %s%s\n",
+                a.op.c_str(), n, comm->backend(), a.memory.c_str(), a.dtype.c_str(), reduce.c_str(),
                 compressed ? (", codec " + a.codec + " (" + a.rounding + ")").c_str() : "");
     if (compressed) {
       std::printf("# %12s  %-17s %12s %12s %12s %12s %10s %10s\n", "bytes", "algo", "time_us",
@@ -160,7 +190,8 @@ void RunBench(const BenchArgs& a) {
     size_t count = requested / esize / (per_rank ? static_cast<size_t>(n) : 1);
     size_t bytes = count * esize * (per_rank ? static_cast<size_t>(n) : 1);
     if (count == 0) continue;
-    std::string algo_name = a.op == "allreduce"   ? comm->AllReduceAlgorithmFor(bytes, algo)
+    std::string algo_name = a.op == "allreduce"
+                                ? comm->AllReduceAlgorithmFor(bytes, algo, in.data())
                             : a.op == "broadcast" ? comm->BroadcastAlgorithmFor(bytes, algo)
                             : n == 1              ? "local"
                             : std::string(comm->backend()) == "mpi" ? "mpi"
@@ -183,7 +214,7 @@ void RunBench(const BenchArgs& a) {
       // One verified run on known data before timing.
       Fill(in, type, rank);
       run_once();
-      const std::vector<char>& res = (a.op == "allgather" || a.op == "reducescatter") ? out : in;
+      const Buffer& res = (a.op == "allgather" || a.op == "reducescatter") ? out : in;
       size_t check_count = a.op == "allgather" ? count * static_cast<size_t>(n) : count;
       for (size_t i = 0; i < check_count; ++i) {
         float want = 0;
@@ -290,6 +321,7 @@ void RunBench(const BenchArgs& a) {
         nlohmann::ordered_json j;
         j["op"] = a.op;
         j["transport"] = comm->backend();
+        j["memory"] = a.memory;
         j["algo"] = algo_name;
         j["ranks"] = n;
         j["bytes"] = bytes;
@@ -323,7 +355,7 @@ void AddBenchCommCommand(CLI::App& bench) {
       ->check(OneOf({"sum", "avg", "max"}))
       ->default_str("sum; avg with --codec");
   cmd->add_option("--algo", args->algo,
-                  "auto, ring, halving_doubling (all-reduce), tree (broadcast)");
+                  "auto, ring, halving_doubling, direct (all-reduce), tree (broadcast)");
   cmd->add_option("--iters", args->iters,
                   "Timed iterations per size (0: about 256 MB moved, 5 to 1000)")
       ->check(IntAtLeast(0, "0: by size"));
@@ -337,6 +369,11 @@ void AddBenchCommCommand(CLI::App& bench) {
                   "Under Cortado's collectives: tcp or ucx (default: CORTADO_TRANSPORT, else tcp)")
       ->check(OneOf({"tcp", "ucx"}));
   cmd->add_flag("--check", args->check, "Verify one result per size before timing");
+  cmd->add_option("--memory", args->memory,
+                  "registered: buffers from the communicator's AllocateRegistered, as the "
+                  "trainer's gradients (over UCX on one host: shared memory, so large "
+                  "all-reduces run 'direct'); plain: heap memory (the ring)")
+      ->check(OneOf({"registered", "plain"}));
   cmd->add_option("--codec", args->codec,
                   "All-reduce in a gradient codec: f32, f16, bf16, epgc11, epgc9, epgc8 "
                   "(reports wire bandwidth and the error against the exact result)");

@@ -2,6 +2,8 @@
 // thread; and the factory that picks a backend.
 #include "cortado/dist/communicator.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <limits>
 
 #include "backends.h"
@@ -62,7 +64,7 @@ Algorithm Communicator::ResolveBroadcast(size_t bytes, Algorithm algo) const {
   return algo;
 }
 
-std::string Communicator::AllReduceAlgorithmFor(size_t bytes, Algorithm algo) const {
+std::string Communicator::AllReduceAlgorithmFor(size_t bytes, Algorithm algo, const void*) const {
   if (size() == 1) return "local";
   return AlgorithmName(ResolveAllReduce(bytes, algo));
 }
@@ -70,6 +72,25 @@ std::string Communicator::AllReduceAlgorithmFor(size_t bytes, Algorithm algo) co
 std::string Communicator::BroadcastAlgorithmFor(size_t bytes, Algorithm algo) const {
   if (size() == 1) return "local";
   return AlgorithmName(ResolveBroadcast(bytes, algo));
+}
+
+namespace {
+
+// Page-aligned host memory, for backends that register nothing.
+class PlainMemory final : public RegisteredMemory {
+ public:
+  PlainMemory(void* data, size_t size) : RegisteredMemory(data, size) {}
+  ~PlainMemory() override { std::free(data()); }
+};
+
+}  // namespace
+
+std::unique_ptr<RegisteredMemory> Communicator::AllocateRegistered(size_t bytes) {
+  constexpr size_t kPage = 4096;
+  const size_t rounded = (std::max<size_t>(bytes, 1) + kPage - 1) / kPage * kPage;
+  void* p = std::aligned_alloc(kPage, rounded);
+  if (p == nullptr) Fail(ErrorKind::kSystem, "out of memory allocating ", bytes, " bytes");
+  return std::make_unique<PlainMemory>(p, bytes);
 }
 
 namespace {
@@ -145,7 +166,7 @@ static void CheckAllReduceAlgorithm(Algorithm algo) {
   if (algo == Algorithm::kTree) {
     throw Error(ErrorKind::kInvalidArgument,
                 "allreduce: algorithm 'tree' is for broadcast (all-reduce: auto, ring, "
-                "halving_doubling)",
+                "halving_doubling, direct)",
                 -1, "allreduce");
   }
 }
@@ -156,8 +177,17 @@ void Communicator::AllReduce(void* data, size_t count, DataType type, ReduceOp o
   RunOrdered([&] { DoAllReduce(data, count, type, op, algo); });
 }
 
+static void CheckBroadcastAlgorithm(Algorithm algo) {
+  if (algo == Algorithm::kDirect) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "broadcast: algorithm 'direct' is for all-reduce (broadcast: auto, ring, tree)", -1,
+                "broadcast");
+  }
+}
+
 void Communicator::Broadcast(void* data, size_t count, DataType type, int root, Algorithm algo) {
   CheckBuffer("broadcast", data, count, 1, type);
+  CheckBroadcastAlgorithm(algo);
   if (root < 0 || root >= size()) {
     throw Error(ErrorKind::kInvalidArgument,
                 StrCat("broadcast: root ", root, " is outside the world of ", size()), -1,
@@ -193,6 +223,7 @@ std::shared_ptr<Work> Communicator::AllReduceAsync(void* data, size_t count, Dat
 std::shared_ptr<Work> Communicator::BroadcastAsync(void* data, size_t count, DataType type,
                                                    int root, Algorithm algo) {
   CheckBuffer("broadcast", data, count, 1, type);
+  CheckBroadcastAlgorithm(algo);
   if (root < 0 || root >= size()) {
     throw Error(ErrorKind::kInvalidArgument,
                 StrCat("broadcast: root ", root, " is outside the world of ", size()), -1,

@@ -219,6 +219,8 @@ const char* AlgorithmName(Algorithm algo) {
       return "halving_doubling";
     case Algorithm::kTree:
       return "tree";
+    case Algorithm::kDirect:
+      return "direct";
   }
   return "?";
 }
@@ -230,8 +232,9 @@ Algorithm ParseAlgorithm(const std::string& name) {
     return Algorithm::kHalvingDoubling;
   }
   if (name == "tree" || name == "binomial") return Algorithm::kTree;
+  if (name == "direct") return Algorithm::kDirect;
   Fail(ErrorKind::kInvalidArgument, "unknown algorithm '", name,
-       "' (known: auto, ring, halving_doubling (hd), tree)");
+       "' (known: auto, ring, halving_doubling (hd), tree, direct)");
 }
 
 size_t ParseByteSize(const std::string& text) {
@@ -304,7 +307,7 @@ CommOptions CommOptions::FromEnv(const EnvLookup& env) {
     }
     if (o.allreduce_algorithm == Algorithm::kTree) {
       Fail(ErrorKind::kConfig, "CORTADO_ALLREDUCE_ALGO='", *a,
-           "': all-reduce algorithms are auto, ring, halving_doubling");
+           "': all-reduce algorithms are auto, ring, halving_doubling, direct");
     }
   }
   auto bytes = [&](const char* name, size_t fallback) {

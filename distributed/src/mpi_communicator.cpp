@@ -148,7 +148,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "mpi"; }
-  std::string AllReduceAlgorithmFor(size_t, Algorithm) const override { return "mpi"; }
+  std::string AllReduceAlgorithmFor(size_t, Algorithm, const void*) const override { return "mpi"; }
   std::string BroadcastAlgorithmFor(size_t, Algorithm) const override { return "mpi"; }
 
  protected:

@@ -5,6 +5,8 @@
 #include "transport_communicator.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 
@@ -66,12 +68,73 @@ TransportCommunicator::TransportCommunicator(const CommConfig& config, Store* re
 
 TransportCommunicator::~TransportCommunicator() {
   StopWorker();
+  peer_mappings_.clear();  // remote keys go before the endpoints they came through
   transport_.reset();
   access_.server.reset();  // the store stops when its last communicator in this process goes
 }
 
+namespace {
+
+// Memory a transport allocated for AllocateRegistered, listed in the communicator's table while
+// it lives.
+class TransportMemory final : public RegisteredMemory {
+ public:
+  TransportMemory(std::unique_ptr<MemoryRegion> region, std::shared_ptr<AllocationTable> table,
+                  uint64_t uid)
+      : RegisteredMemory(region->data(), region->size()),
+        region_(std::move(region)),
+        table_(std::move(table)),
+        uid_(uid) {}
+  ~TransportMemory() override {
+    {
+      std::lock_guard<std::mutex> lock(table_->mu);
+      auto& v = table_->regions;
+      v.erase(std::remove_if(v.begin(), v.end(),
+                             [&](const AllocatedRegion& a) { return a.uid == uid_; }),
+              v.end());
+    }
+    region_.reset();
+  }
+
+ private:
+  std::unique_ptr<MemoryRegion> region_;
+  std::shared_ptr<AllocationTable> table_;
+  uint64_t uid_;
+};
+
+}  // namespace
+
+std::unique_ptr<RegisteredMemory> TransportCommunicator::AllocateRegistered(size_t bytes) {
+  if (size_ == 1) return Communicator::AllocateRegistered(bytes);
+  static std::atomic<uint64_t> next_uid{1};
+  const uint64_t uid = next_uid.fetch_add(1);
+  std::unique_ptr<MemoryRegion> region = transport_->Allocate(bytes);
+  AllocatedRegion entry{static_cast<const char*>(region->data()), bytes, uid, region.get()};
+  {
+    std::lock_guard<std::mutex> lock(allocations_->mu);
+    allocations_->regions.push_back(entry);
+  }
+  return std::make_unique<TransportMemory>(std::move(region), allocations_, uid);
+}
+
+bool TransportCommunicator::FindAllocated(const void* p, size_t bytes,
+                                          AllocatedRegion* found) const {
+  const char* c = static_cast<const char*>(p);
+  std::lock_guard<std::mutex> lock(allocations_->mu);
+  for (const auto& a : allocations_->regions) {
+    if (c >= a.data && bytes <= a.bytes && c - a.data <= static_cast<ptrdiff_t>(a.bytes - bytes)) {
+      *found = a;
+      return true;
+    }
+  }
+  return false;
+}
+
 Span TransportCommunicator::Reg(const void* p, size_t bytes) {
   const char* c = static_cast<const char*>(p);
+  if (AllocatedRegion a; FindAllocated(p, bytes, &a)) {
+    return Span{a.region, static_cast<size_t>(c - a.data), bytes};
+  }
   for (auto& e : regs_) {
     if (c >= e.p && c + bytes <= e.p + e.bytes) {
       e.used = ++reg_clock_;
@@ -174,10 +237,47 @@ void TransportCommunicator::Exchange(int peer, const Span& send, const Span& rec
 // ----------------------------------------------------------------------------------------------
 // All-reduce
 
+bool TransportCommunicator::TriesDirect(size_t bytes, Algorithm algo) const {
+  if (size_ == 1 || !transport_->SharesMemory()) return false;
+  const Algorithm requested = algo == Algorithm::kAuto ? options().allreduce_algorithm : algo;
+  if (requested == Algorithm::kDirect) return true;
+  // Automatically where the ring would run: below that, halving-doubling's one or two
+  // exchanges cost less than the direct algorithm's two rounds of messages.
+  return requested == Algorithm::kAuto && ResolveAllReduce(bytes, algo) == Algorithm::kRing;
+}
+
+std::string TransportCommunicator::AllReduceAlgorithmFor(size_t bytes, Algorithm algo,
+                                                         const void* data) const {
+  if (size_ == 1) return "local";
+  if (TriesDirect(bytes, algo)) {
+    AllocatedRegion a;
+    if (data != nullptr && FindAllocated(data, bytes, &a)) return "direct";
+  }
+  const Algorithm resolved = ResolveAllReduce(bytes, algo);
+  // Forced kDirect where it cannot run fails; report what was asked.
+  return AlgorithmName(resolved);
+}
+
 void TransportCommunicator::DoAllReduce(void* data, size_t count, DataType type, ReduceOp op,
                                         Algorithm algo) {
   const size_t esize = DataTypeSize(type);
-  const Algorithm resolved = ResolveAllReduce(count * esize, algo);
+  const bool direct = TriesDirect(count * esize, algo);
+  const Algorithm requested = algo == Algorithm::kAuto ? options().allreduce_algorithm : algo;
+  if (requested == Algorithm::kDirect && size_ > 1 && !direct) {
+    // Every rank sees the same SharesMemory(), so every rank throws this, before anything is
+    // sent; the communicator stays usable.
+    throw Error(ErrorKind::kInvalidArgument,
+                StrCat("allreduce: algorithm 'direct' needs ranks that share memory (every rank "
+                       "on one host, CORTADO_TRANSPORT=ucx over shared memory); this "
+                       "communicator's ",
+                       transport_->name(), " transport shares none"),
+                -1, "allreduce");
+  }
+  // kDirect falls back to the ring when the ranks agree it cannot run (see DirectAllReduce).
+  const Algorithm resolved =
+      direct ? Algorithm::kDirect
+             : ResolveAllReduce(count * esize,
+                                requested == Algorithm::kDirect ? Algorithm::kRing : algo);
   const char* name = AlgorithmName(resolved);
   if (size_ == 1 || count == 0) {
     if (size_ > 1) {
@@ -191,7 +291,12 @@ void TransportCommunicator::DoAllReduce(void* data, size_t count, DataType type,
   };
   char* bytes = static_cast<char*>(data);
   RunOp("allreduce", describe, [&](uint64_t seq, Deadline deadline) {
-    if (resolved == Algorithm::kRing) {
+    if (resolved == Algorithm::kDirect) {
+      if (!DirectAllReduce(bytes, count, type, op, requested == Algorithm::kDirect, seq,
+                           deadline)) {
+        RingAllReduce(bytes, count, type, op, seq, deadline);
+      }
+    } else if (resolved == Algorithm::kRing) {
       RingAllReduce(bytes, count, type, op, seq, deadline);
     } else {
       HalvingDoublingAllReduce(bytes, count, type, op, seq, deadline);

@@ -1,9 +1,10 @@
 // Internal: TransportCommunicator, the collectives over a Transport, and the helpers its
 // algorithms share. Setup, operation bookkeeping and the dispatchers that choose an algorithm are
 // in transport_communicator.cpp; each algorithm is a member function in a file of its own
-// (allreduce_ring.cpp, allreduce_halving_doubling.cpp, allreduce_compressed_ring.cpp,
-// broadcast_tree.cpp, broadcast_chain.cpp, allgather_ring.cpp, reduce_scatter_ring.cpp). The
-// ring-shaped ones share one pipelining engine (RingPipeline, below).
+// (allreduce_ring.cpp, allreduce_halving_doubling.cpp, allreduce_direct.cpp,
+// allreduce_compressed_ring.cpp, broadcast_tree.cpp, broadcast_chain.cpp, allgather_ring.cpp,
+// reduce_scatter_ring.cpp). The ring-shaped ones share one pipelining engine (RingPipeline,
+// below).
 //
 // Pipelining. A ring collective is a chain of steps; step t+1 sends what step t received (after
 // reducing it). Every segment is cut into chunks, and chunk-steps (t, c) flow in a fixed order
@@ -19,6 +20,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -88,6 +90,21 @@ struct StoreAccess {
   int rank = 0;
 };
 
+// The regions AllocateRegistered handed out and that are still alive: Reg finds buffers in them
+// without registering anything, and the direct all-reduce names them to the peers by uid. Shared
+// with the RegisteredMemory objects, which may outlive the communicator and remove themselves
+// from it (on whichever thread frees them; hence the mutex).
+struct AllocatedRegion {
+  const char* data = nullptr;
+  size_t bytes = 0;
+  uint64_t uid = 0;  // unique in this process, never 0
+  const MemoryRegion* region = nullptr;
+};
+struct AllocationTable {
+  std::mutex mu;
+  std::vector<AllocatedRegion> regions;
+};
+
 class TransportCommunicator final : public Communicator {
  public:
   // A root communicator (rendezvous == nullptr) rendezvouses as CommConfig says; a child of
@@ -99,6 +116,8 @@ class TransportCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return size_ == 1 ? "local" : transport_->name(); }
+  std::string AllReduceAlgorithmFor(size_t bytes, Algorithm algo, const void* data) const override;
+  std::unique_ptr<RegisteredMemory> AllocateRegistered(size_t bytes) override;
 
  protected:
   void DoAllReduce(void* data, size_t count, DataType type, ReduceOp op, Algorithm algo) override;
@@ -121,6 +140,11 @@ class TransportCommunicator final : public Communicator {
   [[noreturn]] void OnFailure(const char* name, const std::string& detail, uint64_t seq,
                               const Error& e);
   Span Reg(const void* p, size_t bytes);
+  // The allocated region holding [p, p + bytes), if there is one.
+  bool FindAllocated(const void* p, size_t bytes, AllocatedRegion* found) const;
+  // Whether an all-reduce of `bytes` with `algo` tries kDirect (the ranks then agree in its
+  // first exchange whether it runs), before the choice between ring and halving-doubling.
+  bool TriesDirect(size_t bytes, Algorithm algo) const;
   char* Scratch(size_t bytes);
   Span ScratchSpan(const char* p, size_t bytes) const {
     return Span{scratch_region_.get(), static_cast<size_t>(p - scratch_.get()), bytes};
@@ -138,6 +162,13 @@ class TransportCommunicator final : public Communicator {
                      Deadline deadline);
   void HalvingDoublingAllReduce(char* data, size_t count, DataType type, ReduceOp op, uint64_t seq,
                                 Deadline deadline);
+  // False (nothing reduced) when the ranks found some rank's buffer outside memory they can
+  // map, and `forced` is false: the caller then runs the ring. Forced, that is an error.
+  bool DirectAllReduce(char* data, size_t count, DataType type, ReduceOp op, bool forced,
+                       uint64_t seq, Deadline deadline);
+  // This process's mapping of peer's region uid (mapped from `exported` on first use).
+  char* MappedPeerRegion(int peer, uint64_t uid, const std::string& exported, uint64_t remote_data,
+                         size_t bytes);
   void CompressedRingAllReduce(float* data, size_t count, const Compression& compression,
                                uint64_t seq, Deadline deadline);
   void ChainBroadcast(char* data, size_t count, DataType type, int root, uint64_t seq,
@@ -170,6 +201,18 @@ class TransportCommunicator final : public Communicator {
   std::unique_ptr<char, FreeDeleter> scratch_;
   size_t scratch_bytes_ = 0;
   std::unique_ptr<MemoryRegion> scratch_region_;
+  std::shared_ptr<AllocationTable> allocations_ = std::make_shared<AllocationTable>();
+
+  // Peers' regions mapped for the direct all-reduce, the most recently used kept (a mapping
+  // holds the peer's memory even after the peer frees it, so few are kept).
+  struct PeerMapping {
+    int peer;
+    uint64_t uid;
+    std::unique_ptr<PeerMemory> memory;
+    uint64_t used;
+  };
+  std::vector<PeerMapping> peer_mappings_;
+  uint64_t mapping_clock_ = 0;
 };
 
 template <typename Describe, typename Body>

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <memory>
 
 #include "cortado/dist/communicator.h"
 #include "matrix.h"
@@ -130,6 +132,79 @@ TEST(CollectivesThreadsApi, WorkRecordsQueuedStartedAndFinishedTimes) {
   EXPECT_EQ(errors[0] + errors[1], "");
 }
 
+// Registered memory: over UCX on one host the ranks share it and a ring-sized all-reduce of it
+// runs 'direct'; over TCP (no shared memory) it is registered but runs the ring, and forcing
+// 'direct' there is refused on every rank before anything is sent. A plain buffer never runs
+// direct, even where the ranks could. Buffers may be freed after the communicator.
+class RegisteredMemoryThreads : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RegisteredMemoryThreads, DirectWhereRanksShareMemoryRingElsewhere) {
+  const std::string transport = GetParam();
+  CORTADO_SKIP_UNLESS_BUILT(transport);
+  const bool shares = transport == "ucx";
+  std::vector<std::unique_ptr<RegisteredMemory>> survivors(3);
+  auto errors = RunThreads(
+      3,
+      [&](Communicator& comm) {
+        const size_t count = (1 << 20) + 5;  // 4 MB of f32: a ring-sized message
+        auto memory = comm.AllocateRegistered(count * 4);
+        ASSERT_GE(memory->size(), count * 4);
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(memory->data()) % 4096, 0u);
+        auto* reg = static_cast<float*>(memory->data());
+        std::vector<float> plain(count);
+        for (size_t i = 0; i < count; ++i) reg[i] = plain[i] = static_cast<float>(comm.rank());
+        EXPECT_EQ(comm.AllReduceAlgorithmFor(count * 4, Algorithm::kAuto, reg),
+                  shares ? "direct" : "ring");
+        EXPECT_EQ(comm.AllReduceAlgorithmFor(count * 4, Algorithm::kAuto, plain.data()), "ring");
+        EXPECT_EQ(comm.AllReduceAlgorithmFor(count * 4, Algorithm::kRing, reg), "ring");
+        EXPECT_EQ(comm.AllReduceAlgorithmFor(4096, Algorithm::kAuto, reg), "halving_doubling");
+        comm.AllReduce(reg, count, DataType::kF32, ReduceOp::kSum);
+        comm.AllReduce(plain.data(), count, DataType::kF32, ReduceOp::kSum);
+        EXPECT_EQ(reg[0], 3.0f);
+        EXPECT_EQ(reg[count - 1], 3.0f);
+        EXPECT_EQ(plain[count / 2], 3.0f);
+        if (!shares) {
+          try {
+            comm.AllReduce(reg, count, DataType::kF32, ReduceOp::kSum, Algorithm::kDirect);
+            ADD_FAILURE() << "'direct' accepted over " << comm.backend();
+          } catch (const Error& e) {
+            EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+            EXPECT_NE(std::string(e.what()).find("share"), std::string::npos) << e.what();
+          }
+        } else {
+          // Forced onto a plain buffer, every rank names the first rank whose buffer it is.
+          try {
+            comm.AllReduce(plain.data(), count, DataType::kF32, ReduceOp::kSum, Algorithm::kDirect);
+            ADD_FAILURE() << "'direct' accepted on plain memory";
+          } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("rank 0's buffer is not in memory"),
+                      std::string::npos)
+                << e.what();
+          }
+          return;  // the failed operation broke the communicator
+        }
+        comm.AllReduce(reg, count, DataType::kF32, ReduceOp::kSum);  // still usable
+        EXPECT_EQ(reg[1], 9.0f);
+        survivors[static_cast<size_t>(comm.rank())] = std::move(memory);
+      },
+      OptionsFor(transport));
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  survivors.clear();  // freed after their communicators
+}
+
+INSTANTIATE_TEST_SUITE_P(Each, RegisteredMemoryThreads, ::testing::ValuesIn(TransportNames()),
+                         TransportName);
+
+TEST(CollectivesThreadsApi, DirectIsAnAllReduceAlgorithmOnly) {
+  EXPECT_EQ(ParseAlgorithm("direct"), Algorithm::kDirect);
+  auto errors = RunThreads(2, [](Communicator& comm) {
+    float x = 1;
+    EXPECT_THROW(comm.Broadcast(&x, 1, DataType::kF32, 0, Algorithm::kDirect), Error);
+    comm.Broadcast(&x, 1, DataType::kF32, 0);
+  });
+  EXPECT_EQ(errors[0] + errors[1], "");
+}
+
 TEST(CollectivesThreadsApi, LocalWorldNeedsNoRendezvous) {
   CommConfig config;  // rank 0 of 1, no store, no token
   auto comm = CreateCommunicator(config);
@@ -141,6 +216,11 @@ TEST(CollectivesThreadsApi, LocalWorldNeedsNoRendezvous) {
   EXPECT_EQ(out[1], 2.0f);
   comm->Barrier();
   EXPECT_STREQ(comm->backend(), "local");
+  auto memory = comm->AllocateRegistered(100);  // plain memory: nothing to register with
+  ASSERT_NE(memory->data(), nullptr);
+  static_cast<float*>(memory->data())[0] = 5;
+  comm->AllReduce(memory->data(), 1, DataType::kF32, ReduceOp::kSum);
+  EXPECT_EQ(static_cast<float*>(memory->data())[0], 5.0f);
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 //                            both children (default COUNTS 0,1,17,5003), a nested split, and a
 //                            child's all-reduces from this thread while the parent's worker
 //                            runs a 16 MB all-reduce
-//   kill VICTIM BYTES        all-reduces of BYTES in a loop; VICTIM SIGKILLs itself mid-way
+//   kill VICTIM BYTES [registered]  all-reduces of BYTES in a loop; VICTIM SIGKILLs itself
+//                            mid-way (registered: the buffer from AllocateRegistered, so over
+//                            UCX on one host the all-reduces run 'direct')
 //   stall SLEEPER SLEEP_MS   one all-reduce, then SLEEPER sleeps before the second
 //   mpi_stall SLEEPER MS     the same over the MPI backend (CORTADO_BACKEND=mpi)
 //   split_stall SLEEPER MS   the same on world->Split(0, -rank) (SLEEPER is a world rank)
@@ -24,6 +26,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -156,21 +159,33 @@ int SplitScenario(const std::string& counts_text) {
   return failures.empty() ? 0 : 1;
 }
 
-int Kill(int victim, size_t bytes) {
+int Kill(int victim, size_t bytes, bool registered) {
   auto comm = CreateCommunicatorFromEnv(Fingerprint("worker"));
-  std::vector<float> buf(bytes / 4, 1.0f);
+  std::vector<float> plain;
+  std::unique_ptr<RegisteredMemory> memory;
+  float* buf = nullptr;
+  const size_t count = bytes / 4;
+  if (registered) {
+    memory = comm->AllocateRegistered(bytes);
+    buf = static_cast<float*>(memory->data());
+    std::fill(buf, buf + count, 1.0f);
+  } else {
+    plain.assign(count, 1.0f);
+    buf = plain.data();
+  }
+  std::printf("ALGO %s\n", comm->AllReduceAlgorithmFor(bytes, Algorithm::kAuto, buf).c_str());
   comm->Barrier();
   for (int iter = 0; iter < 50; ++iter) {
     if (comm->rank() == victim && iter == 1) {
       // Start the all-reduce on the worker thread, let it get going, then die hard.
-      auto work = comm->AllReduceAsync(buf.data(), buf.size(), DataType::kF32, ReduceOp::kSum);
+      auto work = comm->AllReduceAsync(buf, count, DataType::kF32, ReduceOp::kAvg);
       std::this_thread::sleep_for(std::chrono::milliseconds(40));
       std::printf("KILL t_us=%lld done=%d\n", cortado::dist::testing::MonotonicMicros(),
                   work->Test() ? 1 : 0);
       std::fflush(stdout);
       ::kill(::getpid(), SIGKILL);
     }
-    comm->AllReduce(buf.data(), buf.size(), DataType::kF32, ReduceOp::kAvg);
+    comm->AllReduce(buf, count, DataType::kF32, ReduceOp::kAvg);
   }
   std::printf("COMPLETED without noticing the dead rank\n");
   return 2;
@@ -203,7 +218,10 @@ int Stall(int sleeper, int sleep_ms, bool split) {
 int Run(const std::string& scenario, int argc, char** argv) {
   if (scenario == "matrix") return Matrix(argc > 2 ? argv[2] : "");
   if (scenario == "split") return SplitScenario(argc > 2 ? argv[2] : "");
-  if (scenario == "kill" && argc > 3) return Kill(std::atoi(argv[2]), std::stoul(argv[3]));
+  if (scenario == "kill" && argc > 3) {
+    return Kill(std::atoi(argv[2]), std::stoul(argv[3]),
+                argc > 4 && std::string(argv[4]) == "registered");
+  }
   if ((scenario == "stall" || scenario == "mpi_stall" || scenario == "split_stall") && argc > 3) {
     return Stall(std::atoi(argv[2]), std::atoi(argv[3]), scenario == "split_stall");
   }

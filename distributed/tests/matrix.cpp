@@ -239,6 +239,17 @@ void CompressedAllReduces(Communicator& comm, Checker& check, size_t count, Labe
   }
 }
 
+// What rank r contributes to the registered-memory all-reduces: values of both signs over
+// several binary orders of magnitude, whose sums round differently in different orders.
+double RoundingInput(int rank, size_t i) {
+  uint32_t h = static_cast<uint32_t>(i) * 2246822519u + static_cast<uint32_t>(rank) * 3266489917u;
+  h ^= h >> 13;
+  h *= 668265263u;
+  h ^= h >> 16;
+  double unit = static_cast<double>(h % 1000003u) / 500001.5 - 1.0;  // [-1, 1]
+  return std::ldexp(unit, static_cast<int>(h >> 28) % 9 - 4);
+}
+
 }  // namespace
 
 float InputValue(int rank, size_t i) {
@@ -250,6 +261,14 @@ std::vector<size_t> DefaultCounts() { return {0, 1, 17, 5003, kLarge}; }
 std::vector<std::string> RunMatrix(Communicator& comm, const std::vector<size_t>& counts) {
   Checker check(comm);
   const int n = comm.size(), rank = comm.rank();
+  // Whether this communicator runs the direct all-reduce on registered memory (ranks sharing
+  // memory): then the registered cases below force it at every count.
+  bool direct_possible = false;
+  {
+    auto probe = comm.AllocateRegistered(1 << 20);
+    direct_possible =
+        comm.AllReduceAlgorithmFor(1 << 20, Algorithm::kAuto, probe->data()) == "direct";
+  }
   const DataType kTypes[] = {DataType::kF32, DataType::kF16, DataType::kBF16, DataType::kF64};
   const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax};
   for (size_t count : counts) {
@@ -282,6 +301,36 @@ std::vector<std::string> RunMatrix(Communicator& comm, const std::vector<size_t>
           if (buf[count * DataTypeSize(type)] != 0) check.Failed(what + ": wrote past the end");
           check.Identical(what, buf.data(), count * DataTypeSize(type));
         }
+      }
+    }
+    // --- all-reduce of registered memory (AllocateRegistered): forced 'direct' where the ranks
+    // share memory (UCX on one host), else the ring on it, must give bitwise the ring's result
+    // on plain memory, for inputs whose sums depend on the order of addition.
+    for (DataType type : kTypes) {
+      for (ReduceOp op : kOps) {
+        if (large && !(type == DataType::kF32 && op == ReduceOp::kAvg) &&
+            !(type == DataType::kBF16 && op == ReduceOp::kSum)) {
+          continue;
+        }
+        const Algorithm algo = direct_possible ? Algorithm::kDirect : Algorithm::kRing;
+        std::string what =
+            label("allreduce", std::string("registered ") + AlgorithmName(algo) + " " +
+                                   DataTypeName(type) + " " + ReduceOpName(op));
+        const size_t esize = DataTypeSize(type);
+        auto memory = comm.AllocateRegistered(count * esize + 8);
+        char* reg = static_cast<char*>(memory->data());
+        auto plain = Make(type, count);
+        for (size_t i = 0; i < count; ++i) Store(plain, type, i, RoundingInput(rank, i));
+        std::memcpy(reg, plain.data(), count * esize + 8);  // with the zeroed sentinel after it
+        comm.AllReduce(plain.data(), count, type, op, Algorithm::kRing);
+        comm.AllReduce(reg, count, type, op, algo);
+        if (std::memcmp(reg, plain.data(), count * esize) != 0) {
+          check.Failed(what + ": differs bitwise from the ring's result");
+        }
+        if (std::any_of(reg + count * esize, reg + count * esize + 8, [](char c) { return c; })) {
+          check.Failed(what + ": wrote past the end");
+        }
+        check.Identical(what, reg, count * esize);
       }
     }
     // --- broadcast: both algorithms, first and last root.

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -87,8 +88,12 @@ struct Context {
   }
 };
 
+// Memory mapped with ucp_mem_map: a caller's buffer (Register) or memory UCX allocated for it
+// (Allocate: with UCX's default allocation order, shared memory from the sysv or posix memory
+// domain, which peers on the host can map; owned, and freed by ucp_mem_unmap).
 class UcxRegion final : public MemoryRegion {
  public:
+  // Registers [data, data + size) of the caller's memory.
   UcxRegion(void* data, size_t size, std::shared_ptr<Context> context)
       : MemoryRegion(data, size), context_(std::move(context)) {
     if (size == 0) return;
@@ -99,14 +104,33 @@ class UcxRegion final : public MemoryRegion {
     // A region UCX cannot map (no memory domain wants it) still works, unregistered.
     if (ucp_mem_map(context_->handle, &p, &memh_) != UCS_OK) memh_ = nullptr;
   }
+  // Takes over memory ucp_mem_map allocated (see Allocate).
+  UcxRegion(void* data, size_t size, std::shared_ptr<Context> context, ucp_mem_h memh)
+      : MemoryRegion(data, size), context_(std::move(context)), memh_(memh), owned_(true) {}
   ~UcxRegion() override {
     if (memh_) ucp_mem_unmap(context_->handle, memh_);
   }
   ucp_mem_h memh() const { return memh_; }
+  bool owned() const { return owned_; }
+
+  // ExportRegion's answer, worked out once per region (see there).
+  mutable std::optional<std::string> exported;
 
  private:
   std::shared_ptr<Context> context_;
   ucp_mem_h memh_ = nullptr;
+  bool owned_ = false;
+};
+
+// A peer's region mapped here through its remote key (ucp_rkey_ptr: the shared-memory segment
+// attached into this process); detached when the key is destroyed.
+class UcxPeerMemory final : public PeerMemory {
+ public:
+  UcxPeerMemory(char* data, ucp_rkey_h rkey) : PeerMemory(data), rkey_(rkey) {}
+  ~UcxPeerMemory() override { ucp_rkey_destroy(rkey_); }
+
+ private:
+  ucp_rkey_h rkey_;
 };
 
 struct Request {
@@ -145,6 +169,11 @@ class UcxTransport final : public Transport {
   std::unique_ptr<MemoryRegion> Register(void* data, size_t bytes) override {
     return std::make_unique<UcxRegion>(data, bytes, context_holder_);
   }
+  std::unique_ptr<MemoryRegion> Allocate(size_t bytes) override;
+  bool SharesMemory() const override { return shares_memory_; }
+  std::string ExportRegion(const MemoryRegion& region) override;
+  std::unique_ptr<PeerMemory> MapPeerRegion(int peer, const std::string& exported,
+                                            uint64_t remote_data, size_t bytes) override;
   RequestId PostSend(int peer, const MemoryRegion& region, size_t offset, size_t bytes,
                      uint64_t tag) override;
   RequestId PostRecv(int peer, const MemoryRegion& region, size_t offset, size_t bytes,
@@ -179,6 +208,9 @@ class UcxTransport final : public Transport {
   void Sleep(int timeout_ms);
   [[noreturn]] void ThrowFailed(const Request& r);
   std::string Describe(const Request& r) const;
+  // Maps `exported` through the endpoint to peer; null (status in *status) when UCX cannot.
+  std::unique_ptr<UcxPeerMemory> TryMap(int peer, const std::string& exported, uint64_t remote_data,
+                                        ucs_status_t* status);
   // Request slots: a free list over slots that never move (UCX callbacks hold Request*), so a
   // message costs no allocation. An id is (generation << 32) | (slot + 1).
   Request& NewRequest(RequestId* id);
@@ -202,6 +234,7 @@ class UcxTransport final : public Transport {
   std::string address_;
   std::vector<Peer> peers_;
   bool connected_ = false;
+  bool shares_memory_ = false;  // decided in Connect, the same on every rank
   bool aborted_ = false;
   std::string abort_reason_;
   int abort_rank_ = -1;
@@ -234,7 +267,10 @@ UcxTransport::UcxTransport(const UcxTransportOptions& options)
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
-  params.mt_workers_shared = 0;
+  // Context-level calls are locked: memory is allocated, registered and freed (ucp_mem_map,
+  // ucp_mem_unmap) on whichever thread owns a buffer, while the communicator's thread drives
+  // the worker.
+  params.mt_workers_shared = 1;
   ucs_status_t s = ucp_init(&params, config, &context_);
   ucp_config_release(config);
   Check(s, "ucp_init");
@@ -344,9 +380,19 @@ void UcxTransport::Connect(const std::vector<std::string>& addresses, Deadline d
     }
     connected_ = true;
   }
+  // Can this rank's allocations be mapped by its peers? Only when every rank is on this host,
+  // and only if a probe region UCX allocates here exports (comes from shared memory and maps).
+  bool one_host = true;
+  for (const auto& c : control) one_host &= HostOf(c) == my_host;
+  bool can_share = false;
+  if (one_host && size_ > 1) {
+    auto probe = Allocate(4096);
+    can_share = !ExportRegion(*probe).empty();
+  }
   // Wire up every endpoint now (a byte each way), so UCX's connection setup is neither in the
-  // first collective's time nor its failure.
-  char out = 1;
+  // first collective's time nor its failure. The byte carries this rank's can_share, so every
+  // rank ANDs the same flags into the same SharesMemory().
+  char out = static_cast<char>(1 | (can_share ? 2 : 0));
   std::vector<char> in(static_cast<size_t>(size_));
   auto out_region = Register(&out, 1);
   auto in_region = Register(in.data(), in.size());
@@ -357,6 +403,85 @@ void UcxTransport::Connect(const std::vector<std::string>& addresses, Deadline d
     ids.push_back(PostSend(r, *out_region, 0, 1, kWireupTag));
   }
   for (RequestId id : ids) Wait(id, deadline);
+  shares_memory_ = can_share;
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) shares_memory_ &= (in[static_cast<size_t>(r)] & 2) != 0;
+  }
+}
+
+std::unique_ptr<MemoryRegion> UcxTransport::Allocate(size_t bytes) {
+  ucp_mem_map_params_t p{};
+  p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                 UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  p.address = nullptr;
+  p.length = std::max<size_t>(bytes, 1);
+  p.flags = UCP_MEM_MAP_ALLOCATE;
+  ucp_mem_h memh = nullptr;
+  ucs_status_t s = ucp_mem_map(context_, &p, &memh);
+  if (s != UCS_OK) {
+    Fail(ErrorKind::kSystem, "rank ", rank_, ": UCX ucp_mem_map allocating ", bytes,
+         " bytes failed: ", ucs_status_string(s));
+  }
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+  s = ucp_mem_query(memh, &attr);
+  if (s != UCS_OK) {
+    ucp_mem_unmap(context_, memh);
+    Check(s, "ucp_mem_query");
+  }
+  return std::make_unique<UcxRegion>(attr.address, bytes, context_holder_, memh);
+}
+
+std::unique_ptr<UcxPeerMemory> UcxTransport::TryMap(int peer, const std::string& exported,
+                                                    uint64_t remote_data, ucs_status_t* status) {
+  ucp_rkey_h rkey = nullptr;
+  *status = ucp_ep_rkey_unpack(peers_[static_cast<size_t>(peer)].ep, exported.data(), &rkey);
+  if (*status != UCS_OK) return nullptr;
+  void* local = nullptr;
+  *status = ucp_rkey_ptr(rkey, remote_data, &local);
+  if (*status != UCS_OK) {
+    ucp_rkey_destroy(rkey);
+    return nullptr;
+  }
+  return std::make_unique<UcxPeerMemory>(static_cast<char*>(local), rkey);
+}
+
+std::string UcxTransport::ExportRegion(const MemoryRegion& region) {
+  auto* u = dynamic_cast<const UcxRegion*>(&region);
+  if (u == nullptr || !u->owned() || u->memh() == nullptr) return {};
+  if (u->exported) return *u->exported;
+  u->exported.emplace();
+  void* key = nullptr;
+  size_t key_bytes = 0;
+  if (ucp_rkey_pack(context_, u->memh(), &key, &key_bytes) != UCS_OK) return {};
+  std::string packed(static_cast<const char*>(key), key_bytes);
+  ucp_rkey_buffer_release(key);
+  // Whether a peer can map it is decided by the memory domain UCX allocated it from (shared
+  // memory maps, a fallback to anonymous pages does not): try it here, through the endpoint to
+  // a peer, on this rank's own region.
+  int peer = rank_ == 0 ? 1 : 0;
+  if (peer >= size_ || peers_[static_cast<size_t>(peer)].ep == nullptr) return {};
+  ucs_status_t status;
+  auto mapped = TryMap(peer, packed, reinterpret_cast<uint64_t>(region.data()), &status);
+  if (mapped == nullptr) return {};
+  *u->exported = std::move(packed);
+  return *u->exported;
+}
+
+std::unique_ptr<PeerMemory> UcxTransport::MapPeerRegion(int peer, const std::string& exported,
+                                                        uint64_t remote_data, size_t bytes) {
+  if (peer < 0 || peer >= size_ || peer == rank_ || !connected_) {
+    Fail(ErrorKind::kInvalidArgument, "rank ", rank_, ": no connection to rank ", peer);
+  }
+  ucs_status_t status;
+  auto mapped = TryMap(peer, exported, remote_data, &status);
+  if (mapped == nullptr) {
+    throw Error(ErrorKind::kSystem,
+                StrCat("rank ", rank_, ": cannot map rank ", peer, "'s registered memory (", bytes,
+                       " bytes): UCX ", ucs_status_string(status)),
+                peer, "map");
+  }
+  return mapped;
 }
 
 void UcxTransport::CheckPost(const MemoryRegion& region, size_t offset, size_t bytes,

@@ -24,6 +24,14 @@
 // The ...Async forms queue the operation for the communicator's worker thread and return a
 // handle; queued and synchronous operations run in the order they were issued.
 //
+// Registered memory: AllocateRegistered hands out host memory that the transport registered when
+// it was allocated, so collectives on buffers inside it skip registration (the trainer keeps its
+// gradients there). Over UCX, with every rank on one host, it is shared memory the other ranks
+// map: a large all-reduce whose buffer lies in such memory on every rank runs kDirect, each rank
+// reducing its slice by loading the other ranks' buffers and storing the result into all of
+// them, with no message carrying data (the same sums in the same order as the ring, so the
+// results are bitwise the ring's).
+//
 // Split builds a child communicator that owns its own connections (TCP) or MPI communicator,
 // worker thread and operation numbering, so its operations never queue behind the parent's:
 // one thread may run child operations while the parent's worker runs queued parent ones. Parent
@@ -92,6 +100,25 @@ struct Compression {
   float* residual = nullptr;
 };
 
+// Memory from Communicator::AllocateRegistered: size() bytes at data(), page-aligned and
+// uninitialized. Freed when destroyed, which may be after the communicator is gone (from any
+// thread, but not while an operation on it runs).
+class RegisteredMemory {
+ public:
+  virtual ~RegisteredMemory() = default;
+  RegisteredMemory(const RegisteredMemory&) = delete;
+  RegisteredMemory& operator=(const RegisteredMemory&) = delete;
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ protected:
+  RegisteredMemory(void* data, size_t size) : data_(data), size_(size) {}
+
+ private:
+  void* data_;
+  size_t size_;
+};
+
 class Communicator {
  public:
   virtual ~Communicator();
@@ -105,8 +132,11 @@ class Communicator {
   virtual const char* backend() const = 0;
   const CommOptions& options() const { return options_; }
   // The all-reduce algorithm this communicator would use for a message of `bytes` ("ring",
-  // "halving_doubling", "mpi", "local"), after CommOptions and the algo argument.
-  virtual std::string AllReduceAlgorithmFor(size_t bytes, Algorithm algo = Algorithm::kAuto) const;
+  // "halving_doubling", "direct", "mpi", "local"), after CommOptions and the algo argument; with
+  // `data`, for a buffer there, assuming every rank's buffer is of the same kind (plain or
+  // registered memory).
+  virtual std::string AllReduceAlgorithmFor(size_t bytes, Algorithm algo = Algorithm::kAuto,
+                                            const void* data = nullptr) const;
   virtual std::string BroadcastAlgorithmFor(size_t bytes, Algorithm algo = Algorithm::kAuto) const;
 
   void AllReduce(void* data, size_t count, DataType type, ReduceOp op,
@@ -137,6 +167,11 @@ class Communicator {
   std::shared_ptr<Work> BarrierAsync();
   std::shared_ptr<Work> AllReduceCompressedAsync(float* data, size_t count, ReduceOp op,
                                                  const Compression& compression);
+
+  // bytes of host memory registered with this communicator's transport (see the file comment);
+  // any thread, at any time (it is not an operation: nothing is sent). Backends without
+  // registration (MPI, a world of one) return plain page-aligned memory. Throws kSystem.
+  virtual std::unique_ptr<RegisteredMemory> AllocateRegistered(size_t bytes);
 
   // A collective: every rank of this communicator must call it, in the same order as its other
   // operations (it waits for queued asynchronous work first, like the synchronous calls). Ranks

@@ -79,10 +79,12 @@ const char* TransportKindName(TransportKind kind);          // "tcp", "ucx"
 TransportKind ParseTransportKind(const std::string& name);  // throws kConfig listing the known
 
 // Algorithm selection. kAuto picks by message size (see CommOptions); the others force one:
-// all-reduce: kRing or kHalvingDoubling; broadcast: kRing (a pipelined chain) or kTree
-// (binomial); all-gather, reduce-scatter: kRing.
-enum class Algorithm { kAuto, kRing, kHalvingDoubling, kTree };
-const char* AlgorithmName(Algorithm algo);          // "auto", "ring", "halving_doubling", "tree"
+// all-reduce: kRing, kHalvingDoubling or kDirect (every rank reduces its slice straight from
+// the other ranks' memory; only where the transport shares memory and the buffers come from
+// Communicator::AllocateRegistered, see communicator.h); broadcast: kRing (a pipelined chain)
+// or kTree (binomial); all-gather, reduce-scatter: kRing.
+enum class Algorithm { kAuto, kRing, kHalvingDoubling, kTree, kDirect };
+const char* AlgorithmName(Algorithm algo);  // "auto", "ring", "halving_doubling", "tree", "direct"
 Algorithm ParseAlgorithm(const std::string& name);  // also accepts "hd"
 
 // Tunables of a communicator. Each field is read from the CORTADO_* variable named beside it by

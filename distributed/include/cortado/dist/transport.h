@@ -18,6 +18,13 @@
 // Failures: a peer that closes without saying goodbye, resets the connection, or aborts makes
 // every later Wait/Test throw kPeerFailure naming the root-cause rank (an aborting peer says
 // which rank it blames), on every rank, since every rank holds a connection to every other.
+//
+// Memory shared within a host (optional; UCX over shared memory has it, TCP does not). Memory
+// the transport Allocates is registered at allocation; where SharesMemory() is true, every
+// rank can map every other rank's allocated regions into its own address space (ExportRegion
+// on the owner, MapPeerRegion on the peer) and load and store there directly, as one-sided RDMA
+// reads and writes would across hosts. Who may touch which bytes when is the collective's
+// business: the transport only maps.
 #pragma once
 
 #include <cstddef>
@@ -48,6 +55,21 @@ class MemoryRegion {
 
 using RequestId = uint64_t;
 
+// A peer's region, mapped into this process by Transport::MapPeerRegion: data() is the address
+// here of the region's first byte. Unmapped when destroyed; the peer's memory stays valid while
+// it is mapped, even if the peer frees it meanwhile.
+class PeerMemory {
+ public:
+  virtual ~PeerMemory() = default;
+  char* data() const { return data_; }
+
+ protected:
+  explicit PeerMemory(char* data) : data_(data) {}
+
+ private:
+  char* data_;
+};
+
 // What a peer reported when asked where it is (see Transport::QueryStatus).
 struct PeerStatus {
   int rank = -1;
@@ -70,6 +92,21 @@ class Transport {
   virtual void Connect(const std::vector<std::string>& addresses, Deadline deadline) = 0;
 
   virtual std::unique_ptr<MemoryRegion> Register(void* data, size_t bytes) = 0;
+  // Allocates bytes (page-aligned, uninitialized) and registers them in one go; the region owns the
+  // memory and frees it when destroyed (it may outlive the transport). The default allocates
+  // host memory and calls Register; UCX allocates memory its shared-memory peers can map.
+  virtual std::unique_ptr<MemoryRegion> Allocate(size_t bytes);
+
+  // True when every rank can map the regions every other rank Allocates (decided during
+  // Connect and the same on every rank): all ranks on one host, over shared memory.
+  virtual bool SharesMemory() const { return false; }
+  // What a peer passes to MapPeerRegion to map `region` (one this transport Allocated); empty
+  // when this region cannot be mapped (e.g. its memory did not come from shared memory).
+  virtual std::string ExportRegion(const MemoryRegion& region) { return {}; }
+  // Maps the region peer exported (its address in the peer's process: remote_data, its size:
+  // bytes). Throws kSystem naming the peer when it cannot.
+  virtual std::unique_ptr<PeerMemory> MapPeerRegion(int peer, const std::string& exported,
+                                                    uint64_t remote_data, size_t bytes);
 
   // Sends bytes [offset, offset + bytes) of region to peer, tagged.
   virtual RequestId PostSend(int peer, const MemoryRegion& region, size_t offset, size_t bytes,
