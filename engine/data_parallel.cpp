@@ -210,7 +210,9 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
   }
   buckets_.back().end = control_index_ + 2;  // the control words ride in the last bucket
 
-  block_ = Tensor({buckets_.back().end}, dtype);
+  // The block is the communicator's registered memory: registered once, here, and on one host
+  // over UCX mapped by the other ranks, whose all-reduces then read and write it directly.
+  block_ = Tensor({buckets_.back().end}, dtype, allocator_);
   block_.Zero();
   if (options_.error_feedback) {
     residual_ = Tensor({buckets_.back().end}, DType::kF32);
@@ -229,6 +231,8 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
 DataParallel::~DataParallel() {
   net_.set_grad_ready_hook(nullptr);
   WaitAll(false);
+  // The gradients (views into the block) may outlive this object, the communicator not.
+  allocator_->Detach();
 }
 
 void DataParallel::WaitAll(bool rethrow) {
@@ -359,6 +363,22 @@ double DataParallel::wire_bytes_per_step() const {
                  : static_cast<double>(dist::EncodedBytes(bucket.codec, count));
   }
   return ring * bytes;
+}
+
+std::string DataParallel::bucket_algorithms() const {
+  std::vector<std::string> seen;
+  const size_t esize = DTypeSize(block_.dtype());
+  for (const Bucket& b : buckets_) {
+    const size_t bytes = static_cast<size_t>(b.end - b.begin) * esize;
+    const char* at = static_cast<const char*>(block_.raw_data()) + b.begin * esize;
+    std::string algo = b.codec != dist::CodecKind::kF32
+                           ? "compressed ring"
+                           : comm_.AllReduceAlgorithmFor(bytes, dist::Algorithm::kAuto, at);
+    if (std::find(seen.begin(), seen.end(), algo) == seen.end()) seen.push_back(algo);
+  }
+  std::string out;
+  for (const auto& a : seen) out += (out.empty() ? "" : ", ") + a;
+  return out;
 }
 
 double DataParallel::f32_bytes_per_step() const {

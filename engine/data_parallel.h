@@ -6,9 +6,10 @@
 // bucket (first_bucket_mb) so that communication starts early in backward, bucket_mb each
 // after it, and a small last bucket (last_bucket_mb): the net's first layers finish backward
 // last, so nothing hides their all-reduce, and the less it carries the less is exposed.
-// A bucket is a contiguous range of the block: it is all-reduced in place, with no packing copy,
-// and a transport that registers memory registers the block once. Block and bucket table are
-// allocated once, not per step.
+// A bucket is a contiguous range of the block: it is all-reduced in place, with no packing copy.
+// The block is the communicator's registered memory (RegisteredAllocator), registered once when
+// it is allocated; over UCX with every rank on one host it is shared memory, and the buckets'
+// all-reduces run the direct algorithm. Block and bucket table are allocated once, not per step.
 //
 // One step:  BeginStep  ->  Net::Forward, SetControl, Net::Backward  ->  FinishStep  -> solver.
 // During backward the net's gradient-ready hook counts each bucket's parameters down. With
@@ -50,6 +51,7 @@
 
 #include "cortado/dist/communicator.h"
 #include "engine/net.h"
+#include "engine/registered_allocator.h"
 #include "engine/trace.h"
 
 namespace cortado {
@@ -90,6 +92,9 @@ class DataParallel {
   // and what they would be with every bucket in f32.
   double wire_bytes_per_step() const;
   double f32_bytes_per_step() const;
+  // The all-reduce algorithms the buckets run, distinct, in bucket order ("direct", "ring",
+  // "halving_doubling"; "compressed ring" for buckets in a codec), for the start-up log.
+  std::string bucket_algorithms() const;
 
   // Error feedback (options().error_feedback): this rank's residual block (f32, the gradient
   // block's layout), and every rank's, gathered (collective: every rank must call it; returns W
@@ -136,6 +141,7 @@ class DataParallel {
   dist::Communicator& comm_;
   DataParallelOptions options_;
   dist::DataType wire_type_ = dist::DataType::kF32;
+  std::shared_ptr<RegisteredAllocator> allocator_ = std::make_shared<RegisteredAllocator>(comm_);
   Tensor block_;
   Tensor residual_;  // error feedback; empty when off
   int64_t step_ = 0;

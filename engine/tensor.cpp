@@ -46,20 +46,21 @@ class AlignedCpuAllocator final : public Allocator {
 };
 }  // namespace
 
-Allocator* CpuAllocator() {
-  static AlignedCpuAllocator allocator;
-  return &allocator;
+const std::shared_ptr<Allocator>& CpuAllocator() {
+  static const std::shared_ptr<Allocator> allocator = std::make_shared<AlignedCpuAllocator>();
+  return allocator;
 }
 
-Storage::Storage(size_t bytes, Allocator* allocator) : bytes_(bytes), allocator_(allocator) {
+Storage::Storage(size_t bytes, std::shared_ptr<Allocator> allocator)
+    : bytes_(bytes), allocator_(std::move(allocator)) {
   data_ = allocator_->Allocate(bytes);
 }
 Storage::~Storage() {
   if (data_ != nullptr) allocator_->Free(data_, bytes_);
 }
 
-Tensor::Tensor(Shape shape, DType dtype, Allocator* allocator)
-    : dtype_(dtype), allocator_(allocator ? allocator : CpuAllocator()) {
+Tensor::Tensor(Shape shape, DType dtype, std::shared_ptr<Allocator> allocator)
+    : dtype_(dtype), allocator_(allocator ? std::move(allocator) : CpuAllocator()) {
   Resize(shape);
 }
 

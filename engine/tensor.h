@@ -2,8 +2,10 @@
 //
 // Copies of a Tensor share storage (like torch.Tensor); Clone() makes a deep copy. Nothing
 // copies between host and device behind the caller's back: CopyFrom requires equal devices
-// until the CUDA backend adds explicit transfers. Storage comes from a pluggable Allocator so
-// the RDMA transport can hand out memory it registered once.
+// until the CUDA backend adds explicit transfers. Storage comes from a pluggable Allocator, held
+// by shared ownership (each Storage keeps its allocator alive, so memory can be freed after the
+// code that allocated it is gone): the data-parallel glue allocates its gradient block from the
+// communicator (engine/registered_allocator.h), registered with the transport once.
 //
 // Layout is dense row-major (NCHW for images). Resize keeps the storage when it is big enough,
 // so per-batch reshapes do not reallocate.
@@ -46,12 +48,12 @@ class Allocator {
 };
 
 // 64-byte aligned host memory (cache lines, AVX-512 loads).
-Allocator* CpuAllocator();
+const std::shared_ptr<Allocator>& CpuAllocator();
 
 // A block of memory owned by one allocator; freed when the last Tensor drops it.
 class Storage {
  public:
-  Storage(size_t bytes, Allocator* allocator);
+  Storage(size_t bytes, std::shared_ptr<Allocator> allocator);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -62,13 +64,15 @@ class Storage {
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
-  Allocator* allocator_ = nullptr;
+  std::shared_ptr<Allocator> allocator_;
 };
 
 class Tensor {
  public:
   Tensor() = default;
-  explicit Tensor(Shape shape, DType dtype = DType::kF32, Allocator* allocator = nullptr);
+  // Storage from `allocator` (null: CpuAllocator()); so are reallocations by Resize and Clone.
+  explicit Tensor(Shape shape, DType dtype = DType::kF32,
+                  std::shared_ptr<Allocator> allocator = nullptr);
 
   const Shape& shape() const { return shape_; }
   int ndim() const { return static_cast<int>(shape_.size()); }
@@ -127,7 +131,7 @@ class Tensor {
   int64_t numel_ = 0;
   int64_t offset_ = 0;  // in elements, from the start of storage_
   DType dtype_ = DType::kF32;
-  Allocator* allocator_ = nullptr;
+  std::shared_ptr<Allocator> allocator_;
   std::shared_ptr<Storage> storage_;
 };
 

@@ -777,7 +777,8 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
       codecs = StrCat("; ", Bytes(dp_->wire_bytes_per_step()), " sent per step");
     }
     LogInfo("gradients: ", buckets.size(), " bucket(s) of ", sizes, codecs, ", overlap ",
-            dp_->options().overlap ? "on" : "off", "; batch norm: ",
+            dp_->options().overlap ? "on" : "off", ", all-reduce ", dp_->bucket_algorithms(),
+            "; batch norm: ",
             sync_bn_ ? (config_.distributed.sync_bn
                             ? StrCat("synchronized over groups of ", sync_bn_->group_size())
                             : std::string("per rank (sync_bn: false)"))

@@ -120,7 +120,7 @@ class DataParallelTest : public ::testing::Test {
   // Trains with `ranks` ranks of per-rank batch `batch` into <dir>/<name>; returns the final
   // checkpoint. Extra arguments go to `cortado train`.
   Checkpoint Train(const std::string& config, int ranks, int batch, const std::string& name,
-                   const std::string& extra = "") {
+                   const std::string& extra = "", std::string* log = nullptr) {
     const fs::path out = dir_ / name;
     std::string train = CortadoBinary() + " train --no-progress --threads 1 --config " + config +
                         " --set data.batch_size=" + std::to_string(batch) +
@@ -131,6 +131,7 @@ class DataParallelTest : public ::testing::Test {
     std::string err;
     const int code = RunShell("timeout 300 " + command, nullptr, &err);
     EXPECT_EQ(code, 0) << command << "\n" << err;
+    if (log) *log = err;
     std::vector<std::string> all = ListCheckpoints(out.string());
     if (all.empty()) {
       ADD_FAILURE() << "no checkpoint in " << out << "\n" << err;
@@ -326,16 +327,26 @@ TEST_F(DataParallelTest, OverlapOnAndOffGiveBitwiseIdenticalParameters) {
 }
 
 // The transport carries bytes; it must not change one bit of the result (the reductions run in
-// the same order whatever carries their chunks).
+// the same order whatever carries their chunks). Small buckets run halving-doubling on both;
+// with the default buckets, the first (about 1 MB) runs the ring over TCP and, over UCX on one
+// host, the direct all-reduce on the shared gradient block, which adds in the ring's order.
 TEST_F(DataParallelTest, UcxAndTcpTransportsGiveBitwiseIdenticalParameters) {
   if (!dist::HasUcxTransport()) {
     GTEST_SKIP() << "the UCX transport is not built (libucx-dev was not found at configure time)";
   }
-  const std::string config =
+  const std::string small =
       Config(kResNet20, "distributed: {sync_bn: true, bucket_mb: 0.1, first_bucket_mb: 0.02}\n");
-  Checkpoint tcp = Train(config, 3, 4, "tcp", "--set distributed.transport=tcp");
-  Checkpoint ucx = Train(config, 3, 4, "ucx", "--set distributed.transport=ucx");
+  Checkpoint tcp = Train(small, 3, 4, "tcp", "--set distributed.transport=tcp");
+  Checkpoint ucx = Train(small, 3, 4, "ucx", "--set distributed.transport=ucx");
   ExpectBitwiseEqual(tcp, ucx);
+  const std::string large = Config(kResNet20, "distributed: {sync_bn: true}\n");
+  std::string tcp_log, ucx_log;
+  Checkpoint tcp_ring = Train(large, 3, 4, "tcp-ring", "--set distributed.transport=tcp", &tcp_log);
+  Checkpoint ucx_direct =
+      Train(large, 3, 4, "ucx-direct", "--set distributed.transport=ucx", &ucx_log);
+  EXPECT_NE(tcp_log.find("all-reduce ring"), std::string::npos) << tcp_log;
+  EXPECT_NE(ucx_log.find("all-reduce direct"), std::string::npos) << ucx_log;
+  ExpectBitwiseEqual(tcp_ring, ucx_direct);
 }
 
 // A TCP port that was free a moment ago (bound to port 0 and released).
