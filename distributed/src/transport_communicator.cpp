@@ -241,8 +241,9 @@ bool TransportCommunicator::TriesDirect(size_t bytes, Algorithm algo) const {
   if (size_ == 1 || !transport_->SharesMemory()) return false;
   const Algorithm requested = algo == Algorithm::kAuto ? options().allreduce_algorithm : algo;
   if (requested == Algorithm::kDirect) return true;
-  // Automatically where the ring would run: below that, halving-doubling's one or two
-  // exchanges cost less than the direct algorithm's two rounds of messages.
+  // Automatically only where the ring would run: the ranks learn whether every buffer can be
+  // mapped from the descriptors, a round of messages that a plain buffer pays for nothing,
+  // which is noise beside a ring-sized transfer but not beside halving-doubling's few.
   return requested == Algorithm::kAuto && ResolveAllReduce(bytes, algo) == Algorithm::kRing;
 }
 
@@ -274,10 +275,7 @@ void TransportCommunicator::DoAllReduce(void* data, size_t count, DataType type,
                 -1, "allreduce");
   }
   // kDirect falls back to the ring when the ranks agree it cannot run (see DirectAllReduce).
-  const Algorithm resolved =
-      direct ? Algorithm::kDirect
-             : ResolveAllReduce(count * esize,
-                                requested == Algorithm::kDirect ? Algorithm::kRing : algo);
+  const Algorithm resolved = direct ? Algorithm::kDirect : ResolveAllReduce(count * esize, algo);
   const char* name = AlgorithmName(resolved);
   if (size_ == 1 || count == 0) {
     if (size_ > 1) {

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The UCX transport beside everything it should be compared with, in one run, on this machine:
 #   Cortado TCP        cortado bench comm --transport tcp        (under cortado launch)
-#   Cortado UCX shm    cortado bench comm --transport ucx, UCX_TLS=sm,self (posix/sysv + cma)
+#   Cortado UCX shm    cortado bench comm --transport ucx, UCX_TLS=sm,self, on registered memory
+#                      (as the trainer's gradients: the direct all-reduce above 512 KB)
+#   Cortado UCX shm ring   the same on plain memory (--memory plain): the ring, its chunks by
+#                      UCX tagged messages (posix/sysv eager, cma zero-copy rendezvous)
 #   Cortado UCX tcp    cortado bench comm --transport ucx, UCX_TLS=tcp,self
 #   Open MPI           MPI_Allreduce (scripts/bench/comm/mpi_allreduce.c), default transports
 #   Gloo               torch.distributed (scripts/bench/comm/gloo_allreduce.py)
@@ -103,6 +106,9 @@ for round in $(seq 1 "$rounds"); do
   for n in ${ranks_list//,/ }; do
     bench "Cortado TCP" "$n" CORTADO_TRANSPORT=tcp
     bench "Cortado UCX shm" "$n" CORTADO_TRANSPORT=ucx UCX_TLS=sm,self
+    bench_args=(--memory plain)
+    bench "Cortado UCX shm ring" "$n" CORTADO_TRANSPORT=ucx UCX_TLS=sm,self
+    bench_args=()
     bench "Cortado UCX tcp" "$n" CORTADO_TRANSPORT=ucx UCX_TLS=tcp,self UCX_NET_DEVICES=lo
 
     echo "== round $round, $n ranks: Open MPI" >&2

@@ -8,7 +8,8 @@ import statistics
 import sys
 from collections import defaultdict
 
-ORDER = ["Cortado TCP", "Cortado UCX shm", "Cortado UCX tcp", "Open MPI", "Gloo", "ucx_perftest"]
+ORDER = ["Cortado TCP", "Cortado UCX shm", "Cortado UCX shm ring", "Cortado UCX tcp", "Open MPI",
+         "Gloo", "ucx_perftest"]
 
 
 def size_name(b):
@@ -78,7 +79,7 @@ def main(path):
                 print(f"- {n} ranks, {size_name(s)}: " + "; ".join(parts))
     med = lambda k: statistics.median(bw[k]) if bw.get(k) else None
     s64 = 64 << 20
-    for ucx in ("Cortado UCX shm", "Cortado UCX tcp"):
+    for ucx in ("Cortado UCX shm", "Cortado UCX shm ring", "Cortado UCX tcp"):
         u, t, m = med((2, s64, ucx)), med((2, s64, "Cortado TCP")), med((2, s64, "Open MPI"))
         if u and t and m:
             print(f"\n64M, 2 ranks: {ucx} {u:.3f} GB/s = {u / t:.2f}x Cortado TCP ({t:.3f}), "

@@ -10,6 +10,13 @@
 //     UCX sends small messages eagerly and large ones by rendezvous (zero-copy: the receiver
 //     reads straight from the sender's registered buffer, cma or RDMA); Register maps the
 //     communicator's buffers once with ucp_mem_map and every transfer passes that handle.
+//   - shared memory: Allocate has ucp_mem_map allocate the memory (UCX's default order takes a
+//     sysv, else posix, shared-memory segment) and register it in one call. When every rank is
+//     on one host and a probe allocation maps through a peer's endpoint (ucp_rkey_ptr), every
+//     rank says so in the wire-up message and SharesMemory() is true on all of them; peers then
+//     map each other's allocations from their packed remote keys (ExportRegion, MapPeerRegion)
+//     for the direct all-reduce. The context is created with mt_workers_shared, so memory may
+//     be allocated and freed on any thread while the communicator's thread drives the worker.
 //   - control: a TCP transport mesh (the same handshake, so the job token, world size and
 //     fingerprint admit exactly the ranks TCP would), used for nothing but admission, status
 //     queries, abort notices and noticing that a peer's process is gone (its sockets close the
