@@ -5,8 +5,9 @@
 #      Caffe-compatible LMDBs with `cortado convert`,
 #   3. train ResNet-20 from the LMDB with the threaded decode/augment loader, as a data-parallel
 #      job of 2 ranks (`cortado launch`): each reads half of every epoch, gradients are
-#      averaged in buckets overlapped with backward, batch norm is synchronized; 2 x 32 is the
-#      config's global batch of 64, so the run follows the one-process recipe,
+#      averaged in buckets overlapped with backward (over UCX: the ranks share their gradient
+#      blocks in memory and all-reduce them directly), batch norm is synchronized; 2 x 32 is
+#      the config's global batch of 64, so the run follows the one-process recipe,
 #   4. evaluate the final checkpoint with `cortado eval`, also on 2 ranks (each takes half of
 #      the validation set).
 # Everything lands under data-cache/ and runs/demo-<date>-<time>/ (runs/demo links to the
@@ -23,6 +24,8 @@ echo "== folder of JPEGs -> LMDB"
 scripts/make_sample_imagenet.sh data-cache/sample_imagenet
 
 echo "== train (configs/sample_imagenet.yaml) on 2 data-parallel ranks"
+# UCX (setup.sh installs libucx-dev, so the build has it): shared memory between the two ranks.
+export CORTADO_TRANSPORT=ucx
 run=runs/demo-$(date +%Y%m%d-%H%M%S)
 build/tools/cortado launch --nproc 2 -- build/tools/cortado train \
   --config configs/sample_imagenet.yaml --set data.batch_size=32 --set distributed.sync_bn=true \

@@ -41,6 +41,18 @@ constexpr size_t kBlockBytes = 32 << 10;
 // Mappings of peers' regions kept per peer.
 constexpr size_t kMappingsPerPeer = 8;
 
+// Orders this process's loads and stores of the shared buffers against the messages that
+// bracket them. GCC refuses atomic_thread_fence under ThreadSanitizer, which cannot see another
+// process's accesses anyway: there only the compiler barrier remains (UCX's own fences order
+// its messages, and x86 keeps stores in order).
+inline void SharedMemoryFence() {
+#if defined(__SANITIZE_THREAD__)
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+#else
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+}
+
 struct Descriptor {
   uint64_t magic;
   uint64_t uid;          // the region's uid in its owner's process; 0: not mappable
@@ -111,7 +123,7 @@ bool TransportCommunicator::DirectAllReduce(char* data, size_t count, DataType t
     }
   }
   // The input must be in memory before a peer can read it: the descriptor's send publishes it.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  SharedMemoryFence();
   const uint64_t desc_tag = MakeTag(seq, kDescriptorStep, 0);
   std::vector<RequestId> ids;
   ids.reserve(2 * static_cast<size_t>(n));
@@ -128,7 +140,7 @@ bool TransportCommunicator::DirectAllReduce(char* data, size_t count, DataType t
                                        sizeof(Descriptor), desc_tag));
   }
   for (RequestId id : ids) transport_->Wait(id, deadline);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  SharedMemoryFence();
 
   // Every rank checks every descriptor the same way, so all reach the same verdict.
   int unmappable = -1;
@@ -180,7 +192,7 @@ bool TransportCommunicator::DirectAllReduce(char* data, size_t count, DataType t
   }
 
   // 3. Done, all to all: this rank's stores are visible before its message is.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  SharedMemoryFence();
   const uint64_t done_tag = MakeTag(seq, kDoneStep, 0);
   Span empty = ScratchSpan(scratch, 0);
   ids.clear();
@@ -190,7 +202,7 @@ bool TransportCommunicator::DirectAllReduce(char* data, size_t count, DataType t
     ids.push_back(transport_->PostSend(p, *empty.region, 0, 0, done_tag));
   }
   for (RequestId id : ids) transport_->Wait(id, deadline);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  SharedMemoryFence();
   return true;
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 namespace cortado::dist::testing {
 namespace {
@@ -305,19 +306,24 @@ std::vector<std::string> RunMatrix(Communicator& comm, const std::vector<size_t>
     }
     // --- all-reduce of registered memory (AllocateRegistered): forced 'direct' where the ranks
     // share memory (UCX on one host), else the ring on it, must give bitwise the ring's result
-    // on plain memory, for inputs whose sums depend on the order of addition.
-    for (DataType type : kTypes) {
-      for (ReduceOp op : kOps) {
+    // on plain memory, for inputs whose sums depend on the order of addition. One region per
+    // count, reused (as the trainer reuses its gradient block), so peers map it once.
+    {
+      auto memory = comm.AllocateRegistered(count * 8 + 8);
+      const Algorithm algo = direct_possible ? Algorithm::kDirect : Algorithm::kRing;
+      const std::pair<DataType, ReduceOp> cases[] = {
+          {DataType::kF32, ReduceOp::kSum},  {DataType::kF32, ReduceOp::kAvg},
+          {DataType::kF32, ReduceOp::kMax},  {DataType::kF16, ReduceOp::kSum},
+          {DataType::kBF16, ReduceOp::kAvg}, {DataType::kF64, ReduceOp::kSum}};
+      for (const auto& [type, op] : cases) {
         if (large && !(type == DataType::kF32 && op == ReduceOp::kAvg) &&
-            !(type == DataType::kBF16 && op == ReduceOp::kSum)) {
+            !(type == DataType::kF16 && op == ReduceOp::kSum)) {
           continue;
         }
-        const Algorithm algo = direct_possible ? Algorithm::kDirect : Algorithm::kRing;
         std::string what =
             label("allreduce", std::string("registered ") + AlgorithmName(algo) + " " +
                                    DataTypeName(type) + " " + ReduceOpName(op));
         const size_t esize = DataTypeSize(type);
-        auto memory = comm.AllocateRegistered(count * esize + 8);
         char* reg = static_cast<char*>(memory->data());
         auto plain = Make(type, count);
         for (size_t i = 0; i < count; ++i) Store(plain, type, i, RoundingInput(rank, i));
