@@ -141,7 +141,7 @@ class RegisteredMemoryThreads : public ::testing::TestWithParam<std::string> {};
 TEST_P(RegisteredMemoryThreads, DirectWhereRanksShareMemoryRingElsewhere) {
   const std::string transport = GetParam();
   CORTADO_SKIP_UNLESS_BUILT(transport);
-  const bool shares = transport == "ucx";
+  const bool shares = SharesMemoryInThisBuild(transport);
   std::vector<std::unique_ptr<RegisteredMemory>> survivors(3);
   auto errors = RunThreads(
       3,

@@ -82,7 +82,8 @@ void ExpectSurvivorsBlame(const std::string& transport, int victim, bool registe
   long long killed_at = Field(results[static_cast<size_t>(victim)].output, "t_us", "KILL");
   ASSERT_GT(killed_at, 0) << all;
   EXPECT_EQ(results[static_cast<size_t>(victim)].code, 128 + 9) << all;
-  const std::string algo = registered && transport == "ucx" ? "ALGO direct" : "ALGO ring";
+  const std::string algo =
+      registered && SharesMemoryInThisBuild(transport) ? "ALGO direct" : "ALGO ring";
   EXPECT_NE(results[static_cast<size_t>(victim)].output.find(algo), std::string::npos) << all;
   if (!registered) {
     EXPECT_NE(results[static_cast<size_t>(victim)].output.find("done=0"), std::string::npos)

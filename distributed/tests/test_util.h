@@ -31,6 +31,17 @@ inline std::vector<std::string> TransportNames() { return {"tcp", "ucx"}; }
     }                                                                                  \
   } while (0)
 
+// Whether the ranks of one host share memory over this transport in this build (UCX does,
+// except in ThreadSanitizer builds: see UcxTransport::Allocate), so that all-reduces of
+// registered memory run 'direct'.
+inline bool SharesMemoryInThisBuild(const std::string& transport) {
+#if defined(__SANITIZE_THREAD__)
+  return false;
+#else
+  return transport == "ucx";
+#endif
+}
+
 inline CommOptions OptionsFor(const std::string& transport, CommOptions options = CommOptions()) {
   options.transport = ParseTransportKind(transport);
   return options;
