@@ -4,13 +4,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
 namespace cortado::dist::testing {
 namespace {
 
-constexpr size_t kLarge = (1u << 20) + 3;
+// Counts from kLargeFrom up run fewer type and reduction pairs: each pair is a full pass of
+// reference arithmetic over every element, which dominates the matrix's time.
+constexpr size_t kLargeFrom = size_t{1} << 17;
+constexpr size_t kDefaultLarge = (size_t{1} << 20) + 3;
 
 std::vector<char> Make(DataType type, size_t count) {
   return std::vector<char>(count * DataTypeSize(type) + 8, 0);
@@ -143,7 +148,7 @@ float CompressedInput(int rank, size_t i) {
 template <typename Label>
 void CompressedAllReduces(Communicator& comm, Checker& check, size_t count, Label label) {
   const int n = comm.size(), rank = comm.rank();
-  const bool large = count >= kLarge;
+  const bool large = count >= kLargeFrom;
   for (CodecKind codec : {CodecKind::kF16, CodecKind::kBF16, CodecKind::kEpgc11, CodecKind::kEpgc9,
                           CodecKind::kEpgc8}) {
     for (Rounding rounding : {Rounding::kNearest, Rounding::kTruncate, Rounding::kStochastic}) {
@@ -257,7 +262,20 @@ float InputValue(int rank, size_t i) {
   return static_cast<float>(static_cast<int>((i * 7 + static_cast<size_t>(rank) * 13) % 23) - 11);
 }
 
-std::vector<size_t> DefaultCounts() { return {0, 1, 17, 5003, kLarge}; }
+std::vector<size_t> DefaultCounts() {
+  size_t large = kDefaultLarge;
+  if (const char* text = std::getenv("CORTADO_TEST_LARGE_COUNT"); text && *text) {
+    char* end = nullptr;
+    unsigned long long parsed = std::strtoull(text, &end, 10);
+    if (*end != '\0' || parsed < kLargeFrom) {
+      std::fprintf(stderr, "CORTADO_TEST_LARGE_COUNT='%s': want a count of at least %zu\n", text,
+                   kLargeFrom);
+      std::abort();
+    }
+    large = static_cast<size_t>(parsed);
+  }
+  return {0, 1, 17, 5003, large};
+}
 
 std::vector<std::string> RunMatrix(Communicator& comm, const std::vector<size_t>& counts) {
   Checker check(comm);
@@ -273,7 +291,7 @@ std::vector<std::string> RunMatrix(Communicator& comm, const std::vector<size_t>
   const DataType kTypes[] = {DataType::kF32, DataType::kF16, DataType::kBF16, DataType::kF64};
   const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax};
   for (size_t count : counts) {
-    const bool large = count >= kLarge;
+    const bool large = count >= kLargeFrom;
     auto label = [&](const char* op, const std::string& rest) {
       return std::string(op) + " count=" + std::to_string(count) + " " + rest;
     };
