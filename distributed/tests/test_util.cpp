@@ -39,11 +39,14 @@ std::vector<ProcessResult> RunProcesses(
     char path[] = "/tmp/cortado_dist_test_XXXXXX";
     int log_fd = ::mkstemp(path);
     logs.push_back(path);
+    // The children see none of this process's CORTADO_ settings (each test states its own),
+    // except the test suite's own (CORTADO_TEST_*, such as the matrix's large count).
     std::map<std::string, std::string> vars;
     for (char** e = environ; *e; ++e) {
       std::string kv = *e;
       size_t eq = kv.find('=');
-      if (eq != std::string::npos && kv.rfind("CORTADO_", 0) != 0)
+      if (eq != std::string::npos &&
+          (kv.rfind("CORTADO_", 0) != 0 || kv.rfind("CORTADO_TEST_", 0) == 0))
         vars[kv.substr(0, eq)] = kv.substr(eq + 1);
     }
     vars["CORTADO_RANK"] = std::to_string(r);
