@@ -88,8 +88,9 @@ class DataParallel {
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const Tensor& gradient_block() const { return block_; }
   const DataParallelOptions& options() const { return options_; }
-  // Bytes one rank sends per step (ring all-reduce: 2 (W-1)/W of each bucket's encoded size),
-  // and what they would be with every bucket in f32.
+  // Bytes one rank sends per step (ring all-reduce: 2 (W-1)/W of each bucket's encoded size;
+  // the direct one reads and writes as much in its peers' memory), and what they would be with
+  // every bucket in f32.
   double wire_bytes_per_step() const;
   double f32_bytes_per_step() const;
   // The all-reduce algorithms the buckets run, distinct, in bucket order ("direct", "ring",
