@@ -45,7 +45,7 @@ constexpr size_t kMappingsPerPeer = 8;
 // bracket them. GCC refuses atomic_thread_fence under ThreadSanitizer, whose builds never run
 // this algorithm (see UcxTransport::Allocate); the compiler barrier keeps them building.
 inline void SharedMemoryFence() {
-#if defined(__SANITIZE_THREAD__)
+#if defined(CORTADO_TSAN)
   std::atomic_signal_fence(std::memory_order_seq_cst);
 #else
   std::atomic_thread_fence(std::memory_order_seq_cst);

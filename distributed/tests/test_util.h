@@ -35,7 +35,7 @@ inline std::vector<std::string> TransportNames() { return {"tcp", "ucx"}; }
 // except in ThreadSanitizer builds: see UcxTransport::Allocate), so that all-reduces of
 // registered memory run 'direct'.
 inline bool SharesMemoryInThisBuild(const std::string& transport) {
-#if defined(__SANITIZE_THREAD__)
+#if defined(CORTADO_TSAN)
   return false;
 #else
   return transport == "ucx";

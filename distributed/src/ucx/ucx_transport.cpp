@@ -410,7 +410,7 @@ void UcxTransport::Connect(const std::vector<std::string>& addresses, Deadline d
 }
 
 std::unique_ptr<MemoryRegion> UcxTransport::Allocate(size_t bytes) {
-#if defined(__SANITIZE_THREAD__)
+#if defined(CORTADO_TSAN)
   // ThreadSanitizer cannot follow shared memory that UCX attaches and detaches itself (shmat
   // and shmdt are not intercepted): once the kernel reuses a detached segment's address, the
   // old accesses and the new read as a race. TSan builds therefore hand out heap memory, which
