@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "cortado/dist/error.h"
 #include "tcp/tcp_transport.h"
@@ -94,6 +95,17 @@ bool TcpTransport::WriteSome(Conn& c) {
         break;
       }
       int err = errno;
+      // A peer that gave up on another rank's failure sends its abort and exits; our send can
+      // fail before we have read that abort, which names the root cause. Read what it sent
+      // first, so the rank that merely left is not blamed (its abort makes the EOF expected).
+      // (Even when the awaited request has just completed, which otherwise stops reading.)
+      c.readable = true;
+      c.hangup = true;
+      if (c.rstate == RState::kStalled) BeginPayload(c);
+      const bool awaited_done = std::exchange(awaited_done_, false);
+      while (c.fd && c.state == ConnState::kOpen && ReadSome(c)) {
+      }
+      awaited_done_ = awaited_done_ || awaited_done;
       HandleEof(c, StrCat("send failed: ", ErrnoText(err)));
       return true;
     }
