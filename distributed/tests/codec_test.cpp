@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "../src/codec_internal.h"
+#include "../src/codecs/codec_internal.h"
 #include "cortado/dist/error.h"
 #include "cortado/dist/types.h"
 

@@ -9,7 +9,7 @@
 #include <chrono>
 #include <thread>
 
-#include "../src/socket.h"
+#include "../src/common/socket.h"
 
 namespace cortado::dist {
 namespace {

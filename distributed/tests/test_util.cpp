@@ -14,7 +14,7 @@
 #include <random>
 #include <sstream>
 
-#include "../src/socket.h"
+#include "../src/common/socket.h"
 
 extern char** environ;
 

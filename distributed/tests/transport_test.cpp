@@ -12,8 +12,8 @@
 #include <numeric>
 #include <thread>
 
-#include "../src/socket.h"
-#include "../src/wire.h"
+#include "../src/common/socket.h"
+#include "../src/transport/tcp/wire.h"
 #include "cortado/dist/tcp_transport.h"
 #include "cortado/dist/ucx_transport.h"
 

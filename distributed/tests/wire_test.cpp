@@ -1,14 +1,15 @@
 // The transport's frame checks and the store's message parsers, apart from the sockets
-// (src/frames.h, src/store_wire.h). tests/fuzz runs the same functions on mutated inputs.
+// (src/transport/tcp/frames.h, src/bootstrap/store_wire.h). tests/fuzz runs the same functions
+// on mutated inputs.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <functional>
 #include <string>
 
-#include "../src/frames.h"
-#include "../src/socket.h"
-#include "../src/store_wire.h"
+#include "../src/bootstrap/store_wire.h"
+#include "../src/common/socket.h"
+#include "../src/transport/tcp/frames.h"
 #include "cortado/dist/error.h"
 
 namespace cortado::dist::internal {

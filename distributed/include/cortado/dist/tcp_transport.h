@@ -1,7 +1,6 @@
 // The TCP transport (CORTADO_TRANSPORT=tcp, the default): its options and factory, and the
 // address helpers the communicator uses to pick the interface it listens on. The transport
-// itself lives in src/tcp/ (connect.cpp: the handshake mesh, io.cpp: the IO state machine,
-// transport.cpp: the object); see transport.h for the interface it implements.
+// itself lives in src/transport/tcp/; see transport.h for the interface it implements.
 #pragma once
 
 #include <memory>

@@ -1,0 +1,627 @@
+// AVX2 + F16C kernels of the gradient codecs. Every function carries its own target attribute,
+// so they are built whatever -march says and run only where ActiveIsa() found the CPU able.
+// They reach EncodeValue's exact result by the cheapest route per format and mode:
+//   f16 nearest, truncate: F16C, fixed up where it differs from the format (NaN payloads;
+//     overflow when truncating);
+//   epgc11, epgc8 nearest: F16C toward zero with the inexact bit kept ("round to odd"), then
+//     integer rounding of the f16 words to 5 or 2 mantissa bits: one correct rounding;
+//   epgc11, epgc8 truncate: F16C toward zero (fixed up), then dropping the bits;
+//   bf16, epgc9, and every stochastic mode: the integer formula in 32-bit lanes (for the E5
+//     formats, variable shifts give the subnormals their per-value shift; AVX2 shifts by 32 or
+//     more give 0, as the formula wants).
+// The residual is computed in the same pass from the codes. Loops cover whole blocks of 16 or
+// 32 values; the rest goes to the portable kernels, which give the same bits.
+#include "codecs/codec_internal.h"
+
+#if CORTADO_CODEC_HAVE_AVX2
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#define CORTADO_AVX2 __attribute__((target("avx2,f16c,fma")))
+// Helpers must inline into their callers (they are a few instructions each).
+#define CORTADO_AVX2_INLINE CORTADO_AVX2 __attribute__((always_inline)) inline
+// Each loop is a function of its own: inlined into the dispatch they would share one huge
+// function's register allocation.
+#define CORTADO_AVX2_LOOP CORTADO_AVX2 __attribute__((noinline))
+
+namespace cortado::dist::codec_internal {
+namespace {
+
+CORTADO_AVX2_INLINE __m256i Bits(__m256 x) { return _mm256_castps_si256(x); }
+CORTADO_AVX2_INLINE __m256 Floats(__m256i u) { return _mm256_castsi256_ps(u); }
+
+// A value the compiler must treat as unknown. The loops' constants pass through it once, before
+// the loop: GCC 12 otherwise rebuilds a constant vector at each use inside a loop under
+// register pressure (mov, vmovd, vpbroadcastd: three instructions), where an unknown value is
+// kept in a register or reloaded from the stack as an operand. It halved stochastic encoding.
+CORTADO_AVX2_INLINE __m256i Keep(__m256i v) {
+  __asm__("" : "+x"(v));
+  return v;
+}
+CORTADO_AVX2_INLINE __m256i U32(uint32_t v) { return Keep(_mm256_set1_epi32(static_cast<int>(v))); }
+CORTADO_AVX2_INLINE __m256i U16(uint16_t v) {
+  return Keep(_mm256_set1_epi16(static_cast<short>(v)));
+}
+
+// 16 bytes: 0xff at v where bit p of v is set, else 0 (a pshufb table), in both halves.
+CORTADO_AVX2_INLINE __m256i BitTable(int p) {
+  alignas(32) uint8_t table[32];
+  for (int v = 0; v < 32; ++v) table[v] = ((v & 15) >> p) & 1 ? 0xff : 0;
+  return Keep(_mm256_load_si256(reinterpret_cast<const __m256i*>(table)));
+}
+
+// The constants of the loops of a format (E exponent, M mantissa bits), made once per call
+// (a loop's unused ones cost nothing: Keep's empty asm goes with its result).
+template <int E, int M>
+struct Consts {
+  // Declared, so that the member initializers below run with the target attribute.
+  CORTADO_AVX2_INLINE Consts() {}
+
+  static constexpr uint32_t kInf = ((1u << E) - 1) << M;
+  __m256i one = U32(1), abs = U32(0x7fffffffu), sign = U32(0x80000000u);
+  __m256i exp_all = U32(0x7f800000u), implicit = U32(0x800000u);
+  __m256i inf = U32(kInf), qnan = U32(M > 0 ? 1u << (M > 0 ? M - 1 : 0) : 0u);
+  __m256 f_inf = Floats(U32(0x7f800000u)), f_two16 = Floats(U32(0x47800000u));  // 2^16
+  // E5 stochastic: the exponent of the smallest normal target, bases, shifts.
+  __m256i e113 = U32(113), base_off = U32(113u << M), s_off = U32(23 - M);
+  __m256i s_max = U32(40), c32 = U32(32);
+  // The hash (StochasticBits): lane j's index multiplier, a block's step, fmix32's multipliers.
+  __m256i hash_lanes = Keep(_mm256_setr_epi32(
+      0, static_cast<int>(kHashLo), static_cast<int>(2 * kHashLo), static_cast<int>(3 * kHashLo),
+      static_cast<int>(4 * kHashLo), static_cast<int>(5 * kHashLo), static_cast<int>(6 * kHashLo),
+      static_cast<int>(7 * kHashLo)));
+  __m256i hash_step = U32(8 * kHashLo), mix1 = U32(0x85EBCA6Bu), mix2 = U32(0xC2B2AE35u);
+  // f16 words: magnitude mask, infinity, what a NaN loses of its payload (all but the quiet
+  // bit); 1 and half an ulp of the format less 1, for rounding words; fp32's quiet bit.
+  __m256i h_abs = U16(0x7fff), h_inf = U16(0x7c00), h_payload = U16(0x01ff);
+  __m256i one16 = U16(1), half_m1_16 = U16(M < 10 ? (1u << (M < 10 ? 9 - M : 0)) - 1 : 0);
+  __m256i h_abs32 = U32(0x7fff), h_inf32 = U32(0x7c00), quiet = U32(0x400000u);
+  // Packing: dword order after two packs; epgc11's low part; bit j of byte j (of 8); per plane
+  // p a byte table of "bit p of v" (encode) and plane byte p's spread (decode), low bit p's
+  // place in an f16 word; epgc9's sign bit j to bit 31.
+  __m256i pack_order = Keep(_mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  __m256i low3 = U16(7);
+  __m256i lane_bit = Keep(_mm256_set1_epi64x(0x8040201008040201ll));
+  __m256i bit_table[3] = {BitTable(0), BitTable(1), BitTable(2)};
+  __m256i plane_spread[3] = {Keep(_mm256_set1_epi64x(0x0808080808080808ll)),
+                             Keep(_mm256_set1_epi64x(0x0909090909090909ll)),
+                             Keep(_mm256_set1_epi64x(0x0a0a0a0a0a0a0a0all))};
+  __m256i low_at[3] = {Keep(_mm256_set1_epi8(0x20)), Keep(_mm256_set1_epi8(0x40)),
+                       Keep(_mm256_set1_epi8(static_cast<char>(0x80)))};
+  __m256i to_sign = Keep(_mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24));
+};
+
+// All ones where r >= threshold as unsigned (AVX2 compares only signed): where a stochastic
+// draw does not round up. q + 1 + this is q + (r < threshold).
+CORTADO_AVX2_INLINE __m256i NotBelow(__m256i r, __m256i threshold) {
+  return _mm256_cmpeq_epi32(_mm256_max_epu32(r, threshold), r);
+}
+
+// StochasticBits(seed, index + j) for consecutive blocks of 8 (lane j): the lower index word's
+// product advances by 8 * kHashLo per block; the upper word's part (key) is constant until the
+// lower word wraps.
+template <class C>
+struct RandomStream {
+  const C& k;
+  uint64_t seed, index;
+  __m256i next, key;
+
+  CORTADO_AVX2_INLINE RandomStream(const C& consts, uint64_t s, uint64_t first)
+      : k(consts), seed(s), index(first) {
+    Restart();
+  }
+  CORTADO_AVX2_INLINE void Restart() {
+    const uint32_t lo = static_cast<uint32_t>(index);
+    next = _mm256_add_epi32(
+        _mm256_set1_epi32(static_cast<int>(lo * kHashLo + static_cast<uint32_t>(seed))),
+        k.hash_lanes);
+    key = _mm256_set1_epi32(static_cast<int>(HashKey(seed, index)));
+  }
+  CORTADO_AVX2_INLINE __m256i Next() {
+    __m256i h;
+    // A block that reaches the end of the lower word (straddling it, or ending on it) goes
+    // the scalar way, and the stream restarts with the next upper word.
+    if (static_cast<uint32_t>(index) >= 0xfffffff8u) [[unlikely]] {
+      alignas(32) uint32_t r[8];
+      for (int j = 0; j < 8; ++j) r[j] = StochasticBits(seed, index + j);
+      index += 8;
+      Restart();
+      return _mm256_load_si256(reinterpret_cast<const __m256i*>(r));
+    }
+    h = _mm256_xor_si256(next, key);
+    next = _mm256_add_epi32(next, k.hash_step);
+    index += 8;
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+    h = _mm256_mullo_epi32(h, k.mix1);
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
+    h = _mm256_mullo_epi32(h, k.mix2);
+    return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+  }
+};
+
+// The random words of the next block, or nothing where the rounding draws none.
+template <Rounding R, class Stream>
+CORTADO_AVX2_INLINE __m256i Draw(Stream& stream) {
+  if constexpr (R == Rounding::kStochastic) {
+    return stream.Next();
+  } else {
+    return _mm256_setzero_si256();
+  }
+}
+
+// Saturating to infinity and marking NaN, shared by the cores: mag -> final magnitude.
+template <int E, int M>
+CORTADO_AVX2_INLINE __m256i Finish(const Consts<E, M>& k, __m256i mag, __m256i abs) {
+  mag = _mm256_min_epu32(mag, k.inf);
+  if constexpr (M > 0) {
+    const __m256i nan = _mm256_cmpgt_epi32(abs, k.exp_all);
+    mag = _mm256_or_si256(mag, _mm256_and_si256(nan, k.qnan));
+  }
+  return mag;
+}
+
+// Magnitude code (no sign) of E8 formats: base + q of the reference is abs >> s.
+template <int M, Rounding R>
+CORTADO_AVX2_INLINE __m256i MagE8(const Consts<8, M>& k, __m256i u, __m256i r) {
+  constexpr int s = 23 - M;
+  const __m256i abs = _mm256_and_si256(u, k.abs);
+  __m256i mag;
+  if constexpr (R == Rounding::kNearest) {
+    // abs + half - 1 + (q odd), where q is abs's bit s, or for epgc9 (q = the implicit bit)
+    // whether x is normal.
+    const __m256i half_m1 = _mm256_srli_epi32(k.abs, 31 - (s - 1));  // 2^(s-1) - 1
+    __m256i t = _mm256_add_epi32(abs, half_m1);
+    if constexpr (M > 0) {
+      t = _mm256_add_epi32(t, _mm256_and_si256(_mm256_srli_epi32(abs, s), k.one));
+    } else {
+      t = _mm256_sub_epi32(t, _mm256_cmpgt_epi32(abs, _mm256_srli_epi32(k.abs, 8)));  // > 0x7fffff
+    }
+    mag = _mm256_srli_epi32(t, s);
+  } else if constexpr (R == Rounding::kTruncate) {
+    mag = _mm256_srli_epi32(abs, s);
+  } else {
+    const __m256i threshold = _mm256_slli_epi32(abs, 32 - s);  // rem << (32 - s)
+    mag = _mm256_add_epi32(_mm256_add_epi32(_mm256_srli_epi32(abs, s), k.one),
+                           NotBelow(r, threshold));
+  }
+  return Finish(k, mag, abs);
+}
+
+// Magnitude code (no sign) of E5 formats (bias 15), stochastic, by the reference's integer
+// formula: sig = the significand with its implicit bit, et = max(exponent, 113) (x is normal in
+// the target from fp32 exponent 113 on), s = the bits below the target's ulp (more than 23 - M
+// where the target is subnormal, capped at 40).
+template <int M>
+CORTADO_AVX2_INLINE __m256i MagE5Stochastic(const Consts<5, M>& k, __m256i u, __m256i r) {
+  const __m256i abs = _mm256_and_si256(u, k.abs);
+  const __m256i ef = _mm256_srli_epi32(abs, 23);
+  const __m256i e1 = _mm256_max_epi32(ef, k.one);
+  // abs - (e1 - 1) << 23: the implicit bit for normal fp32, the bare mantissa for subnormal.
+  const __m256i sig =
+      _mm256_sub_epi32(_mm256_add_epi32(abs, k.implicit), _mm256_slli_epi32(e1, 23));
+  const __m256i et = _mm256_max_epi32(ef, k.e113);
+  const __m256i base = _mm256_sub_epi32(_mm256_slli_epi32(et, M), k.base_off);
+  const __m256i s = _mm256_min_epi32(_mm256_add_epi32(_mm256_sub_epi32(et, e1), k.s_off), k.s_max);
+  const __m256i q = _mm256_srlv_epi32(sig, s);
+  // rem << (32 - s) for s <= 32 is sig << (32 - s) in 32 bits (q's bits shift out); rem >>
+  // (s - 32) above is sig >> (s - 32) (q = 0). The other shift's count is "negative", i.e.
+  // >= 32 unsigned, and gives 0.
+  const __m256i threshold = _mm256_or_si256(_mm256_sllv_epi32(sig, _mm256_sub_epi32(k.c32, s)),
+                                            _mm256_srlv_epi32(sig, _mm256_sub_epi32(s, k.c32)));
+  const __m256i mag =
+      _mm256_add_epi32(_mm256_add_epi32(base, k.one), _mm256_add_epi32(q, NotBelow(r, threshold)));
+  return Finish(k, mag, abs);
+}
+
+// The code: magnitude | the sign of fp32 bits u moved to bit E + M.
+template <int E, int M>
+CORTADO_AVX2_INLINE __m256i WithSign(const Consts<E, M>& k, __m256i mag, __m256i u) {
+  return _mm256_or_si256(mag, _mm256_srli_epi32(_mm256_and_si256(u, k.sign), 31 - E - M));
+}
+
+// Codes of 8 values of at most 16 bits, two vectors -> 16 little-endian words in order.
+CORTADO_AVX2_INLINE __m256i Pack16(__m256i a, __m256i b) {
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
+}
+
+// Two vectors of 8 values below 256 -> 16 bytes in order.
+template <class C>
+CORTADO_AVX2_INLINE __m128i Pack8x2(const C& k, __m256i a, __m256i b) {
+  const __m256i w = _mm256_packus_epi32(a, b);  // a0-3 b0-3 | a4-7 b4-7
+  const __m256i y = _mm256_packus_epi16(w, w);  // dwords: A0 B0 A0 B0 | A1 B1 A1 B1
+  return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(y, k.pack_order));
+}
+
+// Sixteen f16 words, x0's in words 0-7 and x1's in 8-15, by F16C with the places it differs
+// from the format fixed: a NaN keeps its top payload bits (quieted) where the format has the
+// canonical sign | 0x7e00; toward zero it saturates to 65504 where the format overflows to
+// infinity from 2^16 up (kTruncate fixes that). kOdd rounds toward zero and sets the lowest
+// bit where that was inexact ("round to odd"): with at least 2 bits to spare, rounding such
+// words again to fewer mantissa bits, to nearest, gives x rounded to nearest once. (65504 with
+// the bit stands for all above 65504, which epgc11 and epgc8 round to infinity, as they should.)
+enum class F16Mode { kNearest, kTruncate, kOdd };
+template <F16Mode kMode, class C>
+CORTADO_AVX2_INLINE __m256i F16Words(const C& k, __m256 x0, __m256 x1) {
+  if constexpr (kMode == F16Mode::kTruncate) {
+    const __m256 sign = Floats(k.sign);
+    const __m256 over0 = _mm256_cmp_ps(_mm256_andnot_ps(sign, x0), k.f_two16, _CMP_GE_OQ);
+    const __m256 over1 = _mm256_cmp_ps(_mm256_andnot_ps(sign, x1), k.f_two16, _CMP_GE_OQ);
+    x0 = _mm256_blendv_ps(x0, _mm256_or_ps(_mm256_and_ps(x0, sign), k.f_inf), over0);
+    x1 = _mm256_blendv_ps(x1, _mm256_or_ps(_mm256_and_ps(x1, sign), k.f_inf), over1);
+  }
+  constexpr int kRound =
+      kMode == F16Mode::kNearest ? _MM_FROUND_TO_NEAREST_INT : _MM_FROUND_TO_ZERO;
+  const __m128i h0 = _mm256_cvtps_ph(x0, kRound), h1 = _mm256_cvtps_ph(x1, kRound);
+  __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(h0), h1, 1);
+  if constexpr (kMode == F16Mode::kOdd) {
+    const __m256 inexact0 = _mm256_cmp_ps(_mm256_cvtph_ps(h0), x0, _CMP_NEQ_OQ);  // NaN: no
+    const __m256 inexact1 = _mm256_cmp_ps(_mm256_cvtph_ps(h1), x1, _CMP_NEQ_OQ);
+    const __m256i inexact =
+        _mm256_permute4x64_epi64(_mm256_packs_epi32(Bits(inexact0), Bits(inexact1)), 0xD8);
+    h = _mm256_or_si256(h, _mm256_srli_epi16(inexact, 15));
+  }
+  const __m256i nan = _mm256_cmpgt_epi16(_mm256_and_si256(h, k.h_abs), k.h_inf);
+  return _mm256_andnot_si256(_mm256_and_si256(nan, k.h_payload), h);
+}
+
+// The codes (with M mantissa bits) of 16 f16 words from F16Words: kOdd words rounded to
+// nearest, ties to even; kTruncate words truncated. No carry reaches the sign: the largest
+// non-NaN magnitude is infinity's, and the NaN words are canonical, both round to themselves.
+template <int M, Rounding R, class C>
+CORTADO_AVX2_INLINE __m256i WordsToCodes(const C& k, __m256i h) {
+  constexpr int s = 10 - M;
+  if constexpr (R == Rounding::kNearest) {
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(h, s), k.one16);
+    h = _mm256_add_epi16(_mm256_add_epi16(h, k.half_m1_16), odd);
+  }
+  return _mm256_srli_epi16(h, s);
+}
+
+// The 16 codes (in 16-bit words, in order) of x0 and x1 for an E5 format, nearest or truncate.
+template <int M, Rounding R, class C>
+CORTADO_AVX2_INLINE __m256i E5Codes(const C& k, __m256 x0, __m256 x1) {
+  static_assert(R != Rounding::kStochastic);
+  constexpr bool kNearest = R == Rounding::kNearest;
+  if constexpr (M == 10) {
+    constexpr F16Mode kMode = kNearest ? F16Mode::kNearest : F16Mode::kTruncate;
+    return F16Words<kMode>(k, x0, x1);
+  } else {
+    constexpr F16Mode kMode = kNearest ? F16Mode::kOdd : F16Mode::kTruncate;
+    return WordsToCodes<M, R>(k, F16Words<kMode>(k, x0, x1));
+  }
+}
+
+// residual += x - d where finite, else += 0 (see Loss in codec.cpp: the difference is finite
+// exactly when x and d both are).
+template <class C>
+CORTADO_AVX2_INLINE void AddLoss(const C& k, __m256 x, __m256 d, float* residual) {
+  const __m256 diff = _mm256_sub_ps(x, d);
+  const __m256 finite = _mm256_cmp_ps(_mm256_and_ps(diff, Floats(k.abs)), k.f_inf, _CMP_LT_OQ);
+  _mm256_storeu_ps(residual, _mm256_add_ps(_mm256_loadu_ps(residual), _mm256_and_ps(diff, finite)));
+}
+
+// The floats of 16 f16 words: F16C, except that it quiets signalling NaNs (sets fp32 bit 22)
+// where HalfToFloat keeps them. NaN words are rare, so test for any first.
+template <class C>
+CORTADO_AVX2_INLINE __m256 FixNan(const C& k, __m256 d, __m128i h) {
+  const __m256i h32 = _mm256_cvtepu16_epi32(h);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(h32, k.h_abs32), k.h_inf32);
+  const __m256i quieted = _mm256_andnot_si256(_mm256_slli_epi32(h32, 13), k.quiet);
+  return Floats(_mm256_xor_si256(Bits(d), _mm256_and_si256(nan, quieted)));
+}
+// kExact: as HalfToFloat, NaN payloads included; else as F16C (what a residual needs: it
+// ignores NaN lanes, and the encoder makes only quiet NaNs anyway).
+template <bool kExact = true, class C>
+CORTADO_AVX2_INLINE void HalvesToFloats(const C& k, __m256i h, __m256& d0, __m256& d1) {
+  const __m128i lo = _mm256_castsi256_si128(h), hi = _mm256_extracti128_si256(h, 1);
+  d0 = _mm256_cvtph_ps(lo);
+  d1 = _mm256_cvtph_ps(hi);
+  if constexpr (kExact) {
+    const __m256i nan = _mm256_cmpgt_epi16(_mm256_and_si256(h, k.h_abs), k.h_inf);
+    if (!_mm256_testz_si256(nan, nan)) [[unlikely]] {
+      d0 = FixNan(k, d0, lo);
+      d1 = FixNan(k, d1, hi);
+    }
+  }
+}
+
+template <bool kAccumulate>
+CORTADO_AVX2_INLINE void Put(float* dst, __m256 d) {
+  if constexpr (kAccumulate) d = _mm256_add_ps(_mm256_loadu_ps(dst), d);
+  _mm256_storeu_ps(dst, d);
+}
+
+// ---- Encode ---------------------------------------------------------------------------------
+
+template <CodecKind K>
+using ConstsOf = Consts<FormatOf(K).e, FormatOf(K).m>;
+
+// Encodes whole blocks; returns how many values it did (a multiple of 8).
+template <CodecKind K, Rounding R, bool kResidual>
+CORTADO_AVX2_LOOP size_t EncodeBlocks(const float* src, size_t count, uint8_t* dst,
+                                      const EncodeOptions& o, float* residual) {
+  const ConstsOf<K> k;
+  RandomStream<ConstsOf<K>> random(k, o.seed, o.first_index);
+  size_t i = 0;
+  if constexpr (K == CodecKind::kF16) {
+    for (; i + 16 <= count; i += 16) {
+      const __m256 x0 = _mm256_loadu_ps(src + i), x1 = _mm256_loadu_ps(src + i + 8);
+      __m256i h;
+      if constexpr (R == Rounding::kStochastic) {
+        const __m256i c0 = WithSign(k, MagE5Stochastic<10>(k, Bits(x0), random.Next()), Bits(x0));
+        const __m256i c1 = WithSign(k, MagE5Stochastic<10>(k, Bits(x1), random.Next()), Bits(x1));
+        h = Pack16(c0, c1);
+      } else {
+        h = E5Codes<10, R>(k, x0, x1);
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i), h);
+      if constexpr (kResidual) {
+        AddLoss(k, x0, _mm256_cvtph_ps(_mm256_castsi256_si128(h)), residual + i);
+        AddLoss(k, x1, _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), residual + i + 8);
+      }
+    }
+  } else if constexpr (K == CodecKind::kBF16) {
+    for (; i + 16 <= count; i += 16) {
+      const __m256i u0 = Bits(_mm256_loadu_ps(src + i)), u1 = Bits(_mm256_loadu_ps(src + i + 8));
+      const __m256i c0 = WithSign(k, MagE8<7, R>(k, u0, Draw<R>(random)), u0);
+      const __m256i c1 = WithSign(k, MagE8<7, R>(k, u1, Draw<R>(random)), u1);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i), Pack16(c0, c1));
+      if constexpr (kResidual) {
+        AddLoss(k, Floats(u0), Floats(_mm256_slli_epi32(c0, 16)), residual + i);
+        AddLoss(k, Floats(u1), Floats(_mm256_slli_epi32(c1, 16)), residual + i + 8);
+      }
+    }
+  } else if constexpr (K == CodecKind::kEpgc8) {
+    for (; i + 32 <= count; i += 32) {
+      __m256 x[4];
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) x[j] = _mm256_loadu_ps(src + i + 8 * j);
+      // The codes in 16-bit words: a holds values 0-15, b 16-31.
+      __m256i a, b;
+      if constexpr (R == Rounding::kStochastic) {
+        __m256i c[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j)
+          c[j] = WithSign(k, MagE5Stochastic<2>(k, Bits(x[j]), random.Next()), Bits(x[j]));
+        a = Pack16(c[0], c[1]);
+        b = Pack16(c[2], c[3]);
+      } else {
+        a = E5Codes<2, R>(k, x[0], x[1]);
+        b = E5Codes<2, R>(k, x[2], x[3]);
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                          _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8));
+      if constexpr (kResidual) {
+        // A code is the top byte of an f16 word.
+        __m256 d[4];
+        HalvesToFloats<false>(k, _mm256_slli_epi16(a, 8), d[0], d[1]);
+        HalvesToFloats<false>(k, _mm256_slli_epi16(b, 8), d[2], d[3]);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) AddLoss(k, x[j], d[j], residual + i + 8 * j);
+      }
+    }
+  } else if constexpr (K == CodecKind::kEpgc11) {
+    // Two groups per step, stored as 16 + 16 bytes of which the last 5 spill into the next
+    // group's place (rewritten by the next step): so a step needs a group after it.
+    for (; i + 24 <= count; i += 16) {
+      const __m256 x0 = _mm256_loadu_ps(src + i), x1 = _mm256_loadu_ps(src + i + 8);
+      __m256i c;  // the 16 codes in 16-bit words: group 0 in the low half, group 1 in the high
+      if constexpr (R == Rounding::kStochastic) {
+        // (Two statements: the draws must be taken in order.)
+        const __m256i c0 = WithSign(k, MagE5Stochastic<5>(k, Bits(x0), random.Next()), Bits(x0));
+        const __m256i c1 = WithSign(k, MagE5Stochastic<5>(k, Bits(x1), random.Next()), Bits(x1));
+        c = Pack16(c0, c1);
+      } else {
+        c = E5Codes<5, R>(k, x0, x1);
+      }
+      // Per 128-bit half (a group): 8 bytes of high parts (code >> 3), 8 of low (code & 7).
+      const __m256i b = _mm256_packus_epi16(_mm256_srli_epi16(c, 3), _mm256_and_si256(c, k.low3));
+      // Plane p: bit p of low part j as bit j of a byte. A table lookup gives 0xff where the
+      // bit is set, a mask keeps bit j of byte j, and summing the 8 bytes (psadbw) gathers
+      // them in one byte; the high parts' qwords compute garbage, dropped by the blend.
+      const __m256i zero = _mm256_setzero_si256();
+      __m256i planes = zero;
+#pragma GCC unroll 3
+      for (int p = 0; p < 3; ++p) {
+        const __m256i set = _mm256_and_si256(_mm256_shuffle_epi8(k.bit_table[p], b), k.lane_bit);
+        planes = _mm256_or_si256(planes, _mm256_slli_epi64(_mm256_sad_epu8(set, zero), 8 * p));
+      }
+      const __m256i groups = _mm256_blend_epi32(b, planes, 0xCC);  // high parts | planes
+      uint8_t* out = dst + i / 8 * 11;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(groups));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 11), _mm256_extracti128_si256(groups, 1));
+      if constexpr (kResidual) {
+        __m256 d0, d1;
+        HalvesToFloats<false>(k, _mm256_slli_epi16(c, 5), d0, d1);  // the f16 words
+        AddLoss(k, x0, d0, residual + i);
+        AddLoss(k, x1, d1, residual + i + 8);
+      }
+    }
+  } else if constexpr (K == CodecKind::kEpgc9) {
+    for (; i + 16 <= count; i += 16) {
+      const __m256 x0 = _mm256_loadu_ps(src + i), x1 = _mm256_loadu_ps(src + i + 8);
+      const __m256i m0 = MagE8<0, R>(k, Bits(x0), Draw<R>(random));  // the exponent byte
+      const __m256i m1 = MagE8<0, R>(k, Bits(x1), Draw<R>(random));
+      const __m128i high = Pack8x2(k, m0, m1);
+      uint8_t* out = dst + i / 8 * 9;
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out), high);
+      out[8] = static_cast<uint8_t>(_mm256_movemask_ps(x0));  // the sign plane
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 9), _mm_unpackhi_epi64(high, high));
+      out[17] = static_cast<uint8_t>(_mm256_movemask_ps(x1));
+      if constexpr (kResidual) {
+        const __m256 sign = Floats(k.sign);
+        AddLoss(k, x0, _mm256_or_ps(_mm256_and_ps(x0, sign), Floats(_mm256_slli_epi32(m0, 23))),
+                residual + i);
+        AddLoss(k, x1, _mm256_or_ps(_mm256_and_ps(x1, sign), Floats(_mm256_slli_epi32(m1, 23))),
+                residual + i + 8);
+      }
+    }
+  }
+  return i;
+}
+
+template <CodecKind K, Rounding R>
+size_t EncodeResidual(const float* src, size_t count, uint8_t* dst, const EncodeOptions& o,
+                      float* residual) {
+  return residual != nullptr ? EncodeBlocks<K, R, true>(src, count, dst, o, residual)
+                             : EncodeBlocks<K, R, false>(src, count, dst, o, residual);
+}
+
+template <CodecKind K>
+size_t EncodeKind(const float* src, size_t count, uint8_t* dst, const EncodeOptions& o,
+                  float* residual) {
+  switch (o.rounding) {
+    case Rounding::kNearest:
+      return EncodeResidual<K, Rounding::kNearest>(src, count, dst, o, residual);
+    case Rounding::kTruncate:
+      return EncodeResidual<K, Rounding::kTruncate>(src, count, dst, o, residual);
+    case Rounding::kStochastic:
+      return EncodeResidual<K, Rounding::kStochastic>(src, count, dst, o, residual);
+  }
+  return 0;
+}
+
+// ---- Decode ---------------------------------------------------------------------------------
+
+template <CodecKind K, bool kAccumulate>
+CORTADO_AVX2_LOOP size_t DecodeBlocks(const uint8_t* src, size_t count, float* dst) {
+  const ConstsOf<K> k;
+  size_t i = 0;
+  if constexpr (K == CodecKind::kF32) {
+    for (; i + 8 <= count; i += 8) {
+      Put<kAccumulate>(dst + i, _mm256_loadu_ps(reinterpret_cast<const float*>(src + 4 * i)));
+    }
+  } else if constexpr (K == CodecKind::kF16) {
+    for (; i + 16 <= count; i += 16) {
+      __m256 d0, d1;
+      HalvesToFloats(k, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i)), d0, d1);
+      Put<kAccumulate>(dst + i, d0);
+      Put<kAccumulate>(dst + i + 8, d1);
+    }
+  } else if constexpr (K == CodecKind::kBF16) {
+    for (; i + 16 <= count; i += 16) {
+      const __m128i w0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
+      const __m128i w1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i + 16));
+      Put<kAccumulate>(dst + i, Floats(_mm256_slli_epi32(_mm256_cvtepu16_epi32(w0), 16)));
+      Put<kAccumulate>(dst + i + 8, Floats(_mm256_slli_epi32(_mm256_cvtepu16_epi32(w1), 16)));
+    }
+  } else if constexpr (K == CodecKind::kEpgc8) {
+    for (; i + 32 <= count; i += 32) {
+      // Each byte becomes the top byte of an f16 word; unpack pairs 128-bit halves, so the
+      // vectors hold values 0-7 | 16-23 and 8-15 | 24-31.
+      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+      const __m256i zero = _mm256_setzero_si256();
+      __m256 d[4];
+      HalvesToFloats(k, _mm256_unpacklo_epi8(zero, bytes), d[0], d[2]);
+      HalvesToFloats(k, _mm256_unpackhi_epi8(zero, bytes), d[1], d[3]);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) Put<kAccumulate>(dst + i + 8 * j, d[j]);
+    }
+  } else if constexpr (K == CodecKind::kEpgc11) {
+    // Two groups per step, one per 128-bit half, loaded 16 bytes each: 5 past the second
+    // group, so a step needs a group after it.
+    for (; i + 24 <= count; i += 16) {
+      const uint8_t* in = src + i / 8 * 11;
+      const __m256i v = _mm256_inserti128_si256(
+          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in))),
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 11)), 1);
+      // Byte j of a half: plane p's byte (8 + p) spread, bit j kept, set to bit 5 + p: the low
+      // part's place in the f16 word (the code << 5). Interleaved with the high parts, they
+      // make the words.
+      __m256i low = _mm256_setzero_si256();
+#pragma GCC unroll 3
+      for (int p = 0; p < 3; ++p) {
+        const __m256i plane =
+            _mm256_and_si256(_mm256_shuffle_epi8(v, k.plane_spread[p]), k.lane_bit);
+        low = _mm256_or_si256(low,
+                              _mm256_and_si256(_mm256_cmpeq_epi8(plane, k.lane_bit), k.low_at[p]));
+      }
+      __m256 d0, d1;
+      HalvesToFloats(k, _mm256_unpacklo_epi8(low, v), d0, d1);
+      Put<kAccumulate>(dst + i, d0);
+      Put<kAccumulate>(dst + i + 8, d1);
+    }
+  } else if constexpr (K == CodecKind::kEpgc9) {
+    for (; i + 8 <= count; i += 8) {
+      // The exponent bytes to fp32's exponent; lane j's sign, bit j of the plane, to bit 31.
+      const uint8_t* in = src + i / 8 * 9;
+      const __m256i exp =
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(in)));
+      const __m256i sign =
+          _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(in[8]), k.to_sign), k.sign);
+      Put<kAccumulate>(dst + i, Floats(_mm256_or_si256(_mm256_slli_epi32(exp, 23), sign)));
+    }
+  }
+  return i;
+}
+
+template <CodecKind K>
+size_t DecodeKind(const uint8_t* src, size_t count, float* dst, bool accumulate) {
+  return accumulate ? DecodeBlocks<K, true>(src, count, dst)
+                    : DecodeBlocks<K, false>(src, count, dst);
+}
+
+}  // namespace
+
+void EncodeAvx2(CodecKind kind, const float* src, size_t count, uint8_t* dst,
+                const EncodeOptions& options, float* residual) {
+  size_t done = 0;
+  switch (kind) {
+    case CodecKind::kF32:
+      break;  // a copy: the portable memcpy
+    case CodecKind::kF16:
+      done = EncodeKind<CodecKind::kF16>(src, count, dst, options, residual);
+      break;
+    case CodecKind::kBF16:
+      done = EncodeKind<CodecKind::kBF16>(src, count, dst, options, residual);
+      break;
+    case CodecKind::kEpgc11:
+      done = EncodeKind<CodecKind::kEpgc11>(src, count, dst, options, residual);
+      break;
+    case CodecKind::kEpgc9:
+      done = EncodeKind<CodecKind::kEpgc9>(src, count, dst, options, residual);
+      break;
+    case CodecKind::kEpgc8:
+      done = EncodeKind<CodecKind::kEpgc8>(src, count, dst, options, residual);
+      break;
+  }
+  if (done < count) {
+    EncodeOptions rest = options;
+    rest.first_index += done;
+    EncodePortable(kind, src + done, count - done, dst + EncodedBytes(kind, done), rest,
+                   residual != nullptr ? residual + done : nullptr);
+  }
+}
+
+void DecodeAvx2(CodecKind kind, const uint8_t* src, size_t count, float* dst, bool accumulate) {
+  size_t done = 0;
+  switch (kind) {
+    case CodecKind::kF32:
+      if (accumulate) done = DecodeKind<CodecKind::kF32>(src, count, dst, true);
+      break;
+    case CodecKind::kF16:
+      done = DecodeKind<CodecKind::kF16>(src, count, dst, accumulate);
+      break;
+    case CodecKind::kBF16:
+      done = DecodeKind<CodecKind::kBF16>(src, count, dst, accumulate);
+      break;
+    case CodecKind::kEpgc11:
+      done = DecodeKind<CodecKind::kEpgc11>(src, count, dst, accumulate);
+      break;
+    case CodecKind::kEpgc9:
+      done = DecodeKind<CodecKind::kEpgc9>(src, count, dst, accumulate);
+      break;
+    case CodecKind::kEpgc8:
+      done = DecodeKind<CodecKind::kEpgc8>(src, count, dst, accumulate);
+      break;
+  }
+  if (done < count) {
+    DecodePortable(kind, src + EncodedBytes(kind, done), count - done, dst + done, accumulate);
+  }
+}
+
+}  // namespace cortado::dist::codec_internal
+
+#endif  // CORTADO_CODEC_HAVE_AVX2

@@ -1,0 +1,227 @@
+// The TCP transport: one connection per pair of ranks (a full mesh, so every rank notices any
+// peer's death), framed messages (wire.h), TCP_NODELAY, optional large socket buffers.
+//
+// Progress model. All socket IO happens under io_mu_, done by whichever thread holds it:
+//   - the driving thread inside Wait/Test (the communicator's, during a collective): it writes
+//     queued frames and reads incoming ones until the socket would block or the message it waits
+//     for is complete (so a ring chunk is reduced while still in cache, before more data is
+//     pulled in behind it), polls briefly (CommOptions::spin_us; yielding the core after
+//     kBusyPollUs, in case the peer shares it) and then sleeps in epoll_wait on its own epoll set;
+//   - the progress thread, between operations: it sleeps in epoll_wait on a second epoll set
+//     (both edge-triggered) and does the same IO, so posted sends keep moving, status queries
+//     are answered and dead peers are noticed while the application computes. While a driver
+//     is active (BeginOperation..EndOperation) it parks on a timed condition variable instead,
+//     so it neither spins nor steals the core the reduction runs on.
+// Receives land directly in the posted buffer: a frame's header is read into a small staging
+// buffer together with whatever follows it in the socket, and the payload is then read straight
+// into the destination (readv with the staging buffer as the second vector, so the next header
+//
+// Internal to the TCP transport (src/tcp/): the connection state and the transport class, shared
+// by its three parts: connect.cpp (the handshake mesh), io.cpp (the IO state machine) and
+// transport.cpp (posting, completion, status queries, abort, the progress thread).
+#pragma once
+
+#include <sys/epoll.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/socket.h"
+#include "cortado/dist/tcp_transport.h"
+#include "cortado/dist/transport.h"
+#include "transport/tcp/frames.h"
+#include "transport/tcp/wire.h"
+
+namespace cortado::dist::tcp {
+
+using internal::ErrnoText;
+using internal::Fd;
+using internal::FrameHeader;
+using internal::FrameTypeName;
+
+// The staging buffer holds frame headers and small payloads. Reading a payload straight into
+// its destination also asks for kTailBytes more into staging, to catch the next header without
+// another system call; it is kept small because whatever payload lands in staging is copied.
+constexpr size_t kStagingBytes = 64 << 10;
+constexpr size_t kTailBytes = 512;
+// A header read (nothing pending) asks for this much: small frames arrive whole, while little
+// of a large payload lands in staging.
+constexpr size_t kHeaderReadBytes = 4 << 10;
+// Pure busy polling at the start of a wait, before polls start yielding the core.
+constexpr int kBusyPollUs = 10;
+constexpr uint32_t kWakeKey = 0xffffffffu;
+
+class TcpRegion final : public MemoryRegion {
+ public:
+  TcpRegion(void* data, size_t size) : MemoryRegion(data, size) {}
+};
+
+struct Request {
+  int peer = -1;
+  bool done = false;
+  bool failed = false;
+  std::string error;
+};
+
+struct SendItem {
+  RequestId id = 0;  // 0 for control frames
+  FrameHeader header{};
+  const char* data = nullptr;
+  size_t len = 0;
+  std::string owned;        // control payload, or a copy made by Abort; data points into it
+  size_t payload_base = 0;  // payload offset that data points to (non-zero only for such copies)
+  size_t done = 0;          // bytes of header + payload written
+};
+
+struct RecvItem {
+  RequestId id;
+  uint64_t tag;
+  char* data;
+  size_t len;
+};
+
+struct Unexpected {
+  uint64_t tag;
+  std::vector<char> data;
+};
+
+enum class ConnState { kOpen, kGoodbye, kAborted, kFailed, kClosed };
+enum class RState { kHeader, kPayload, kStalled };
+
+struct Conn {
+  int peer = -1;
+  Fd fd;
+  ConnState state = ConnState::kOpen;
+  std::deque<SendItem> sendq;
+  std::deque<RecvItem> posted;
+  std::deque<Unexpected> unexpected;
+  size_t unexpected_bytes = 0;
+  RState rstate = RState::kHeader;
+  FrameHeader hdr{};
+  char* dst = nullptr;
+  size_t dst_len = 0;
+  size_t dst_have = 0;
+  RequestId dst_id = 0;  // the posted receive being filled; 0: unexpected or control frame
+  std::vector<char> body;
+  std::unique_ptr<char[]> staging;
+  size_t st_begin = 0;
+  size_t st_end = 0;
+  bool readable = true;
+  bool writable = true;
+  bool hangup = false;   // the peer closed its side (EPOLLRDHUP): stop stalling, read to the end
+  bool discard = false;  // the current payload is read and dropped (after Abort)
+  PeerStatus status;
+
+  bool Readable() const {
+    return state == ConnState::kOpen || state == ConnState::kGoodbye ||
+           state == ConnState::kAborted;
+  }
+};
+
+class TcpTransport final : public Transport {
+ public:
+  explicit TcpTransport(const TcpTransportOptions& options);
+  ~TcpTransport() override;
+
+  const char* name() const override { return "tcp"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string LocalAddress() const override { return address_; }
+  void Connect(const std::vector<std::string>& addresses, Deadline deadline) override;
+  std::unique_ptr<MemoryRegion> Register(void* data, size_t bytes) override {
+    return std::make_unique<TcpRegion>(data, bytes);
+  }
+  RequestId PostSend(int peer, const MemoryRegion& region, size_t offset, size_t bytes,
+                     uint64_t tag) override;
+  RequestId PostRecv(int peer, const MemoryRegion& region, size_t offset, size_t bytes,
+                     uint64_t tag) override;
+  bool Test(RequestId id) override;
+  void Wait(RequestId id, Deadline deadline) override;
+  void BeginOperation(uint64_t seq) override;
+  void EndOperation(uint64_t seq) override;
+  std::vector<PeerStatus> QueryStatus(Deadline deadline) override;
+  void Abort(int root_rank, const std::string& reason) override;
+  void CheckHealthy() override;
+
+  // For a transport that uses this one as its control plane (UCX): reports the operation
+  // counters peers see in QueryStatus without parking the progress thread, which keeps
+  // watching the connections during operations too.
+  void ReportOperations(uint64_t started, uint64_t finished) {
+    ops_started_.store(started, std::memory_order_relaxed);
+    ops_finished_.store(finished, std::memory_order_relaxed);
+  }
+
+ private:
+  struct Failure {
+    int rank;
+    std::string what;
+    bool notice;  // learned from a peer's abort rather than seen directly
+  };
+
+  // Everything below requires io_mu_.
+  bool ProgressLocked();
+  bool WriteSome(Conn& c);
+  bool ReadSome(Conn& c);
+  void ParseStaging(Conn& c);
+  void BeginPayload(Conn& c);
+  void FinishPayload(Conn& c);
+  void HandleControl(Conn& c);
+  void HandleEof(Conn& c, const std::string& how);
+  void FailConn(Conn& c, const std::string& why);
+  void FailPending(Conn& c, const std::string& why);
+  void QueueControl(Conn& c, internal::FrameType type, uint64_t tag, std::string payload);
+  void ApplyEvents(const epoll_event* events, int n);
+  int BlockForEvents(std::unique_lock<std::mutex>& lock, int epfd, int timeout_ms);
+  void CheckRegion(const MemoryRegion& region, size_t offset, size_t bytes, int peer) const;
+  Conn* PeerConn(int peer, const char* what);
+  RequestId NewRequest(int peer);
+  [[noreturn]] void ThrowFailureLocked();
+  bool HasFailureLocked() const { return !failures_.empty() || !broken_.empty(); }
+  void WakeProgressThread();
+  void ProgressThreadLoop();
+  void AddToEpoll(Conn& c);
+  void ShutdownConnections();
+
+  TcpTransportOptions options_;
+  int rank_;
+  int size_;
+  Fd listen_fd_;
+  std::string address_;
+  std::vector<std::unique_ptr<Conn>> conns_;  // by peer rank; null for this rank
+  Fd caller_epfd_;
+  Fd thread_epfd_;
+  Fd wake_fd_;
+
+  std::mutex io_mu_;
+  std::unordered_map<RequestId, Request> requests_;
+  RequestId next_id_ = 1;
+  std::vector<Failure> failures_;
+  std::string broken_;
+  int broken_rank_ = -1;
+  bool connected_ = false;
+  // The request the driving thread waits for: reading stops once it completes, so the caller
+  // can reduce a chunk while it is still in cache (and post what depends on it) before more
+  // data is pulled in behind it.
+  RequestId awaited_ = 0;
+  bool awaited_done_ = false;
+
+  // Set (under io_mu_) when failures_ or broken_ first becomes non-empty, so CheckHealthy
+  // costs one load, not the mutex, on the UCX transport's per-message path.
+  std::atomic<bool> unhealthy_{false};
+  std::atomic<int> drivers_{0};
+  std::atomic<uint64_t> ops_started_{0};
+  std::atomic<uint64_t> ops_finished_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex park_mu_;
+  std::condition_variable park_cv_;
+  std::thread progress_thread_;
+};
+
+}  // namespace cortado::dist::tcp
