@@ -1,8 +1,6 @@
 // Gradient codecs: names and sizes, the scalar reference of one value (EncodeValue,
-// DecodeValue, StochasticBits: the specification), the choice of kernel set, and the portable
-// kernels. The portable kernels work on blocks of kBlock values in stack buffers: codes are
-// computed by branch-free per-value functions (so loops over them vectorize where the compiler
-// may), then packed; they are written independently of the reference and tested against it.
+// DecodeValue, StochasticBits: the specification), the choice of kernel set, and the public
+// entry points. The kernel sets are codec_portable.cpp, codec_avx2.cpp and codec_avx512.cpp.
 #include "cortado/dist/codec.h"
 
 #include <algorithm>
@@ -184,8 +182,7 @@ float DecodeValue(CodecKind kind, uint32_t code) {
 
 uint32_t StochasticBits(uint64_t seed, uint64_t index) {
   using namespace codec_internal;
-  return Fmix32((static_cast<uint32_t>(index) * kHashLo + static_cast<uint32_t>(seed)) ^
-                HashKey(seed, index));
+  return Fmix32(HashBase(seed, index) ^ HashKey(seed, index));
 }
 
 // ---- Choice of kernels ----------------------------------------------------------------------
@@ -261,364 +258,17 @@ Isa ActiveIsa() {
   return isa;
 }
 
-}  // namespace codec_internal
-
-const char* CodecIsa() { return codec_internal::IsaName(codec_internal::ActiveIsa()); }
-
-// ---- Portable kernels ---------------------------------------------------------------------
-
-namespace codec_internal {
-namespace {
-
-constexpr size_t kBlock = 512;  // values per pass (a multiple of 8: blocks start at groups)
-static_assert(kBlock % 8 == 0);
-
-// The code of fp32 bits u (EncodeValue), branch-free. E8 formats (bf16, epgc9) share fp32's
-// exponent, so base + q of the reference is simply abs >> s; the E5 formats need a per-value s.
-template <CodecKind K, Rounding R>
-inline uint32_t EncodeBits(uint32_t u, uint32_t r) {
-  constexpr Format f = FormatOf(K);
-  constexpr uint32_t inf = ((1u << f.e) - 1) << f.m;
-  constexpr uint32_t qnan = f.m > 0 ? 1u << (f.m > 0 ? f.m - 1 : 0) : 0u;
-  const uint32_t abs = u & 0x7fffffffu;
-  uint32_t mag;
-  if constexpr (f.e == 8) {
-    constexpr int s = 23 - f.m;
-    if constexpr (R == Rounding::kNearest) {
-      // Ties go to an even q: q's low bit is abs's bit s, except for epgc9 (q is the implicit
-      // bit alone: 1 for normal x, 0 for subnormal).
-      const uint32_t odd = f.m > 0 ? (abs >> s) & 1u : (abs >= 0x800000u ? 1u : 0u);
-      mag = (abs + ((1u << (s - 1)) - 1) + odd) >> s;
-    } else if constexpr (R == Rounding::kTruncate) {
-      mag = abs >> s;
-    } else {
-      const uint32_t rem = abs & ((1u << s) - 1);
-      mag = (abs >> s) + (r < (rem << (32 - s)) ? 1u : 0u);
-    }
-  } else {
-    const uint32_t ef = abs >> 23;
-    const uint32_t sig = (u & 0x7fffffu) | (ef != 0 ? 0x800000u : 0u);
-    const int e1 = std::max(static_cast<int>(ef), 1);
-    constexpr int kNormal = 127 - f.bias + 1;  // e1 from which x is normal in the target
-    const uint32_t base = static_cast<uint32_t>(std::max(e1 - kNormal, 0)) << f.m;
-    const int s = 23 - f.m + std::max(kNormal - e1, 0);
-    if constexpr (R == Rounding::kNearest) {
-      const int sn = std::min(s, 25);  // from 25 on, x is below half the smallest subnormal
-      const uint32_t odd = (sig >> sn) & 1u;
-      mag = base + ((sig + ((1u << (sn - 1)) - 1) + odd) >> sn);
-    } else if constexpr (R == Rounding::kTruncate) {
-      mag = base + (s < 32 ? sig >> s : 0u);
-    } else {
-      const int sc = std::min(s, 40);
-      const uint32_t q = sc < 32 ? sig >> sc : 0u;
-      const uint32_t rem = sc < 32 ? sig & ((1u << sc) - 1) : sig;
-      const uint32_t threshold = sc <= 32 ? rem << (32 - sc) : rem >> (sc - 32);
-      mag = base + q + (r < threshold ? 1u : 0u);
-    }
-  }
-  mag = std::min(mag, inf);
-  if (abs > 0x7f800000u) mag |= qnan;
-  return mag | (u >> 31) << (f.e + f.m);
-}
-
-// All ones where `condition`, else 0: selects by masks keep the loops free of branches (and
-// so vectorizable).
-inline uint32_t Mask(bool condition) { return 0u - static_cast<uint32_t>(condition); }
-
-// HalfToFloat on bits, branch-free (equal on all 65,536 inputs: tested).
-inline uint32_t HalfBitsToFloatBits(uint32_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16;
-  const uint32_t a = h & 0x7fffu;
-  const uint32_t exp = a >> 10;
-  const uint32_t normal = (a << 13) + (112u << 23);  // rebias 15 -> 127
-  const uint32_t special = normal + (112u << 23);    // field 31 -> 255, payload kept
-  const uint32_t sub = FloatToBits(static_cast<float>(a) * 0x1p-24f);  // a < 1024: exact
-  const uint32_t is_sub = Mask(exp == 0), is_special = Mask(exp == 31);
-  return sign | (sub & is_sub) | (special & is_special) | (normal & ~(is_sub | is_special));
-}
-
-// fp32 bits of a code (DecodeValue).
-template <CodecKind K>
-inline uint32_t DecodeBits(uint32_t code) {
-  constexpr Format f = FormatOf(K);
-  if constexpr (f.e == 8) {
-    return code << (31 - f.e - f.m);  // sign lands on bit 31, the rest on fp32's places
-  } else {
-    return HalfBitsToFloatBits(code << (10 - f.m));
-  }
-}
-
-// residual += x - d where both are finite, else += 0. If x or d is not finite, x - d is not
-// either, and when both are, |x - d| is below one gap of the format: so testing the difference
-// is the same test, and it keeps the loop free of branches.
-inline float Loss(float x, float d) {
-  const uint32_t diff = FloatToBits(x - d);
-  return BitsToFloat(diff & ~Mask((diff & 0x7f800000u) == 0x7f800000u));
-}
-
-void RandomWords(uint64_t seed, uint64_t first, size_t n, uint32_t* r) {
-  const uint32_t lo = static_cast<uint32_t>(first);
-  if (lo + static_cast<uint64_t>(n) <= (uint64_t{1} << 32)) {
-    // The upper index word is the same for all n: hoist it.
-    const uint32_t key = HashKey(seed, first), seed_lo = static_cast<uint32_t>(seed);
-    for (size_t i = 0; i < n; ++i) {
-      r[i] = Fmix32(((lo + static_cast<uint32_t>(i)) * kHashLo + seed_lo) ^ key);
-    }
-  } else {
-    for (size_t i = 0; i < n; ++i) r[i] = StochasticBits(seed, first + i);
-  }
-}
-
-// Bit-packed formats: per group of k <= 8 values, k high bytes, then the L-bit low parts as
-// L*k bits in bit-plane order.
-template <CodecKind K>
-struct Split;
-template <>
-struct Split<CodecKind::kEpgc11> {
-  static constexpr int kLow = 3;
-  static uint32_t High(uint32_t c) { return c >> 3; }
-  static uint32_t Low(uint32_t c) { return c & 7u; }
-  static uint32_t Join(uint32_t high, uint32_t low) { return high << 3 | low; }
-};
-template <>
-struct Split<CodecKind::kEpgc9> {
-  static constexpr int kLow = 1;
-  static uint32_t High(uint32_t c) { return c & 0xffu; }
-  static uint32_t Low(uint32_t c) { return c >> 8; }
-  static uint32_t Join(uint32_t high, uint32_t low) { return low << 8 | high; }
-};
-
-// Whole groups in two passes: a plain loop (which vectorizes) splits the codes into a byte of
-// high part and a byte of low part each; then per group the 8 high bytes are copied and the
-// planes gathered by 64-bit multiplies: with the 8 low parts one per byte of w, bit p of every
-// byte lands in one byte by (w >> p & 0x0101..01) * 0x0102040810204080 >> 56 (byte j's bit on
-// bit 56 + j, no two partial products meeting). Back, a plane byte spread over 8 bytes keeps bit
-// j in byte j by a mask, which adding 0x7f per byte moves to the byte's top bit.
-constexpr uint64_t kByteLsbs = 0x0101010101010101ull;
-constexpr uint64_t kGather = 0x0102040810204080ull;
-constexpr uint64_t kBitOfByte = 0x8040201008040201ull;
-
-// 8 bytes as a little-endian word and back (the bytes of value j are byte j).
-inline uint64_t LoadLittleEndian64(const uint8_t* src) {
-  uint64_t v = 0;
-  if constexpr (std::endian::native == std::endian::little) {
-    std::memcpy(&v, src, 8);
-  } else {
-    for (int b = 0; b < 8; ++b) v |= uint64_t{src[b]} << 8 * b;
-  }
-  return v;
-}
-inline void StoreLittleEndian64(uint8_t* dst, uint64_t v) {
-  if constexpr (std::endian::native == std::endian::little) {
-    std::memcpy(dst, &v, 8);
-  } else {
-    for (int b = 0; b < 8; ++b) dst[b] = static_cast<uint8_t>(v >> 8 * b);
-  }
-}
-
-template <CodecKind K>
-void PackGroups(const uint32_t* codes, size_t n, uint8_t* dst) {
-  using S = Split<K>;
-  uint8_t high[kBlock], low[kBlock];
-  for (size_t i = 0; i < n; ++i) {
-    high[i] = static_cast<uint8_t>(S::High(codes[i]));
-    low[i] = static_cast<uint8_t>(S::Low(codes[i]));
-  }
-  size_t g = 0;
-  for (; g + 8 <= n; g += 8, dst += 8 + S::kLow) {
-    std::memcpy(dst, high + g, 8);
-    const uint64_t w = LoadLittleEndian64(low + g);
-    for (int p = 0; p < S::kLow; ++p) {
-      dst[8 + p] = static_cast<uint8_t>(((w >> p) & kByteLsbs) * kGather >> 56);
-    }
-  }
-  if (g < n) {  // the last, partial group
-    const size_t k = n - g;
-    uint32_t planes = 0;  // at most 3 * 7 bits
-    for (size_t j = 0; j < k; ++j) {
-      dst[j] = high[g + j];
-      for (int p = 0; p < S::kLow; ++p) planes |= ((low[g + j] >> p) & 1u) << (p * k + j);
-    }
-    for (size_t b = 0; b < (S::kLow * k + 7) / 8; ++b)
-      dst[k + b] = static_cast<uint8_t>(planes >> 8 * b);
-  }
-}
-
-template <CodecKind K>
-void UnpackGroups(const uint8_t* src, size_t n, uint32_t* codes) {
-  using S = Split<K>;
-  uint8_t high[kBlock], low[kBlock];
-  size_t g = 0;
-  for (; g + 8 <= n; g += 8, src += 8 + S::kLow) {
-    std::memcpy(high + g, src, 8);
-    uint64_t w = 0;
-    for (int p = 0; p < S::kLow; ++p) {
-      const uint64_t bits = (src[8 + p] * kByteLsbs) & kBitOfByte;  // byte j: bit j or 0
-      w |= ((bits + 0x7f7f7f7f7f7f7f7full) & 0x8080808080808080ull) >> (7 - p);
-    }
-    StoreLittleEndian64(low + g, w);
-  }
-  if (g < n) {  // the last, partial group
-    const size_t k = n - g;
-    uint32_t planes = 0;
-    for (size_t b = 0; b < (S::kLow * k + 7) / 8; ++b) planes |= uint32_t{src[k + b]} << 8 * b;
-    for (size_t j = 0; j < k; ++j) {
-      uint32_t bits = 0;
-      for (int p = 0; p < S::kLow; ++p) bits |= ((planes >> (p * k + j)) & 1u) << p;
-      high[g + j] = src[j];
-      low[g + j] = static_cast<uint8_t>(bits);
-    }
-  }
-  for (size_t i = 0; i < n; ++i) codes[i] = S::Join(high[i], low[i]);
-}
-
-template <CodecKind K>
-void Pack(const uint32_t* codes, size_t n, uint8_t* dst) {
-  if constexpr (K == CodecKind::kF16 || K == CodecKind::kBF16) {
-    for (size_t i = 0; i < n; ++i) {  // little-endian 16-bit words
-      dst[2 * i] = static_cast<uint8_t>(codes[i]);
-      dst[2 * i + 1] = static_cast<uint8_t>(codes[i] >> 8);
-    }
-  } else if constexpr (K == CodecKind::kEpgc8) {
-    for (size_t i = 0; i < n; ++i) dst[i] = static_cast<uint8_t>(codes[i]);
-  } else {
-    PackGroups<K>(codes, n, dst);
-  }
-}
-
-template <CodecKind K>
-void Unpack(const uint8_t* src, size_t n, uint32_t* codes) {
-  if constexpr (K == CodecKind::kF16 || K == CodecKind::kBF16) {
-    for (size_t i = 0; i < n; ++i) codes[i] = uint32_t{src[2 * i]} | uint32_t{src[2 * i + 1]} << 8;
-  } else if constexpr (K == CodecKind::kEpgc8) {
-    for (size_t i = 0; i < n; ++i) codes[i] = src[i];
-  } else {
-    UnpackGroups<K>(src, n, codes);
-  }
-}
-
-template <CodecKind K, Rounding R>
-void EncodeBlocks(const float* src, size_t count, uint8_t* dst, const EncodeOptions& options,
-                  float* residual) {
-  uint32_t in[kBlock], codes[kBlock], rnd[kBlock];
-  const auto* bytes = reinterpret_cast<const uint8_t*>(src);  // src may be unaligned
-  for (size_t done = 0; done < count; done += kBlock) {
-    const size_t n = std::min(kBlock, count - done);
-    std::memcpy(in, bytes + done * 4, n * 4);
-    if constexpr (R == Rounding::kStochastic) {
-      RandomWords(options.seed, options.first_index + done, n, rnd);
-      for (size_t i = 0; i < n; ++i) codes[i] = EncodeBits<K, R>(in[i], rnd[i]);
-    } else {
-      for (size_t i = 0; i < n; ++i) codes[i] = EncodeBits<K, R>(in[i], 0);
-    }
-    if (residual != nullptr) {
-      float* res = residual + done;
-      for (size_t i = 0; i < n; ++i) {
-        res[i] = res[i] + Loss(BitsToFloat(in[i]), BitsToFloat(DecodeBits<K>(codes[i])));
-      }
-    }
-    Pack<K>(codes, n, dst + EncodedBytes(K, done));
-  }
-}
-
-template <CodecKind K, bool kAccumulate>
-void DecodeBlocks(const uint8_t* src, size_t count, float* dst) {
-  uint32_t codes[kBlock];
-  for (size_t done = 0; done < count; done += kBlock) {
-    const size_t n = std::min(kBlock, count - done);
-    float* out = dst + done;
-    if constexpr (K == CodecKind::kF32) {
-      const uint8_t* in = src + done * 4;  // any alignment: read each float by memcpy
-      for (size_t i = 0; i < n; ++i) {
-        float v;
-        std::memcpy(&v, in + 4 * i, 4);
-        out[i] = out[i] + v;  // accumulate only: a plain decode is a memcpy
-      }
-    } else {
-      Unpack<K>(src + EncodedBytes(K, done), n, codes);
-      for (size_t i = 0; i < n; ++i) {
-        const float d = BitsToFloat(DecodeBits<K>(codes[i]));
-        out[i] = kAccumulate ? out[i] + d : d;
-      }
-    }
-  }
-}
-
-template <CodecKind K>
-void EncodeKind(const float* src, size_t count, uint8_t* dst, const EncodeOptions& options,
-                float* residual) {
-  switch (options.rounding) {
-    case Rounding::kNearest:
-      return EncodeBlocks<K, Rounding::kNearest>(src, count, dst, options, residual);
-    case Rounding::kTruncate:
-      return EncodeBlocks<K, Rounding::kTruncate>(src, count, dst, options, residual);
-    case Rounding::kStochastic:
-      return EncodeBlocks<K, Rounding::kStochastic>(src, count, dst, options, residual);
-  }
-}
-
-template <CodecKind K>
-void DecodeKind(const uint8_t* src, size_t count, float* dst, bool accumulate) {
-  if (accumulate) {
-    DecodeBlocks<K, true>(src, count, dst);
-  } else {
-    DecodeBlocks<K, false>(src, count, dst);
-  }
-}
-
-}  // namespace
-
-void EncodePortable(CodecKind kind, const float* src, size_t count, uint8_t* dst,
-                    const EncodeOptions& options, float* residual) {
-  switch (kind) {
-    case CodecKind::kF32:
-      std::memcpy(dst, src, count * 4);  // lossless: the residual gains nothing
-      return;
-    case CodecKind::kF16:
-      return EncodeKind<CodecKind::kF16>(src, count, dst, options, residual);
-    case CodecKind::kBF16:
-      return EncodeKind<CodecKind::kBF16>(src, count, dst, options, residual);
-    case CodecKind::kEpgc11:
-      return EncodeKind<CodecKind::kEpgc11>(src, count, dst, options, residual);
-    case CodecKind::kEpgc9:
-      return EncodeKind<CodecKind::kEpgc9>(src, count, dst, options, residual);
-    case CodecKind::kEpgc8:
-      return EncodeKind<CodecKind::kEpgc8>(src, count, dst, options, residual);
-  }
-}
-
-void DecodePortable(CodecKind kind, const uint8_t* src, size_t count, float* dst, bool accumulate) {
-  switch (kind) {
-    case CodecKind::kF32:
-      if (!accumulate) {
-        std::memcpy(dst, src, count * 4);
-        return;
-      }
-      return DecodeKind<CodecKind::kF32>(src, count, dst, true);
-    case CodecKind::kF16:
-      return DecodeKind<CodecKind::kF16>(src, count, dst, accumulate);
-    case CodecKind::kBF16:
-      return DecodeKind<CodecKind::kBF16>(src, count, dst, accumulate);
-    case CodecKind::kEpgc11:
-      return DecodeKind<CodecKind::kEpgc11>(src, count, dst, accumulate);
-    case CodecKind::kEpgc9:
-      return DecodeKind<CodecKind::kEpgc9>(src, count, dst, accumulate);
-    case CodecKind::kEpgc8:
-      return DecodeKind<CodecKind::kEpgc8>(src, count, dst, accumulate);
-  }
-}
-
 void EncodeWith(Isa isa, CodecKind kind, const float* src, size_t count, void* dst,
                 const EncodeOptions& options, float* residual) {
   if (count == 0) return;
   auto* out = static_cast<uint8_t*>(dst);
 #if CORTADO_CODEC_HAVE_AVX512
-  if (isa == Isa::kAvx512) return EncodeAvx512(kind, src, count, out, options, residual);
+  if (isa == Isa::kAvx512) return EncodeSet<Isa::kAvx512>(kind, src, count, out, options, residual);
 #endif
 #if CORTADO_CODEC_HAVE_AVX2
-  if (isa == Isa::kAvx2) return EncodeAvx2(kind, src, count, out, options, residual);
+  if (isa == Isa::kAvx2) return EncodeSet<Isa::kAvx2>(kind, src, count, out, options, residual);
 #endif
-  EncodePortable(kind, src, count, out, options, residual);
+  EncodeSet<Isa::kPortable>(kind, src, count, out, options, residual);
 }
 
 void DecodeWith(Isa isa, CodecKind kind, const void* src, size_t count, float* dst,
@@ -626,15 +276,17 @@ void DecodeWith(Isa isa, CodecKind kind, const void* src, size_t count, float* d
   if (count == 0) return;
   const auto* in = static_cast<const uint8_t*>(src);
 #if CORTADO_CODEC_HAVE_AVX512
-  if (isa == Isa::kAvx512) return DecodeAvx512(kind, in, count, dst, accumulate);
+  if (isa == Isa::kAvx512) return DecodeSet<Isa::kAvx512>(kind, in, count, dst, accumulate);
 #endif
 #if CORTADO_CODEC_HAVE_AVX2
-  if (isa == Isa::kAvx2) return DecodeAvx2(kind, in, count, dst, accumulate);
+  if (isa == Isa::kAvx2) return DecodeSet<Isa::kAvx2>(kind, in, count, dst, accumulate);
 #endif
-  DecodePortable(kind, in, count, dst, accumulate);
+  DecodeSet<Isa::kPortable>(kind, in, count, dst, accumulate);
 }
 
 }  // namespace codec_internal
+
+const char* CodecIsa() { return codec_internal::IsaName(codec_internal::ActiveIsa()); }
 
 // ---- Public entry points ------------------------------------------------------------------
 

@@ -19,6 +19,9 @@
 
 #include <cstring>
 
+#include "codecs/codec_dispatch.h"
+#include "codecs/codec_tables.h"
+
 #define CORTADO_AVX2 __attribute__((target("avx2,f16c,fma")))
 // Helpers must inline into their callers (they are a few instructions each).
 #define CORTADO_AVX2_INLINE CORTADO_AVX2 __attribute__((always_inline)) inline
@@ -45,12 +48,22 @@ CORTADO_AVX2_INLINE __m256i U16(uint16_t v) {
   return Keep(_mm256_set1_epi16(static_cast<short>(v)));
 }
 
-// 16 bytes: 0xff at v where bit p of v is set, else 0 (a pshufb table), in both halves.
-CORTADO_AVX2_INLINE __m256i BitTable(int p) {
-  alignas(32) uint8_t table[32];
-  for (int v = 0; v < 32; ++v) table[v] = ((v & 15) >> p) & 1 ? 0xff : 0;
-  return Keep(_mm256_load_si256(reinterpret_cast<const __m256i*>(table)));
+// The first 32 bytes of a table (codec_tables.h).
+CORTADO_AVX2_INLINE __m256i Load(const ByteTable& t) {
+  return Keep(_mm256_load_si256(reinterpret_cast<const __m256i*>(t.b)));
 }
+CORTADO_AVX2_INLINE __m256i Load(const WordTable& t) {
+  return Keep(_mm256_load_si256(reinterpret_cast<const __m256i*>(t.w)));
+}
+
+// Per plane p of epgc11: a pshufb table of "bit p of v" for the 16 values v of a low part, 0xff
+// where set, else 0 (encoding); and byte 8 + p, where plane p's byte of a group lies in its
+// 128-bit half (decoding).
+constexpr ByteTable BitSet(int p) {
+  return MakeTable([p](int v) { return ((v & 15) >> p) & 1 ? 0xff : 0; });
+}
+constexpr ByteTable kBitSet[3] = {BitSet(0), BitSet(1), BitSet(2)};
+constexpr ByteTable kPlaneByte[3] = {Splat(8), Splat(9), Splat(10)};
 
 // The constants of the loops of a format (E exponent, M mantissa bits), made once per call
 // (a loop's unused ones cost nothing: Keep's empty asm goes with its result).
@@ -68,11 +81,8 @@ struct Consts {
   __m256i e113 = U32(113), base_off = U32(113u << M), s_off = U32(23 - M);
   __m256i s_max = U32(40), c32 = U32(32);
   // The hash (StochasticBits): lane j's index multiplier, a block's step, fmix32's multipliers.
-  __m256i hash_lanes = Keep(_mm256_setr_epi32(
-      0, static_cast<int>(kHashLo), static_cast<int>(2 * kHashLo), static_cast<int>(3 * kHashLo),
-      static_cast<int>(4 * kHashLo), static_cast<int>(5 * kHashLo), static_cast<int>(6 * kHashLo),
-      static_cast<int>(7 * kHashLo)));
-  __m256i hash_step = U32(8 * kHashLo), mix1 = U32(0x85EBCA6Bu), mix2 = U32(0xC2B2AE35u);
+  __m256i hash_lanes = Load(kHashLanes);
+  __m256i hash_step = U32(8 * kHashLo), mix1 = U32(kMix1), mix2 = U32(kMix2);
   // f16 words: magnitude mask, infinity, what a NaN loses of its payload (all but the quiet
   // bit); 1 and half an ulp of the format less 1, for rounding words; fp32's quiet bit.
   __m256i h_abs = U16(0x7fff), h_inf = U16(0x7c00), h_payload = U16(0x01ff);
@@ -83,13 +93,10 @@ struct Consts {
   // place in an f16 word; epgc9's sign bit j to bit 31.
   __m256i pack_order = Keep(_mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   __m256i low3 = U16(7);
-  __m256i lane_bit = Keep(_mm256_set1_epi64x(0x8040201008040201ll));
-  __m256i bit_table[3] = {BitTable(0), BitTable(1), BitTable(2)};
-  __m256i plane_spread[3] = {Keep(_mm256_set1_epi64x(0x0808080808080808ll)),
-                             Keep(_mm256_set1_epi64x(0x0909090909090909ll)),
-                             Keep(_mm256_set1_epi64x(0x0a0a0a0a0a0a0a0all))};
-  __m256i low_at[3] = {Keep(_mm256_set1_epi8(0x20)), Keep(_mm256_set1_epi8(0x40)),
-                       Keep(_mm256_set1_epi8(static_cast<char>(0x80)))};
+  __m256i lane_bit = Load(kBitOfByte);
+  __m256i bit_table[3] = {Load(kBitSet[0]), Load(kBitSet[1]), Load(kBitSet[2])};
+  __m256i plane_spread[3] = {Load(kPlaneByte[0]), Load(kPlaneByte[1]), Load(kPlaneByte[2])};
+  __m256i low_at[3] = {Load(kLowBitInWord[0]), Load(kLowBitInWord[1]), Load(kLowBitInWord[2])};
   __m256i to_sign = Keep(_mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24));
 };
 
@@ -113,17 +120,13 @@ struct RandomStream {
     Restart();
   }
   CORTADO_AVX2_INLINE void Restart() {
-    const uint32_t lo = static_cast<uint32_t>(index);
-    next = _mm256_add_epi32(
-        _mm256_set1_epi32(static_cast<int>(lo * kHashLo + static_cast<uint32_t>(seed))),
-        k.hash_lanes);
+    next =
+        _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(HashBase(seed, index))), k.hash_lanes);
     key = _mm256_set1_epi32(static_cast<int>(HashKey(seed, index)));
   }
   CORTADO_AVX2_INLINE __m256i Next() {
     __m256i h;
-    // A block that reaches the end of the lower word (straddling it, or ending on it) goes
-    // the scalar way, and the stream restarts with the next upper word.
-    if (static_cast<uint32_t>(index) >= 0xfffffff8u) [[unlikely]] {
+    if (BlockReachesWrap(index, 8)) [[unlikely]] {
       alignas(32) uint32_t r[8];
       for (int j = 0; j < 8; ++j) r[j] = StochasticBits(seed, index + j);
       index += 8;
@@ -293,8 +296,8 @@ CORTADO_AVX2_INLINE __m256i E5Codes(const C& k, __m256 x0, __m256 x1) {
   }
 }
 
-// residual += x - d where finite, else += 0 (see Loss in codec.cpp: the difference is finite
-// exactly when x and d both are).
+// residual += x - d where finite, else += 0 (see Loss in codec_portable.cpp: the difference is
+// finite exactly when x and d both are).
 template <class C>
 CORTADO_AVX2_INLINE void AddLoss(const C& k, __m256 x, __m256 d, float* residual) {
   const __m256 diff = _mm256_sub_ps(x, d);
@@ -333,15 +336,19 @@ CORTADO_AVX2_INLINE void Put(float* dst, __m256 d) {
   _mm256_storeu_ps(dst, d);
 }
 
-// ---- Encode ---------------------------------------------------------------------------------
-
 template <CodecKind K>
 using ConstsOf = Consts<FormatOf(K).e, FormatOf(K).m>;
 
-// Encodes whole blocks; returns how many values it did (a multiple of 8).
+}  // namespace
+
+// ---- Encode ---------------------------------------------------------------------------------
+
+// Loops<Isa::kAvx2> (codec_dispatch.h): whole blocks from the start, as many as fit; returns
+// how many values they held (a multiple of 8).
+template <>
 template <CodecKind K, Rounding R, bool kResidual>
-CORTADO_AVX2_LOOP size_t EncodeBlocks(const float* src, size_t count, uint8_t* dst,
-                                      const EncodeOptions& o, float* residual) {
+CORTADO_AVX2_LOOP size_t Loops<Isa::kAvx2>::Encode(const float* src, size_t count, uint8_t* dst,
+                                                   const EncodeOptions& o, float* residual) {
   const ConstsOf<K> k;
   RandomStream<ConstsOf<K>> random(k, o.seed, o.first_index);
   size_t i = 0;
@@ -462,31 +469,12 @@ CORTADO_AVX2_LOOP size_t EncodeBlocks(const float* src, size_t count, uint8_t* d
   return i;
 }
 
-template <CodecKind K, Rounding R>
-size_t EncodeResidual(const float* src, size_t count, uint8_t* dst, const EncodeOptions& o,
-                      float* residual) {
-  return residual != nullptr ? EncodeBlocks<K, R, true>(src, count, dst, o, residual)
-                             : EncodeBlocks<K, R, false>(src, count, dst, o, residual);
-}
-
-template <CodecKind K>
-size_t EncodeKind(const float* src, size_t count, uint8_t* dst, const EncodeOptions& o,
-                  float* residual) {
-  switch (o.rounding) {
-    case Rounding::kNearest:
-      return EncodeResidual<K, Rounding::kNearest>(src, count, dst, o, residual);
-    case Rounding::kTruncate:
-      return EncodeResidual<K, Rounding::kTruncate>(src, count, dst, o, residual);
-    case Rounding::kStochastic:
-      return EncodeResidual<K, Rounding::kStochastic>(src, count, dst, o, residual);
-  }
-  return 0;
-}
-
 // ---- Decode ---------------------------------------------------------------------------------
 
+// Loops<Isa::kAvx2> (codec_dispatch.h), as Encode.
+template <>
 template <CodecKind K, bool kAccumulate>
-CORTADO_AVX2_LOOP size_t DecodeBlocks(const uint8_t* src, size_t count, float* dst) {
+CORTADO_AVX2_LOOP size_t Loops<Isa::kAvx2>::Decode(const uint8_t* src, size_t count, float* dst) {
   const ConstsOf<K> k;
   size_t i = 0;
   if constexpr (K == CodecKind::kF32) {
@@ -557,70 +545,9 @@ CORTADO_AVX2_LOOP size_t DecodeBlocks(const uint8_t* src, size_t count, float* d
   return i;
 }
 
-template <CodecKind K>
-size_t DecodeKind(const uint8_t* src, size_t count, float* dst, bool accumulate) {
-  return accumulate ? DecodeBlocks<K, true>(src, count, dst)
-                    : DecodeBlocks<K, false>(src, count, dst);
-}
-
-}  // namespace
-
-void EncodeAvx2(CodecKind kind, const float* src, size_t count, uint8_t* dst,
-                const EncodeOptions& options, float* residual) {
-  size_t done = 0;
-  switch (kind) {
-    case CodecKind::kF32:
-      break;  // a copy: the portable memcpy
-    case CodecKind::kF16:
-      done = EncodeKind<CodecKind::kF16>(src, count, dst, options, residual);
-      break;
-    case CodecKind::kBF16:
-      done = EncodeKind<CodecKind::kBF16>(src, count, dst, options, residual);
-      break;
-    case CodecKind::kEpgc11:
-      done = EncodeKind<CodecKind::kEpgc11>(src, count, dst, options, residual);
-      break;
-    case CodecKind::kEpgc9:
-      done = EncodeKind<CodecKind::kEpgc9>(src, count, dst, options, residual);
-      break;
-    case CodecKind::kEpgc8:
-      done = EncodeKind<CodecKind::kEpgc8>(src, count, dst, options, residual);
-      break;
-  }
-  if (done < count) {
-    EncodeOptions rest = options;
-    rest.first_index += done;
-    EncodePortable(kind, src + done, count - done, dst + EncodedBytes(kind, done), rest,
-                   residual != nullptr ? residual + done : nullptr);
-  }
-}
-
-void DecodeAvx2(CodecKind kind, const uint8_t* src, size_t count, float* dst, bool accumulate) {
-  size_t done = 0;
-  switch (kind) {
-    case CodecKind::kF32:
-      if (accumulate) done = DecodeKind<CodecKind::kF32>(src, count, dst, true);
-      break;
-    case CodecKind::kF16:
-      done = DecodeKind<CodecKind::kF16>(src, count, dst, accumulate);
-      break;
-    case CodecKind::kBF16:
-      done = DecodeKind<CodecKind::kBF16>(src, count, dst, accumulate);
-      break;
-    case CodecKind::kEpgc11:
-      done = DecodeKind<CodecKind::kEpgc11>(src, count, dst, accumulate);
-      break;
-    case CodecKind::kEpgc9:
-      done = DecodeKind<CodecKind::kEpgc9>(src, count, dst, accumulate);
-      break;
-    case CodecKind::kEpgc8:
-      done = DecodeKind<CodecKind::kEpgc8>(src, count, dst, accumulate);
-      break;
-  }
-  if (done < count) {
-    DecodePortable(kind, src + EncodedBytes(kind, done), count - done, dst + done, accumulate);
-  }
-}
+template void EncodeSet<Isa::kAvx2>(CodecKind, const float*, size_t, uint8_t*, const EncodeOptions&,
+                                    float*);
+template void DecodeSet<Isa::kAvx2>(CodecKind, const uint8_t*, size_t, float*, bool);
 
 }  // namespace cortado::dist::codec_internal
 

@@ -28,6 +28,9 @@
 
 #include <cstring>
 
+#include "codecs/codec_dispatch.h"
+#include "codecs/codec_tables.h"
+
 #define CORTADO_AVX512 \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx2,f16c")))
 #define CORTADO_AVX512_INLINE CORTADO_AVX512 __attribute__((always_inline)) inline
@@ -53,18 +56,12 @@ CORTADO_AVX512_INLINE __m512i U16(uint16_t v) {
 }
 CORTADO_AVX512_INLINE __m256i Low256(__m512i v) { return _mm512_castsi512_si256(v); }
 
-// A 64-byte table for a byte permute or a byte-wise constant, made at compile time.
-struct alignas(64) ByteTable {
-  uint8_t b[64];
-};
-template <class F>
-constexpr ByteTable MakeTable(F f) {
-  ByteTable t{};
-  for (int i = 0; i < 64; ++i) t.b[i] = static_cast<uint8_t>(f(i));
-  return t;
-}
+// A table (codec_tables.h): a byte permute's indices or a byte-wise constant.
 CORTADO_AVX512_INLINE __m512i Load(const ByteTable& t) {
   return Keep(_mm512_load_si512(reinterpret_cast<const void*>(t.b)));
+}
+CORTADO_AVX512_INLINE __m512i Load(const WordTable& t) {
+  return Keep(_mm512_load_si512(reinterpret_cast<const void*>(t.w)));
 }
 
 // ---- Packing tables ------------------------------------------------------------------------
@@ -93,9 +90,10 @@ constexpr ByteTable kPack9[2] = {GroupTable<1>(0, HighAt9), GroupTable<1>(1, Hig
 // Decoding epgc11, 32 values (4 groups, 44 bytes) per vector: word v's high byte is value v's
 // high part; the low byte of word v gets plane p's byte, in which value v's bit is v % 8.
 constexpr ByteTable kUnpack11High = MakeTable([](int i) { return 11 * (i / 16) + (i / 2) % 8; });
-constexpr ByteTable kUnpack11Plane[3] = {MakeTable([](int i) { return 11 * (i / 16) + 8; }),
-                                         MakeTable([](int i) { return 11 * (i / 16) + 9; }),
-                                         MakeTable([](int i) { return 11 * (i / 16) + 10; })};
+constexpr ByteTable Unpack11Plane(int p) {
+  return MakeTable([p](int i) { return 11 * (i / 16) + 8 + p; });
+}
+constexpr ByteTable kUnpack11Plane[3] = {Unpack11Plane(0), Unpack11Plane(1), Unpack11Plane(2)};
 constexpr ByteTable kUnpack11Bit = MakeTable([](int i) { return i % 2 ? 0 : 1 << ((i / 2) % 8); });
 // Decoding epgc9, 64 values (72 bytes: 64 in one vector, 8 in another): the exponent bytes in
 // order, and the 8 sign bytes.
@@ -119,10 +117,8 @@ struct Consts {
   __m512i s_max = U32(40), c32 = U32(32);
   __m512i normal_min = U32(113u << 23), rebias = U32(112u << 23);
   // The hash: lane j's index multiplier, a block's step, fmix32's multipliers.
-  __m512i hash_lanes = Keep(
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(static_cast<int>(kHashLo))));
-  __m512i hash_step = U32(16 * kHashLo), mix1 = U32(0x85EBCA6Bu), mix2 = U32(0xC2B2AE35u);
+  __m512i hash_lanes = Load(kHashLanes);
+  __m512i hash_step = U32(16 * kHashLo), mix1 = U32(kMix1), mix2 = U32(kMix2);
   // f16 words: magnitude, infinity, the NaN payload the format drops, the quiet bit; 1 and half
   // an ulp of the format less 1; fp32's quiet bit.
   __m512i h_abs = U16(0x7fff), h_inf = U16(0x7c00), h_payload = U16(0x01ff);
@@ -149,14 +145,12 @@ struct RandomStream {
     Restart();
   }
   CORTADO_AVX512_INLINE void Restart() {
-    const uint32_t lo = static_cast<uint32_t>(index);
-    next = _mm512_add_epi32(
-        _mm512_set1_epi32(static_cast<int>(lo * kHashLo + static_cast<uint32_t>(seed))),
-        k.hash_lanes);
+    next =
+        _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(HashBase(seed, index))), k.hash_lanes);
     key = _mm512_set1_epi32(static_cast<int>(HashKey(seed, index)));
   }
   CORTADO_AVX512_INLINE __m512i Next() {
-    if (static_cast<uint32_t>(index) >= 0xfffffff0u) [[unlikely]] {
+    if (BlockReachesWrap(index, 16)) [[unlikely]] {
       alignas(64) uint32_t r[16];
       for (int j = 0; j < 16; ++j) r[j] = StochasticBits(seed, index + j);
       index += 16;
@@ -347,8 +341,7 @@ struct Unpack11 {
   __m512i high_index = Load(kUnpack11High), bit = Load(kUnpack11Bit);
   __m512i plane_index[3] = {Load(kUnpack11Plane[0]), Load(kUnpack11Plane[1]),
                             Load(kUnpack11Plane[2])};
-  __m512i low_at[3] = {Keep(_mm512_set1_epi8(0x20)), Keep(_mm512_set1_epi8(0x40)),
-                       Keep(_mm512_set1_epi8(static_cast<char>(0x80)))};
+  __m512i low_at[3] = {Load(kLowBitInWord[0]), Load(kLowBitInWord[1]), Load(kLowBitInWord[2])};
 
   CORTADO_AVX512_INLINE __m512i Words(__m512i v) const {
     __m512i h = _mm512_maskz_permutexvar_epi8(0xaaaaaaaaaaaaaaaaull, high_index, v);
@@ -367,12 +360,16 @@ CORTADO_AVX512_INLINE void Put(float* dst, __m512 d) {
   _mm512_storeu_ps(dst, d);
 }
 
+}  // namespace
+
 // ---- Encode ---------------------------------------------------------------------------------
 
-// Encodes whole blocks; returns how many values it did (a multiple of 32).
+// Loops<Isa::kAvx512> (codec_dispatch.h): whole blocks from the start, as many as fit; returns
+// how many values they held (a multiple of 32).
+template <>
 template <CodecKind K, Rounding R, bool kResidual>
-CORTADO_AVX512_LOOP size_t EncodeBlocks(const float* src, size_t count, uint8_t* dst,
-                                        const EncodeOptions& o, float* residual) {
+CORTADO_AVX512_LOOP size_t Loops<Isa::kAvx512>::Encode(const float* src, size_t count, uint8_t* dst,
+                                                       const EncodeOptions& o, float* residual) {
   constexpr int M = FormatOf(K).m;
   const ConstsOf<K> k;
   RandomStream<ConstsOf<K>> random(k, o.seed, o.first_index);
@@ -471,31 +468,13 @@ CORTADO_AVX512_LOOP size_t EncodeBlocks(const float* src, size_t count, uint8_t*
   return i;
 }
 
-template <CodecKind K, Rounding R>
-size_t EncodeResidual(const float* src, size_t count, uint8_t* dst, const EncodeOptions& o,
-                      float* residual) {
-  return residual != nullptr ? EncodeBlocks<K, R, true>(src, count, dst, o, residual)
-                             : EncodeBlocks<K, R, false>(src, count, dst, o, residual);
-}
-
-template <CodecKind K>
-size_t EncodeKind(const float* src, size_t count, uint8_t* dst, const EncodeOptions& o,
-                  float* residual) {
-  switch (o.rounding) {
-    case Rounding::kNearest:
-      return EncodeResidual<K, Rounding::kNearest>(src, count, dst, o, residual);
-    case Rounding::kTruncate:
-      return EncodeResidual<K, Rounding::kTruncate>(src, count, dst, o, residual);
-    case Rounding::kStochastic:
-      return EncodeResidual<K, Rounding::kStochastic>(src, count, dst, o, residual);
-  }
-  return 0;
-}
-
 // ---- Decode ---------------------------------------------------------------------------------
 
+// Loops<Isa::kAvx512> (codec_dispatch.h), as Encode.
+template <>
 template <CodecKind K, bool kAccumulate>
-CORTADO_AVX512_LOOP size_t DecodeBlocks(const uint8_t* src, size_t count, float* dst) {
+CORTADO_AVX512_LOOP size_t Loops<Isa::kAvx512>::Decode(const uint8_t* src, size_t count,
+                                                       float* dst) {
   const ConstsOf<K> k;
   size_t i = 0;
   if constexpr (K == CodecKind::kF32) {
@@ -557,70 +536,9 @@ CORTADO_AVX512_LOOP size_t DecodeBlocks(const uint8_t* src, size_t count, float*
   return i;
 }
 
-template <CodecKind K>
-size_t DecodeKind(const uint8_t* src, size_t count, float* dst, bool accumulate) {
-  return accumulate ? DecodeBlocks<K, true>(src, count, dst)
-                    : DecodeBlocks<K, false>(src, count, dst);
-}
-
-}  // namespace
-
-void EncodeAvx512(CodecKind kind, const float* src, size_t count, uint8_t* dst,
-                  const EncodeOptions& options, float* residual) {
-  size_t done = 0;
-  switch (kind) {
-    case CodecKind::kF32:
-      break;  // a copy: the portable memcpy (by way of the AVX2 set)
-    case CodecKind::kF16:
-      done = EncodeKind<CodecKind::kF16>(src, count, dst, options, residual);
-      break;
-    case CodecKind::kBF16:
-      done = EncodeKind<CodecKind::kBF16>(src, count, dst, options, residual);
-      break;
-    case CodecKind::kEpgc11:
-      done = EncodeKind<CodecKind::kEpgc11>(src, count, dst, options, residual);
-      break;
-    case CodecKind::kEpgc9:
-      done = EncodeKind<CodecKind::kEpgc9>(src, count, dst, options, residual);
-      break;
-    case CodecKind::kEpgc8:
-      done = EncodeKind<CodecKind::kEpgc8>(src, count, dst, options, residual);
-      break;
-  }
-  if (done < count) {
-    EncodeOptions rest = options;
-    rest.first_index += done;
-    EncodeAvx2(kind, src + done, count - done, dst + EncodedBytes(kind, done), rest,
-               residual != nullptr ? residual + done : nullptr);
-  }
-}
-
-void DecodeAvx512(CodecKind kind, const uint8_t* src, size_t count, float* dst, bool accumulate) {
-  size_t done = 0;
-  switch (kind) {
-    case CodecKind::kF32:
-      if (accumulate) done = DecodeKind<CodecKind::kF32>(src, count, dst, true);
-      break;
-    case CodecKind::kF16:
-      done = DecodeKind<CodecKind::kF16>(src, count, dst, accumulate);
-      break;
-    case CodecKind::kBF16:
-      done = DecodeKind<CodecKind::kBF16>(src, count, dst, accumulate);
-      break;
-    case CodecKind::kEpgc11:
-      done = DecodeKind<CodecKind::kEpgc11>(src, count, dst, accumulate);
-      break;
-    case CodecKind::kEpgc9:
-      done = DecodeKind<CodecKind::kEpgc9>(src, count, dst, accumulate);
-      break;
-    case CodecKind::kEpgc8:
-      done = DecodeKind<CodecKind::kEpgc8>(src, count, dst, accumulate);
-      break;
-  }
-  if (done < count) {
-    DecodeAvx2(kind, src + EncodedBytes(kind, done), count - done, dst + done, accumulate);
-  }
-}
+template void EncodeSet<Isa::kAvx512>(CodecKind, const float*, size_t, uint8_t*,
+                                      const EncodeOptions&, float*);
+template void DecodeSet<Isa::kAvx512>(CodecKind, const uint8_t*, size_t, float*, bool);
 
 }  // namespace cortado::dist::codec_internal
 

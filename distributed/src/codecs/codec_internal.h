@@ -1,7 +1,7 @@
-// Internals of the gradient codecs (cortado/dist/codec.h), shared by codec.cpp, codec_avx2.cpp,
-// codec_avx512.cpp and the tests: the format parameters, the random-word hash, which kernel set
-// runs, and each kernel set callable with its ISA named, so a test can hold the portable, AVX2
-// and AVX-512 kernels against each other in one process whatever CORTADO_CODEC_ISA says.
+// Internals of the gradient codecs (cortado/dist/codec.h), shared by the files of codecs/ and the
+// tests: the format parameters, the random-word hash, which kernel set runs, and each kernel set
+// callable with its ISA named, so a test can hold the portable, AVX2 and AVX-512 kernels against
+// each other in one process whatever CORTADO_CODEC_ISA says.
 #pragma once
 
 #include <cstddef>
@@ -51,11 +51,17 @@ constexpr Format FormatOf(CodecKind kind) {
   return {8, 23, 127};
 }
 
-// StochasticBits, in pieces a kernel can hoist: for a stretch of indices sharing their upper
-// 32 bits, HashKey is constant and only the lower word changes.
+// StochasticBits(seed, index) = Fmix32(HashBase(seed, index) ^ HashKey(seed, index)), in pieces
+// a kernel can hoist: for a stretch of indices sharing their upper 32 bits, HashKey is constant
+// and HashBase advances by kHashLo per index.
 constexpr uint32_t kHashLo = 0x9E3779B1u;    // multiplies index bits 0..31
 constexpr uint32_t kHashHi = 0x85EBCA77u;    // multiplies index bits 32..63
 constexpr uint32_t kHashSeed = 0xC2B2AE3Du;  // multiplies seed bits 32..63
+constexpr uint32_t kMix1 = 0x85EBCA6Bu;      // Fmix32's multipliers
+constexpr uint32_t kMix2 = 0xC2B2AE35u;
+inline uint32_t HashBase(uint64_t seed, uint64_t index) {
+  return static_cast<uint32_t>(index) * kHashLo + static_cast<uint32_t>(seed);
+}
 inline uint32_t HashKey(uint64_t seed, uint64_t index) {
   return static_cast<uint32_t>(index >> 32) * kHashHi ^
          static_cast<uint32_t>(seed >> 32) * kHashSeed;
@@ -63,11 +69,17 @@ inline uint32_t HashKey(uint64_t seed, uint64_t index) {
 // murmur3's 32-bit finalizer: every input bit reaches every output bit.
 inline uint32_t Fmix32(uint32_t h) {
   h ^= h >> 16;
-  h *= 0x85EBCA6Bu;
+  h *= kMix1;
   h ^= h >> 13;
-  h *= 0xC2B2AE35u;
+  h *= kMix2;
   h ^= h >> 16;
   return h;
+}
+// Whether a block of `lanes` indices from `index` reaches the end of the lower index word
+// (straddling it, or ending on it): HashKey changes inside it, so a vector stream draws such a
+// block the scalar way and restarts after it.
+inline bool BlockReachesWrap(uint64_t index, uint32_t lanes) {
+  return static_cast<uint32_t>(index) >= 0u - lanes;
 }
 
 // Kernel sets, in order: each later one needs what the earlier ones do.
@@ -93,23 +105,16 @@ void EncodeWith(Isa isa, CodecKind kind, const float* src, size_t count, void* d
 void DecodeWith(Isa isa, CodecKind kind, const void* src, size_t count, float* dst,
                 bool accumulate);
 
-// The kernel sets: any count, src at any alignment, dst at any byte offset. The AVX-512 set runs
-// its vector loops over whole blocks and hands the rest to the AVX2 set, which does the same
-// with the portable set: so both must accept a start in the middle of a stream, their (src,
-// dst, first_index) being the caller's advanced by a multiple of 8 values (dst starts at a
-// group boundary).
-void EncodePortable(CodecKind kind, const float* src, size_t count, uint8_t* dst,
-                    const EncodeOptions& options, float* residual);
-void DecodePortable(CodecKind kind, const uint8_t* src, size_t count, float* dst, bool accumulate);
-#if CORTADO_CODEC_HAVE_AVX2
-void EncodeAvx2(CodecKind kind, const float* src, size_t count, uint8_t* dst,
-                const EncodeOptions& options, float* residual);
-void DecodeAvx2(CodecKind kind, const uint8_t* src, size_t count, float* dst, bool accumulate);
-#endif
-#if CORTADO_CODEC_HAVE_AVX512
-void EncodeAvx512(CodecKind kind, const float* src, size_t count, uint8_t* dst,
-                  const EncodeOptions& options, float* residual);
-void DecodeAvx512(CodecKind kind, const uint8_t* src, size_t count, float* dst, bool accumulate);
-#endif
+// The kernel sets, by ISA: any count, src at any alignment, dst at any byte offset. The AVX-512
+// set runs its vector loops over whole blocks and hands the rest to the AVX2 set, which does the
+// same with the portable set (codec_dispatch.h): so both must accept a start in the middle of a
+// stream, their (src, dst, first_index) being the caller's advanced by a multiple of 8 values
+// (dst starts at a group boundary). Defined for kAvx2 only where CORTADO_CODEC_HAVE_AVX2, for
+// kAvx512 only where CORTADO_CODEC_HAVE_AVX512.
+template <Isa I>
+void EncodeSet(CodecKind kind, const float* src, size_t count, uint8_t* dst,
+               const EncodeOptions& options, float* residual);
+template <Isa I>
+void DecodeSet(CodecKind kind, const uint8_t* src, size_t count, float* dst, bool accumulate);
 
 }  // namespace cortado::dist::codec_internal

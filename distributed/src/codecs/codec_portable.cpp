@@ -1,0 +1,301 @@
+// The portable kernel set of the gradient codecs: plain C++, for every CPU, and the rest of the
+// vector sets' streams. It works on blocks of kBlock values in stack buffers: codes are computed
+// by branch-free per-value functions (so loops over them vectorize where the compiler may), then
+// packed; written independently of the scalar reference (codec.cpp) and tested against it.
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "codecs/codec_dispatch.h"
+#include "codecs/codec_internal.h"
+#include "cortado/dist/types.h"
+
+namespace cortado::dist::codec_internal {
+namespace {
+
+constexpr size_t kBlock = 512;  // values per pass (a multiple of 8: blocks start at groups)
+static_assert(kBlock % 8 == 0);
+
+// The code of fp32 bits u (EncodeValue), branch-free. E8 formats (bf16, epgc9) share fp32's
+// exponent, so base + q of the reference is simply abs >> s; the E5 formats need a per-value s.
+template <CodecKind K, Rounding R>
+inline uint32_t EncodeBits(uint32_t u, uint32_t r) {
+  constexpr Format f = FormatOf(K);
+  constexpr uint32_t inf = ((1u << f.e) - 1) << f.m;
+  constexpr uint32_t qnan = f.m > 0 ? 1u << (f.m > 0 ? f.m - 1 : 0) : 0u;
+  const uint32_t abs = u & 0x7fffffffu;
+  uint32_t mag;
+  if constexpr (f.e == 8) {
+    constexpr int s = 23 - f.m;
+    if constexpr (R == Rounding::kNearest) {
+      // Ties go to an even q: q's low bit is abs's bit s, except for epgc9 (q is the implicit
+      // bit alone: 1 for normal x, 0 for subnormal).
+      const uint32_t odd = f.m > 0 ? (abs >> s) & 1u : (abs >= 0x800000u ? 1u : 0u);
+      mag = (abs + ((1u << (s - 1)) - 1) + odd) >> s;
+    } else if constexpr (R == Rounding::kTruncate) {
+      mag = abs >> s;
+    } else {
+      const uint32_t rem = abs & ((1u << s) - 1);
+      mag = (abs >> s) + (r < (rem << (32 - s)) ? 1u : 0u);
+    }
+  } else {
+    const uint32_t ef = abs >> 23;
+    const uint32_t sig = (u & 0x7fffffu) | (ef != 0 ? 0x800000u : 0u);
+    const int e1 = std::max(static_cast<int>(ef), 1);
+    constexpr int kNormal = 127 - f.bias + 1;  // e1 from which x is normal in the target
+    const uint32_t base = static_cast<uint32_t>(std::max(e1 - kNormal, 0)) << f.m;
+    const int s = 23 - f.m + std::max(kNormal - e1, 0);
+    if constexpr (R == Rounding::kNearest) {
+      const int sn = std::min(s, 25);  // from 25 on, x is below half the smallest subnormal
+      const uint32_t odd = (sig >> sn) & 1u;
+      mag = base + ((sig + ((1u << (sn - 1)) - 1) + odd) >> sn);
+    } else if constexpr (R == Rounding::kTruncate) {
+      mag = base + (s < 32 ? sig >> s : 0u);
+    } else {
+      const int sc = std::min(s, 40);
+      const uint32_t q = sc < 32 ? sig >> sc : 0u;
+      const uint32_t rem = sc < 32 ? sig & ((1u << sc) - 1) : sig;
+      const uint32_t threshold = sc <= 32 ? rem << (32 - sc) : rem >> (sc - 32);
+      mag = base + q + (r < threshold ? 1u : 0u);
+    }
+  }
+  mag = std::min(mag, inf);
+  if (abs > 0x7f800000u) mag |= qnan;
+  return mag | (u >> 31) << (f.e + f.m);
+}
+
+// All ones where `condition`, else 0: selects by masks keep the loops free of branches (and
+// so vectorizable).
+inline uint32_t Mask(bool condition) { return 0u - static_cast<uint32_t>(condition); }
+
+// HalfToFloat on bits, branch-free (equal on all 65,536 inputs: tested).
+inline uint32_t HalfBitsToFloatBits(uint32_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t a = h & 0x7fffu;
+  const uint32_t exp = a >> 10;
+  const uint32_t normal = (a << 13) + (112u << 23);  // rebias 15 -> 127
+  const uint32_t special = normal + (112u << 23);    // field 31 -> 255, payload kept
+  const uint32_t sub = FloatToBits(static_cast<float>(a) * 0x1p-24f);  // a < 1024: exact
+  const uint32_t is_sub = Mask(exp == 0), is_special = Mask(exp == 31);
+  return sign | (sub & is_sub) | (special & is_special) | (normal & ~(is_sub | is_special));
+}
+
+// fp32 bits of a code (DecodeValue).
+template <CodecKind K>
+inline uint32_t DecodeBits(uint32_t code) {
+  constexpr Format f = FormatOf(K);
+  if constexpr (f.e == 8) {
+    return code << (31 - f.e - f.m);  // sign lands on bit 31, the rest on fp32's places
+  } else {
+    return HalfBitsToFloatBits(code << (10 - f.m));
+  }
+}
+
+// residual += x - d where both are finite, else += 0. If x or d is not finite, x - d is not
+// either, and when both are, |x - d| is below one gap of the format: so testing the difference
+// is the same test, and it keeps the loop free of branches.
+inline float Loss(float x, float d) {
+  const uint32_t diff = FloatToBits(x - d);
+  return BitsToFloat(diff & ~Mask((diff & 0x7f800000u) == 0x7f800000u));
+}
+
+void RandomWords(uint64_t seed, uint64_t first, size_t n, uint32_t* r) {
+  const uint32_t lo = static_cast<uint32_t>(first);
+  if (lo + static_cast<uint64_t>(n) <= (uint64_t{1} << 32)) {
+    // The upper index word is the same for all n: hoist it.
+    const uint32_t key = HashKey(seed, first), seed_lo = static_cast<uint32_t>(seed);
+    for (size_t i = 0; i < n; ++i) {
+      r[i] = Fmix32(((lo + static_cast<uint32_t>(i)) * kHashLo + seed_lo) ^ key);
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) r[i] = StochasticBits(seed, first + i);
+  }
+}
+
+// Bit-packed formats: per group of k <= 8 values, k high bytes, then the L-bit low parts as
+// L*k bits in bit-plane order.
+template <CodecKind K>
+struct Split;
+template <>
+struct Split<CodecKind::kEpgc11> {
+  static constexpr int kLow = 3;
+  static uint32_t High(uint32_t c) { return c >> 3; }
+  static uint32_t Low(uint32_t c) { return c & 7u; }
+  static uint32_t Join(uint32_t high, uint32_t low) { return high << 3 | low; }
+};
+template <>
+struct Split<CodecKind::kEpgc9> {
+  static constexpr int kLow = 1;
+  static uint32_t High(uint32_t c) { return c & 0xffu; }
+  static uint32_t Low(uint32_t c) { return c >> 8; }
+  static uint32_t Join(uint32_t high, uint32_t low) { return low << 8 | high; }
+};
+
+// Whole groups in two passes: a plain loop (which vectorizes) splits the codes into a byte of
+// high part and a byte of low part each; then per group the 8 high bytes are copied and the
+// planes gathered by 64-bit multiplies: with the 8 low parts one per byte of w, bit p of every
+// byte lands in one byte by (w >> p & 0x0101..01) * 0x0102040810204080 >> 56 (byte j's bit on
+// bit 56 + j, no two partial products meeting). Back, a plane byte spread over 8 bytes keeps bit
+// j in byte j by a mask, which adding 0x7f per byte moves to the byte's top bit.
+constexpr uint64_t kByteLsbs = 0x0101010101010101ull;
+constexpr uint64_t kGather = 0x0102040810204080ull;
+constexpr uint64_t kBitOfByte = 0x8040201008040201ull;
+
+// 8 bytes as a little-endian word and back (the bytes of value j are byte j).
+inline uint64_t LoadLittleEndian64(const uint8_t* src) {
+  uint64_t v = 0;
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(&v, src, 8);
+  } else {
+    for (int b = 0; b < 8; ++b) v |= uint64_t{src[b]} << 8 * b;
+  }
+  return v;
+}
+inline void StoreLittleEndian64(uint8_t* dst, uint64_t v) {
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(dst, &v, 8);
+  } else {
+    for (int b = 0; b < 8; ++b) dst[b] = static_cast<uint8_t>(v >> 8 * b);
+  }
+}
+
+template <CodecKind K>
+void PackGroups(const uint32_t* codes, size_t n, uint8_t* dst) {
+  using S = Split<K>;
+  uint8_t high[kBlock], low[kBlock];
+  for (size_t i = 0; i < n; ++i) {
+    high[i] = static_cast<uint8_t>(S::High(codes[i]));
+    low[i] = static_cast<uint8_t>(S::Low(codes[i]));
+  }
+  size_t g = 0;
+  for (; g + 8 <= n; g += 8, dst += 8 + S::kLow) {
+    std::memcpy(dst, high + g, 8);
+    const uint64_t w = LoadLittleEndian64(low + g);
+    for (int p = 0; p < S::kLow; ++p) {
+      dst[8 + p] = static_cast<uint8_t>(((w >> p) & kByteLsbs) * kGather >> 56);
+    }
+  }
+  if (g < n) {  // the last, partial group
+    const size_t k = n - g;
+    uint32_t planes = 0;  // at most 3 * 7 bits
+    for (size_t j = 0; j < k; ++j) {
+      dst[j] = high[g + j];
+      for (int p = 0; p < S::kLow; ++p) planes |= ((low[g + j] >> p) & 1u) << (p * k + j);
+    }
+    for (size_t b = 0; b < (S::kLow * k + 7) / 8; ++b)
+      dst[k + b] = static_cast<uint8_t>(planes >> 8 * b);
+  }
+}
+
+template <CodecKind K>
+void UnpackGroups(const uint8_t* src, size_t n, uint32_t* codes) {
+  using S = Split<K>;
+  uint8_t high[kBlock], low[kBlock];
+  size_t g = 0;
+  for (; g + 8 <= n; g += 8, src += 8 + S::kLow) {
+    std::memcpy(high + g, src, 8);
+    uint64_t w = 0;
+    for (int p = 0; p < S::kLow; ++p) {
+      const uint64_t bits = (src[8 + p] * kByteLsbs) & kBitOfByte;  // byte j: bit j or 0
+      w |= ((bits + 0x7f7f7f7f7f7f7f7full) & 0x8080808080808080ull) >> (7 - p);
+    }
+    StoreLittleEndian64(low + g, w);
+  }
+  if (g < n) {  // the last, partial group
+    const size_t k = n - g;
+    uint32_t planes = 0;
+    for (size_t b = 0; b < (S::kLow * k + 7) / 8; ++b) planes |= uint32_t{src[k + b]} << 8 * b;
+    for (size_t j = 0; j < k; ++j) {
+      uint32_t bits = 0;
+      for (int p = 0; p < S::kLow; ++p) bits |= ((planes >> (p * k + j)) & 1u) << p;
+      high[g + j] = src[j];
+      low[g + j] = static_cast<uint8_t>(bits);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) codes[i] = S::Join(high[i], low[i]);
+}
+
+template <CodecKind K>
+void Pack(const uint32_t* codes, size_t n, uint8_t* dst) {
+  if constexpr (K == CodecKind::kF16 || K == CodecKind::kBF16) {
+    for (size_t i = 0; i < n; ++i) {  // little-endian 16-bit words
+      dst[2 * i] = static_cast<uint8_t>(codes[i]);
+      dst[2 * i + 1] = static_cast<uint8_t>(codes[i] >> 8);
+    }
+  } else if constexpr (K == CodecKind::kEpgc8) {
+    for (size_t i = 0; i < n; ++i) dst[i] = static_cast<uint8_t>(codes[i]);
+  } else {
+    PackGroups<K>(codes, n, dst);
+  }
+}
+
+template <CodecKind K>
+void Unpack(const uint8_t* src, size_t n, uint32_t* codes) {
+  if constexpr (K == CodecKind::kF16 || K == CodecKind::kBF16) {
+    for (size_t i = 0; i < n; ++i) codes[i] = uint32_t{src[2 * i]} | uint32_t{src[2 * i + 1]} << 8;
+  } else if constexpr (K == CodecKind::kEpgc8) {
+    for (size_t i = 0; i < n; ++i) codes[i] = src[i];
+  } else {
+    UnpackGroups<K>(src, n, codes);
+  }
+}
+
+}  // namespace
+
+// Loops<Isa::kPortable> (codec_dispatch.h): every value, kBlock at a time.
+template <>
+template <CodecKind K, Rounding R, bool kResidual>
+size_t Loops<Isa::kPortable>::Encode(const float* src, size_t count, uint8_t* dst,
+                                     const EncodeOptions& options, float* residual) {
+  uint32_t in[kBlock], codes[kBlock], rnd[kBlock];
+  const auto* bytes = reinterpret_cast<const uint8_t*>(src);  // src may be unaligned
+  for (size_t done = 0; done < count; done += kBlock) {
+    const size_t n = std::min(kBlock, count - done);
+    std::memcpy(in, bytes + done * 4, n * 4);
+    if constexpr (R == Rounding::kStochastic) {
+      RandomWords(options.seed, options.first_index + done, n, rnd);
+      for (size_t i = 0; i < n; ++i) codes[i] = EncodeBits<K, R>(in[i], rnd[i]);
+    } else {
+      for (size_t i = 0; i < n; ++i) codes[i] = EncodeBits<K, R>(in[i], 0);
+    }
+    if constexpr (kResidual) {
+      float* res = residual + done;
+      for (size_t i = 0; i < n; ++i) {
+        res[i] = res[i] + Loss(BitsToFloat(in[i]), BitsToFloat(DecodeBits<K>(codes[i])));
+      }
+    }
+    Pack<K>(codes, n, dst + EncodedBytes(K, done));
+  }
+  return count;
+}
+
+template <>
+template <CodecKind K, bool kAccumulate>
+size_t Loops<Isa::kPortable>::Decode(const uint8_t* src, size_t count, float* dst) {
+  uint32_t codes[kBlock];
+  for (size_t done = 0; done < count; done += kBlock) {
+    const size_t n = std::min(kBlock, count - done);
+    float* out = dst + done;
+    if constexpr (K == CodecKind::kF32) {
+      const uint8_t* in = src + done * 4;  // any alignment: read each float by memcpy
+      for (size_t i = 0; i < n; ++i) {
+        float v;
+        std::memcpy(&v, in + 4 * i, 4);
+        out[i] = kAccumulate ? out[i] + v : v;  // (DecodeSet copies for a plain decode)
+      }
+    } else {
+      Unpack<K>(src + EncodedBytes(K, done), n, codes);
+      for (size_t i = 0; i < n; ++i) {
+        const float d = BitsToFloat(DecodeBits<K>(codes[i]));
+        out[i] = kAccumulate ? out[i] + d : d;
+      }
+    }
+  }
+  return count;
+}
+
+template void EncodeSet<Isa::kPortable>(CodecKind, const float*, size_t, uint8_t*,
+                                        const EncodeOptions&, float*);
+template void DecodeSet<Isa::kPortable>(CodecKind, const uint8_t*, size_t, float*, bool);
+
+}  // namespace cortado::dist::codec_internal
