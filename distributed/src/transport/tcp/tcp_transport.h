@@ -1,24 +1,8 @@
-// The TCP transport: one connection per pair of ranks (a full mesh, so every rank notices any
-// peer's death), framed messages (wire.h), TCP_NODELAY, optional large socket buffers.
-//
-// Progress model. All socket IO happens under io_mu_, done by whichever thread holds it:
-//   - the driving thread inside Wait/Test (the communicator's, during a collective): it writes
-//     queued frames and reads incoming ones until the socket would block or the message it waits
-//     for is complete (so a ring chunk is reduced while still in cache, before more data is
-//     pulled in behind it), polls briefly (CommOptions::spin_us; yielding the core after
-//     kBusyPollUs, in case the peer shares it) and then sleeps in epoll_wait on its own epoll set;
-//   - the progress thread, between operations: it sleeps in epoll_wait on a second epoll set
-//     (both edge-triggered) and does the same IO, so posted sends keep moving, status queries
-//     are answered and dead peers are noticed while the application computes. While a driver
-//     is active (BeginOperation..EndOperation) it parks on a timed condition variable instead,
-//     so it neither spins nor steals the core the reduction runs on.
-// Receives land directly in the posted buffer: a frame's header is read into a small staging
-// buffer together with whatever follows it in the socket, and the payload is then read straight
-// into the destination (readv with the staging buffer as the second vector, so the next header
-//
-// Internal to the TCP transport (src/tcp/): the connection state and the transport class, shared
-// by its three parts: connect.cpp (the handshake mesh), io.cpp (the IO state machine) and
-// transport.cpp (posting, completion, status queries, abort, the progress thread).
+// Internal: the TCP transport (CORTADO_TRANSPORT=tcp): one connection per pair of ranks (a full
+// mesh, so every rank notices any peer's death), framed messages (wire.h), TCP_NODELAY, optional
+// large socket buffers. Its parts: connect.cpp and handshake.cpp (the mesh setup), io.cpp (the
+// IO state machine of an open connection), transport.cpp (posting, completion, status queries,
+// abort, the progress thread).
 #pragma once
 
 #include <sys/epoll.h>
@@ -37,6 +21,7 @@
 #include "cortado/dist/tcp_transport.h"
 #include "cortado/dist/transport.h"
 #include "transport/tcp/frames.h"
+#include "transport/tcp/handshake.h"
 #include "transport/tcp/wire.h"
 
 namespace cortado::dist::tcp {
@@ -46,9 +31,10 @@ using internal::Fd;
 using internal::FrameHeader;
 using internal::FrameTypeName;
 
-// The staging buffer holds frame headers and small payloads. Reading a payload straight into
-// its destination also asks for kTailBytes more into staging, to catch the next header without
-// another system call; it is kept small because whatever payload lands in staging is copied.
+// Receives land directly in the posted buffer: a frame's header is read into a small staging
+// buffer together with whatever follows it in the socket, and the payload is then read straight
+// into the destination, with kTailBytes more into staging (readv) to catch the next header
+// without another system call; kept small because whatever payload lands in staging is copied.
 constexpr size_t kStagingBytes = 64 << 10;
 constexpr size_t kTailBytes = 512;
 // A header read (nothing pending) asks for this much: small frames arrive whole, while little
@@ -165,6 +151,12 @@ class TcpTransport final : public Transport {
     bool notice;  // learned from a peer's abort rather than seen directly
   };
 
+  // Mesh setup (connect.cpp): one round of polling the listener and the pending handshakes.
+  void PollHandshakes(const HandshakeContext& context, std::vector<Handshake>* pending,
+                      int* inbound_missing);
+  void AdoptConnection(int peer, Fd fd);  // an admitted connection joins the mesh
+  std::vector<int> MissingPeers() const;  // ranks without a connection yet
+
   // Everything below requires io_mu_.
   bool ProgressLocked();
   bool WriteSome(Conn& c);
@@ -199,6 +191,18 @@ class TcpTransport final : public Transport {
   Fd thread_epfd_;
   Fd wake_fd_;
 
+  // Progress. All socket IO happens under io_mu_, done by whichever thread holds it:
+  //   - the driving thread inside Wait/Test (the communicator's, during a collective): it writes
+  //     queued frames and reads incoming ones until the socket would block or the message it
+  //     waits for is complete (so a ring chunk is reduced while still in cache, before more
+  //     data is pulled in behind it), polls briefly (CommOptions::spin_us; yielding the core
+  //     after kBusyPollUs, in case the peer shares it), then sleeps in epoll_wait on
+  //     caller_epfd_;
+  //   - the progress thread, between operations: it sleeps in epoll_wait on thread_epfd_ (both
+  //     sets edge-triggered) and does the same IO, so posted sends keep moving, status queries
+  //     are answered and dead peers are noticed while the application computes. While a driver
+  //     is active (BeginOperation..EndOperation, counted in drivers_) it parks on park_cv_
+  //     instead, so it neither spins nor steals the core the reduction runs on.
   std::mutex io_mu_;
   std::unordered_map<RequestId, Request> requests_;
   RequestId next_id_ = 1;
