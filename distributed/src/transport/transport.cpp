@@ -1,11 +1,13 @@
 // The Transport interface's defaults: Allocate as host memory plus Register, and no peer
-// mapping (a transport without shared memory never exports a region).
+// mapping (a transport without shared memory never exports a region); and the checks every
+// transport makes (transport_internal.h).
 #include "cortado/dist/transport.h"
 
 #include <algorithm>
 #include <cstdlib>
 
 #include "cortado/dist/error.h"
+#include "transport/transport_internal.h"
 
 namespace cortado::dist {
 namespace {
@@ -27,6 +29,21 @@ class OwnedRegion final : public MemoryRegion {
 };
 
 }  // namespace
+
+namespace internal {
+
+void CheckTransfer(const MemoryRegion& region, size_t offset, size_t bytes, int peer, int rank,
+                   int size) {
+  if (offset > region.size() || bytes > region.size() - offset) {
+    Fail(ErrorKind::kInvalidArgument, "transfer of ", bytes, " bytes at offset ", offset,
+         " exceeds the registered region of ", region.size(), " bytes");
+  }
+  if (peer < 0 || peer >= size || peer == rank) {
+    Fail(ErrorKind::kInvalidArgument, "rank ", rank, ": no connection to rank ", peer);
+  }
+}
+
+}  // namespace internal
 
 std::unique_ptr<MemoryRegion> Transport::Allocate(size_t bytes) {
   const size_t rounded = (std::max<size_t>(bytes, 1) + kPage - 1) / kPage * kPage;

@@ -16,6 +16,11 @@
 
 namespace cortado::dist::tcp {
 
+std::string SizeMismatch(size_t sent, uint64_t tag, size_t expected) {
+  return StrCat("sent ", sent, " bytes for tag 0x", std::hex, tag, std::dec, " where ", expected,
+                " were expected (mismatched collective calls?)");
+}
+
 int TcpTransport::BlockForEvents(std::unique_lock<std::mutex>& lock, int epfd, int timeout_ms) {
   epoll_event events[64];
   lock.unlock();
@@ -247,8 +252,7 @@ void TcpTransport::BeginPayload(Conn& c) {
                            [&](const RecvItem& r) { return r.tag == h.tag; });
     if (it != c.posted.end()) {
       if (it->len != h.length) {
-        FailConn(c, StrCat("sent ", h.length, " bytes for tag 0x", std::hex, h.tag, std::dec,
-                           " where ", it->len, " were expected (mismatched collective calls?)"));
+        FailConn(c, SizeMismatch(h.length, h.tag, it->len));
         return;
       }
       c.dst = it->data;
@@ -384,19 +388,12 @@ void TcpTransport::FailConn(Conn& c, const std::string& why) {
 }
 
 void TcpTransport::FailPending(Conn& c, const std::string& why) {
-  auto fail = [&](RequestId id) {
-    auto it = requests_.find(id);
-    if (it != requests_.end() && !it->second.done) {
-      it->second.failed = true;
-      it->second.error = why;
-    }
-  };
-  for (auto& r : c.posted) fail(r.id);
+  for (auto& r : c.posted) MarkFailed(r.id, why);
   c.posted.clear();
-  if (c.dst_id) fail(c.dst_id);
+  if (c.dst_id) MarkFailed(c.dst_id, why);
   c.dst_id = 0;
   for (auto& s : c.sendq) {
-    if (s.id) fail(s.id);
+    if (s.id) MarkFailed(s.id, why);
   }
   if (c.state != ConnState::kGoodbye && c.state != ConnState::kOpen) c.sendq.clear();
   c.rstate = RState::kHeader;

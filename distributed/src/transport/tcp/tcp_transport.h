@@ -44,6 +44,10 @@ constexpr size_t kHeaderReadBytes = 4 << 10;
 constexpr int kBusyPollUs = 10;
 constexpr uint32_t kWakeKey = 0xffffffffu;
 
+// "sent N bytes for tag 0xT where M were expected (...)": a data frame that does not fit the
+// receive posted for its tag.
+std::string SizeMismatch(size_t sent, uint64_t tag, size_t expected);
+
 class TcpRegion final : public MemoryRegion {
  public:
   TcpRegion(void* data, size_t size) : MemoryRegion(data, size) {}
@@ -171,9 +175,13 @@ class TcpTransport final : public Transport {
   void QueueControl(Conn& c, internal::FrameType type, uint64_t tag, std::string payload);
   void ApplyEvents(const epoll_event* events, int n);
   int BlockForEvents(std::unique_lock<std::mutex>& lock, int epfd, int timeout_ms);
-  void CheckRegion(const MemoryRegion& region, size_t offset, size_t bytes, int peer) const;
   Conn* PeerConn(int peer, const char* what);
   RequestId NewRequest(int peer);
+  RequestId FailedRequest(int peer, const std::string& why);  // a new request, failed already
+  void MarkFailed(RequestId id, const std::string& why);      // unless it is done
+  // PostRecv of a message that arrived before its receive was posted.
+  RequestId TakeUnexpected(Conn& c, std::deque<Unexpected>::iterator message, char* dst,
+                           size_t bytes);
   [[noreturn]] void ThrowFailureLocked();
   bool HasFailureLocked() const { return !failures_.empty() || !broken_.empty(); }
   void WakeProgressThread();

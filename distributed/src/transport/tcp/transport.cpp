@@ -18,6 +18,7 @@
 
 #include "cortado/dist/error.h"
 #include "transport/tcp/tcp_transport.h"
+#include "transport/transport_internal.h"
 
 namespace cortado::dist {
 namespace tcp {
@@ -104,17 +105,6 @@ void TcpTransport::AddToEpoll(Conn& c) {
 // ----------------------------------------------------------------------------------------------
 // Posting and completion.
 
-void TcpTransport::CheckRegion(const MemoryRegion& region, size_t offset, size_t bytes,
-                               int peer) const {
-  if (offset > region.size() || bytes > region.size() - offset) {
-    Fail(ErrorKind::kInvalidArgument, "transfer of ", bytes, " bytes at offset ", offset,
-         " exceeds the registered region of ", region.size(), " bytes");
-  }
-  if (peer < 0 || peer >= size_ || peer == rank_) {
-    Fail(ErrorKind::kInvalidArgument, "rank ", rank_, ": no connection to rank ", peer);
-  }
-}
-
 Conn* TcpTransport::PeerConn(int peer, const char* what) {
   if (!connected_) Fail(ErrorKind::kInvalidArgument, what, " before Connect");
   return conns_[static_cast<size_t>(peer)].get();
@@ -127,18 +117,29 @@ RequestId TcpTransport::NewRequest(int peer) {
   return id;
 }
 
+RequestId TcpTransport::FailedRequest(int peer, const std::string& why) {
+  const RequestId id = NewRequest(peer);
+  MarkFailed(id, why);
+  return id;
+}
+
+void TcpTransport::MarkFailed(RequestId id, const std::string& why) {
+  auto it = requests_.find(id);
+  if (it != requests_.end() && !it->second.done) {
+    it->second.failed = true;
+    it->second.error = why;
+  }
+}
+
 RequestId TcpTransport::PostSend(int peer, const MemoryRegion& region, size_t offset, size_t bytes,
                                  uint64_t tag) {
-  CheckRegion(region, offset, bytes, peer);
+  internal::CheckTransfer(region, offset, bytes, peer, rank_, size_);
   std::lock_guard<std::mutex> lock(io_mu_);
   Conn* c = PeerConn(peer, "PostSend");
-  RequestId id = NewRequest(peer);
   if (c->state != ConnState::kOpen) {
-    Request& r = requests_[id];
-    r.failed = true;
-    r.error = StrCat("rank ", peer, " is no longer connected");
-    return id;
+    return FailedRequest(peer, StrCat("rank ", peer, " is no longer connected"));
   }
+  const RequestId id = NewRequest(peer);
   SendItem s;
   s.id = id;
   s.header = internal::MakeHeader(internal::kFrameData, tag, bytes);
@@ -151,54 +152,48 @@ RequestId TcpTransport::PostSend(int peer, const MemoryRegion& region, size_t of
 
 RequestId TcpTransport::PostRecv(int peer, const MemoryRegion& region, size_t offset, size_t bytes,
                                  uint64_t tag) {
-  CheckRegion(region, offset, bytes, peer);
+  internal::CheckTransfer(region, offset, bytes, peer, rank_, size_);
   std::lock_guard<std::mutex> lock(io_mu_);
   Conn* c = PeerConn(peer, "PostRecv");
-  RequestId id = NewRequest(peer);
   char* dst = static_cast<char*>(region.data()) + offset;
   // A message that already arrived unexpectedly is copied out now.
-  for (auto it = c->unexpected.begin(); it != c->unexpected.end(); ++it) {
-    if (it->tag != tag) continue;
-    Request& r = requests_[id];
-    if (it->data.size() != bytes) {
-      r.failed = true;
-      r.error = StrCat("rank ", peer, " sent ", it->data.size(), " bytes for tag 0x", std::hex, tag,
-                       std::dec, " where ", bytes, " were expected (mismatched collective calls?)");
-    } else {
-      if (bytes) std::memcpy(dst, it->data.data(), bytes);
-      r.done = true;
-    }
-    c->unexpected_bytes -= it->data.size();
-    c->unexpected.erase(it);
-    if (c->rstate == RState::kStalled) BeginPayload(*c);
-    return id;
-  }
-  if (!c->Readable()) {
-    Request& r = requests_[id];
-    r.failed = true;
-    r.error = StrCat("rank ", peer, " is no longer connected");
-    return id;
-  }
+  auto unexpected = std::find_if(c->unexpected.begin(), c->unexpected.end(),
+                                 [&](const Unexpected& u) { return u.tag == tag; });
+  if (unexpected != c->unexpected.end()) return TakeUnexpected(*c, unexpected, dst, bytes);
+  if (!c->Readable()) return FailedRequest(peer, StrCat("rank ", peer, " is no longer connected"));
   // The message may be arriving right now as an unexpected one: take it over, moving what has
   // arrived so far, and let the rest land in place.
   if (c->rstate == RState::kPayload && c->hdr.type == internal::kFrameData && c->dst_id == 0 &&
       !c->discard && c->hdr.tag == tag) {
-    Request& r = requests_[id];
     if (c->dst_len != bytes) {
-      r.failed = true;
-      r.error = StrCat("rank ", peer, " sent ", c->dst_len, " bytes for tag 0x", std::hex, tag,
-                       std::dec, " where ", bytes, " were expected (mismatched collective calls?)");
-      return id;
+      return FailedRequest(peer, StrCat("rank ", peer, " ", SizeMismatch(c->dst_len, tag, bytes)));
     }
     if (c->dst_have) std::memcpy(dst, c->body.data(), c->dst_have);
     c->body = {};
     c->dst = dst;
-    c->dst_id = id;
-    return id;
+    c->dst_id = NewRequest(peer);
+    return c->dst_id;
   }
+  const RequestId id = NewRequest(peer);
   c->posted.push_back(RecvItem{id, tag, dst, bytes});
   if (c->rstate == RState::kStalled) BeginPayload(*c);  // the stalled frame may be this one
   if (drivers_.load(std::memory_order_relaxed) == 0) WakeProgressThread();
+  return id;
+}
+
+RequestId TcpTransport::TakeUnexpected(Conn& c, std::deque<Unexpected>::iterator message, char* dst,
+                                       size_t bytes) {
+  const RequestId id = NewRequest(c.peer);
+  if (message->data.size() != bytes) {
+    MarkFailed(
+        id, StrCat("rank ", c.peer, " ", SizeMismatch(message->data.size(), message->tag, bytes)));
+  } else {
+    if (bytes) std::memcpy(dst, message->data.data(), bytes);
+    requests_[id].done = true;
+  }
+  c.unexpected_bytes -= message->data.size();
+  c.unexpected.erase(message);
+  if (c.rstate == RState::kStalled) BeginPayload(c);
   return id;
 }
 
@@ -323,13 +318,7 @@ void TcpTransport::Abort(int root_rank, const std::string& reason) {
   // received into one is read to its end and dropped.
   for (auto& c : conns_) {
     if (!c) continue;
-    for (auto& r : c->posted) {
-      auto it = requests_.find(r.id);
-      if (it != requests_.end()) {
-        it->second.failed = true;
-        it->second.error = "aborted";
-      }
-    }
+    for (auto& r : c->posted) MarkFailed(r.id, "aborted");
     c->posted.clear();
     if (c->rstate == RState::kPayload && c->dst_id != 0) {
       c->discard = true;
@@ -355,11 +344,7 @@ void TcpTransport::Abort(int root_rank, const std::string& reason) {
         keep.back().data = keep.back().owned.data();
         continue;
       }
-      auto it = requests_.find(s.id);
-      if (it != requests_.end()) {
-        it->second.failed = true;
-        it->second.error = "aborted";
-      }
+      MarkFailed(s.id, "aborted");
       if (i == 0 && s.done > 0) {
         size_t from = s.done > sizeof(FrameHeader) ? s.done - sizeof(FrameHeader) : 0;
         SendItem rest;

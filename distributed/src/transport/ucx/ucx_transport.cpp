@@ -14,6 +14,7 @@
 
 #include "cortado/dist/error.h"
 #include "transport/tcp/tcp_transport.h"
+#include "transport/transport_internal.h"
 
 namespace cortado::dist {
 namespace ucx {
@@ -200,7 +201,9 @@ class UcxTransport final : public Transport {
   static void OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
                      void* user_data);
 
-  void CheckPost(const MemoryRegion& region, size_t offset, size_t bytes, int peer) const;
+  // PostSend and PostRecv: they differ only in the UCX call.
+  RequestId Post(bool send, int peer, const MemoryRegion& region, size_t offset, size_t bytes,
+                 uint64_t tag);
   static void Complete(Request& r, ucs_status_t status);
   // Progress until nothing more happens; true when something did.
   bool ProgressAll() { return ucp_worker_progress(worker_) != 0; }
@@ -492,18 +495,6 @@ std::unique_ptr<PeerMemory> UcxTransport::MapPeerRegion(int peer, const std::str
   return mapped;
 }
 
-void UcxTransport::CheckPost(const MemoryRegion& region, size_t offset, size_t bytes,
-                             int peer) const {
-  if (offset > region.size() || bytes > region.size() - offset) {
-    Fail(ErrorKind::kInvalidArgument, "transfer of ", bytes, " bytes at offset ", offset,
-         " exceeds the registered region of ", region.size(), " bytes");
-  }
-  if (peer < 0 || peer >= size_ || peer == rank_) {
-    Fail(ErrorKind::kInvalidArgument, "rank ", rank_, ": no connection to rank ", peer);
-  }
-  if (!connected_) Fail(ErrorKind::kInvalidArgument, "transfer before Connect");
-}
-
 void UcxTransport::Complete(Request& r, ucs_status_t status) {
   r.done = true;
   if (r.status == UCS_OK) r.status = status;
@@ -528,43 +519,18 @@ void UcxTransport::OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) 
 
 RequestId UcxTransport::PostSend(int peer, const MemoryRegion& region, size_t offset, size_t bytes,
                                  uint64_t tag) {
-  CheckPost(region, offset, bytes, peer);
-  // A peer that aborted (the control mesh heard it) fails new operations at once, as TCP's
-  // aborted connections do, even when the messages they need arrived before the abort.
-  control_->CheckHealthy();
-  Peer& p = peers_[static_cast<size_t>(peer)];
-  RequestId id;
-  Request& r = NewRequest(&id);
-  r.peer = peer;
-  r.send = true;
-  r.expected = r.received = bytes;
-  if (p.error != UCS_OK || aborted_) {
-    Complete(r, p.error != UCS_OK ? p.error : UCS_ERR_CANCELED);
-    return id;
-  }
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  param.cb.send = &UcxTransport::OnSend;
-  param.user_data = &r;
-  if (auto* u = dynamic_cast<const UcxRegion*>(&region); u && u->memh()) {
-    param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-    param.memh = u->memh();
-  }
-  ucs_status_ptr_t h = ucp_tag_send_nbx(p.ep, static_cast<char*>(region.data()) + offset, bytes,
-                                        WireTag(rank_, tag), &param);
-  if (h == nullptr) {
-    r.done = true;
-  } else if (UCS_PTR_IS_ERR(h)) {
-    Complete(r, UCS_PTR_STATUS(h));
-  } else {
-    r.handle = h;
-  }
-  return id;
+  return Post(/*send=*/true, peer, region, offset, bytes, tag);
 }
 
 RequestId UcxTransport::PostRecv(int peer, const MemoryRegion& region, size_t offset, size_t bytes,
                                  uint64_t tag) {
-  CheckPost(region, offset, bytes, peer);
+  return Post(/*send=*/false, peer, region, offset, bytes, tag);
+}
+
+RequestId UcxTransport::Post(bool send, int peer, const MemoryRegion& region, size_t offset,
+                             size_t bytes, uint64_t tag) {
+  internal::CheckTransfer(region, offset, bytes, peer, rank_, size_);
+  if (!connected_) Fail(ErrorKind::kInvalidArgument, "transfer before Connect");
   // A peer that aborted (the control mesh heard it) fails new operations at once, as TCP's
   // aborted connections do, even when the messages they need arrived before the abort.
   control_->CheckHealthy();
@@ -572,6 +538,7 @@ RequestId UcxTransport::PostRecv(int peer, const MemoryRegion& region, size_t of
   RequestId id;
   Request& r = NewRequest(&id);
   r.peer = peer;
+  r.send = send;
   r.expected = r.received = bytes;
   if (p.error != UCS_OK || aborted_) {
     Complete(r, p.error != UCS_OK ? p.error : UCS_ERR_CANCELED);
@@ -581,14 +548,20 @@ RequestId UcxTransport::PostRecv(int peer, const MemoryRegion& region, size_t of
   // No UCP_OP_ATTR_FIELD_RECV_INFO: a message that had arrived already then completes through
   // the callback too, which reports its length.
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  param.cb.recv = &UcxTransport::OnRecv;
   param.user_data = &r;
   if (auto* u = dynamic_cast<const UcxRegion*>(&region); u && u->memh()) {
     param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
     param.memh = u->memh();
   }
-  ucs_status_ptr_t h = ucp_tag_recv_nbx(worker_, static_cast<char*>(region.data()) + offset, bytes,
-                                        WireTag(peer, tag), kFullMask, &param);
+  void* buffer = static_cast<char*>(region.data()) + offset;
+  ucs_status_ptr_t h;
+  if (send) {
+    param.cb.send = &UcxTransport::OnSend;
+    h = ucp_tag_send_nbx(p.ep, buffer, bytes, WireTag(rank_, tag), &param);
+  } else {
+    param.cb.recv = &UcxTransport::OnRecv;
+    h = ucp_tag_recv_nbx(worker_, buffer, bytes, WireTag(peer, tag), kFullMask, &param);
+  }
   if (h == nullptr) {
     r.done = true;
   } else if (UCS_PTR_IS_ERR(h)) {
