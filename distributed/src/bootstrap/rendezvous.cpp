@@ -1,6 +1,7 @@
 // Rendezvous through the store, and the choice of transport (see rendezvous.h).
 #include "bootstrap/rendezvous.h"
 
+#include "common/rank_list.h"
 #include "cortado/dist/error.h"
 #include "cortado/dist/tcp_transport.h"
 #include "cortado/dist/ucx_transport.h"
@@ -40,17 +41,13 @@ std::vector<std::string> ExchangeAddresses(Store& store, const std::string& pref
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kTimeout) throw;
     std::vector<int> missing;
-    std::string list;
     for (int r = 0; r < size; ++r) {
-      if (!store.Check({keys[static_cast<size_t>(r)]})) {
-        missing.push_back(r);
-        list += (list.empty() ? "" : ", ") + std::to_string(r);
-      }
+      if (!store.Check({keys[static_cast<size_t>(r)]})) missing.push_back(r);
     }
     double secs = std::chrono::duration<double>(waited).count();
     throw Error(ErrorKind::kTimeout,
-                StrCat("rank ", rank, ": rank(s) ", list, " did not join the job within ", secs,
-                       " s (CORTADO_CONNECT_TIMEOUT_S)"),
+                StrCat("rank ", rank, ": rank(s) ", RankList(missing),
+                       " did not join the job within ", secs, " s (CORTADO_CONNECT_TIMEOUT_S)"),
                 missing.empty() ? -1 : missing.front(), "rendezvous", missing);
   }
   for (const auto& k : keys) addresses.push_back(store.Get(k, deadline));

@@ -162,7 +162,12 @@ void Communicator::WorkerLoop() {
   }
 }
 
-static void CheckAllReduceAlgorithm(Algorithm algo) {
+namespace {
+
+// The checks each collective makes before anything is queued or sent, shared by its
+// synchronous and asynchronous entry points.
+void CheckAllReduce(const void* data, size_t count, DataType type, Algorithm algo) {
+  CheckBuffer("allreduce", data, count, 1, type);
   if (algo == Algorithm::kTree) {
     throw Error(ErrorKind::kInvalidArgument,
                 "allreduce: algorithm 'tree' is for broadcast (all-reduce: auto, ring, "
@@ -171,41 +176,52 @@ static void CheckAllReduceAlgorithm(Algorithm algo) {
   }
 }
 
-void Communicator::AllReduce(void* data, size_t count, DataType type, ReduceOp op, Algorithm algo) {
-  CheckBuffer("allreduce", data, count, 1, type);
-  CheckAllReduceAlgorithm(algo);
-  RunOrdered([&] { DoAllReduce(data, count, type, op, algo); });
-}
-
-static void CheckBroadcastAlgorithm(Algorithm algo) {
+void CheckBroadcast(const void* data, size_t count, DataType type, int root, Algorithm algo,
+                    int size) {
+  CheckBuffer("broadcast", data, count, 1, type);
   if (algo == Algorithm::kDirect) {
     throw Error(ErrorKind::kInvalidArgument,
                 "broadcast: algorithm 'direct' is for all-reduce (broadcast: auto, ring, tree)", -1,
                 "broadcast");
   }
+  if (root < 0 || root >= size) {
+    throw Error(ErrorKind::kInvalidArgument,
+                StrCat("broadcast: root ", root, " is outside the world of ", size), -1,
+                "broadcast");
+  }
+}
+
+void CheckAllGather(const void* input, const void* output, size_t count, DataType type, int size) {
+  CheckBuffer("allgather", input, count, 1, type);
+  CheckBuffer("allgather", output, count, static_cast<size_t>(size), type);
+}
+
+void CheckReduceScatter(const void* input, const void* output, size_t count, DataType type,
+                        int size) {
+  CheckBuffer("reducescatter", input, count, static_cast<size_t>(size), type);
+  CheckBuffer("reducescatter", output, count, 1, type);
+}
+
+}  // namespace
+
+void Communicator::AllReduce(void* data, size_t count, DataType type, ReduceOp op, Algorithm algo) {
+  CheckAllReduce(data, count, type, algo);
+  RunOrdered([&] { DoAllReduce(data, count, type, op, algo); });
 }
 
 void Communicator::Broadcast(void* data, size_t count, DataType type, int root, Algorithm algo) {
-  CheckBuffer("broadcast", data, count, 1, type);
-  CheckBroadcastAlgorithm(algo);
-  if (root < 0 || root >= size()) {
-    throw Error(ErrorKind::kInvalidArgument,
-                StrCat("broadcast: root ", root, " is outside the world of ", size()), -1,
-                "broadcast");
-  }
+  CheckBroadcast(data, count, type, root, algo, size());
   RunOrdered([&] { DoBroadcast(data, count, type, root, algo); });
 }
 
 void Communicator::AllGather(const void* input, void* output, size_t count, DataType type) {
-  CheckBuffer("allgather", input, count, 1, type);
-  CheckBuffer("allgather", output, count, static_cast<size_t>(size()), type);
+  CheckAllGather(input, output, count, type, size());
   RunOrdered([&] { DoAllGather(input, output, count, type); });
 }
 
 void Communicator::ReduceScatter(const void* input, void* output, size_t count, DataType type,
                                  ReduceOp op) {
-  CheckBuffer("reducescatter", input, count, static_cast<size_t>(size()), type);
-  CheckBuffer("reducescatter", output, count, 1, type);
+  CheckReduceScatter(input, output, count, type, size());
   RunOrdered([&] { DoReduceScatter(input, output, count, type, op); });
 }
 
@@ -215,34 +231,25 @@ void Communicator::Barrier() {
 
 std::shared_ptr<Work> Communicator::AllReduceAsync(void* data, size_t count, DataType type,
                                                    ReduceOp op, Algorithm algo) {
-  CheckBuffer("allreduce", data, count, 1, type);
-  CheckAllReduceAlgorithm(algo);
+  CheckAllReduce(data, count, type, algo);
   return Enqueue([=, this] { DoAllReduce(data, count, type, op, algo); });
 }
 
 std::shared_ptr<Work> Communicator::BroadcastAsync(void* data, size_t count, DataType type,
                                                    int root, Algorithm algo) {
-  CheckBuffer("broadcast", data, count, 1, type);
-  CheckBroadcastAlgorithm(algo);
-  if (root < 0 || root >= size()) {
-    throw Error(ErrorKind::kInvalidArgument,
-                StrCat("broadcast: root ", root, " is outside the world of ", size()), -1,
-                "broadcast");
-  }
+  CheckBroadcast(data, count, type, root, algo, size());
   return Enqueue([=, this] { DoBroadcast(data, count, type, root, algo); });
 }
 
 std::shared_ptr<Work> Communicator::AllGatherAsync(const void* input, void* output, size_t count,
                                                    DataType type) {
-  CheckBuffer("allgather", input, count, 1, type);
-  CheckBuffer("allgather", output, count, static_cast<size_t>(size()), type);
+  CheckAllGather(input, output, count, type, size());
   return Enqueue([=, this] { DoAllGather(input, output, count, type); });
 }
 
 std::shared_ptr<Work> Communicator::ReduceScatterAsync(const void* input, void* output,
                                                        size_t count, DataType type, ReduceOp op) {
-  CheckBuffer("reducescatter", input, count, static_cast<size_t>(size()), type);
-  CheckBuffer("reducescatter", output, count, 1, type);
+  CheckReduceScatter(input, output, count, type, size());
   return Enqueue([=, this] { DoReduceScatter(input, output, count, type, op); });
 }
 

@@ -36,6 +36,7 @@
 
 #include "collectives/reduce.h"
 #include "communicator/backends.h"
+#include "communicator/failure.h"
 
 namespace cortado::dist::internal {
 namespace {
@@ -128,10 +129,10 @@ class MpiCommunicator final : public Communicator {
 
   ~MpiCommunicator() override {
     StopWorker();
-    if (broken_) {
+    if (broken_.broken) {
       // A collective is still in flight somewhere and cannot be cancelled: end the job.
       std::fprintf(stderr, "cortado: rank %d: aborting the MPI job after: %s\n", rank_,
-                   broken_what_.c_str());
+                   broken_.what.c_str());
       std::fflush(stderr);
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
@@ -277,9 +278,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm child = MPI_COMM_NULL;
     int rc = Mpi([&] { return MPI_Comm_split(comm_, color, key, &child); });
     if (rc != MPI_SUCCESS) {
-      broken_ = true;
-      broken_what_ = StrCat("split #", seq_, " (mpi): MPI_Comm_split: ", MpiErrorText(rc));
-      throw Error(ErrorKind::kPeerFailure, broken_what_, -1, "split");
+      Break("split", StrCat("split #", seq_, " (mpi): MPI_Comm_split: ", MpiErrorText(rc)));
     }
     return std::make_unique<MpiCommunicator>(options(), child);
   }
@@ -336,12 +335,7 @@ class MpiCommunicator final : public Communicator {
   // One numbered operation made of several point-to-point requests (Issue + Poll each).
   template <typename Body>
   void RunSteps(const char* name, Body body) {
-    if (broken_) {
-      throw Error(
-          ErrorKind::kPeerFailure,
-          StrCat(name, ": the communicator is unusable after an earlier failure: ", broken_what_),
-          broken_rank_, name);
-    }
+    broken_.ThrowIfBroken(name);
     uint64_t seq = ++seq_;
     ops_started_ = seq;
     body(seq, Deadline::After(options().timeout));
@@ -351,11 +345,13 @@ class MpiCommunicator final : public Communicator {
   template <typename Call>
   void Issue(const char* name, uint64_t seq, Call call) {
     int rc = Mpi(call);
-    if (rc != MPI_SUCCESS) {
-      broken_ = true;
-      broken_what_ = StrCat(name, " #", seq, " (mpi): ", MpiErrorText(rc));
-      throw Error(ErrorKind::kPeerFailure, broken_what_, -1, name);
-    }
+    if (rc != MPI_SUCCESS) Break(name, StrCat(name, " #", seq, " (mpi): ", MpiErrorText(rc)));
+  }
+
+  // An MPI call failed inside operation `name`: nothing can cancel what is in flight.
+  [[noreturn]] void Break(const char* name, const std::string& what) {
+    broken_.Set(what, -1);
+    throw Error(ErrorKind::kPeerFailure, what, -1, name);
   }
 
   void Poll(const char* name, uint64_t seq, MPI_Request* req, Deadline deadline) {
@@ -369,11 +365,7 @@ class MpiCommunicator final : public Communicator {
     for (;;) {
       int done = 0;
       int rc = Mpi([&] { return MPI_Test(req, &done, MPI_STATUS_IGNORE); });
-      if (rc != MPI_SUCCESS) {
-        broken_ = true;
-        broken_what_ = StrCat(name, " #", seq, " (mpi): ", MpiErrorText(rc));
-        throw Error(ErrorKind::kPeerFailure, broken_what_, -1, name);
-      }
+      if (rc != MPI_SUCCESS) Break(name, StrCat(name, " #", seq, " (mpi): ", MpiErrorText(rc)));
       if (done) return;
       if (deadline.Expired()) OnDeadline(name, seq);
       auto now = Clock::now();
@@ -434,14 +426,32 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  // At the deadline of operation #seq: asks every peer how far it has got (for up to a second,
-  // answering their queries meanwhile, since peers that timed out too are asking as well), then
-  // breaks the communicator and throws kTimeout naming the ranks that had not arrived.
+  // At the deadline of operation #seq: asks every peer how far it has got, then breaks the
+  // communicator and throws kTimeout naming the ranks that had not arrived.
   [[noreturn]] void OnDeadline(const char* name, uint64_t seq) {
+    const LateRanks late = FindLateRanks(QueryPeers(seq), rank_, seq,
+                                         "did not answer: it is inside no operation of this "
+                                         "communicator");
+    const double secs = std::chrono::duration<double>(options().timeout).count();
+    const std::string prefix = StrCat(name, " #", seq, " (mpi)");
+    if (!late.ranks.empty()) {
+      broken_.Set(LateRanksMessage(prefix, secs, late), late.ranks.front());
+    } else {
+      broken_.Set(StrCat(prefix, ": deadline of ", secs,
+                         " s (CORTADO_TIMEOUT_S) passed; every rank had arrived (a stuck or very "
+                         "slow link?)"),
+                  -1);
+    }
+    throw Error(ErrorKind::kTimeout, broken_.what, broken_.rank, name, late.ranks);
+  }
+
+  // Sends every peer a status query for operation #seq on the side channel and collects the
+  // answers for up to a second, answering their queries meanwhile (peers that timed out too are
+  // asking as well). A peer that does not answer is reported as not responded.
+  std::vector<PeerStatus> QueryPeers(uint64_t seq) {
     const size_t n = static_cast<size_t>(size_);
     std::vector<uint64_t> got(2 * n, 0);
     std::vector<MPI_Request> recvs(n, MPI_REQUEST_NULL), sends(n, MPI_REQUEST_NULL);
-    std::vector<char> answered(n, 0);
     query_out_ = seq;
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
@@ -457,15 +467,35 @@ class MpiCommunicator final : public Communicator {
         sends[i] = MPI_REQUEST_NULL;
       }
     }
+    std::vector<char> answered = AwaitAnswers(&recvs);
+    for (size_t i = 0; i < n; ++i) {
+      // A query a late peer never received stays queued in MPI; query_out_ outlives it.
+      if (sends[i] != MPI_REQUEST_NULL) Mpi([&] { return MPI_Request_free(&sends[i]); });
+    }
+    std::vector<PeerStatus> status(n);
+    for (size_t i = 0; i < n; ++i) {
+      status[i].rank = static_cast<int>(i);
+      status[i].responded = answered[i] != 0;
+      status[i].ops_started = got[2 * i];
+      status[i].ops_finished = got[2 * i + 1];
+    }
+    return status;
+  }
+
+  // Polls the answers' receives for up to a second, then cancels those still open (one may
+  // have matched after all); which peers answered.
+  std::vector<char> AwaitAnswers(std::vector<MPI_Request>* recvs) {
+    std::vector<char> answered(recvs->size(), 0);
     Deadline until = Deadline::After(std::chrono::seconds(1));
     for (;;) {
       bool pending = false;
-      for (size_t i = 0; i < n; ++i) {
-        if (recvs[i] == MPI_REQUEST_NULL) continue;
+      for (size_t i = 0; i < recvs->size(); ++i) {
+        MPI_Request& recv = (*recvs)[i];
+        if (recv == MPI_REQUEST_NULL) continue;
         int flag = 0;
-        int rc = Mpi([&] { return MPI_Test(&recvs[i], &flag, MPI_STATUS_IGNORE); });
+        int rc = Mpi([&] { return MPI_Test(&recv, &flag, MPI_STATUS_IGNORE); });
         if (rc != MPI_SUCCESS) {
-          recvs[i] = MPI_REQUEST_NULL;  // a broken peer: counts as not answering
+          recv = MPI_REQUEST_NULL;  // a broken peer: counts as not answering
         } else if (flag) {
           answered[i] = 1;
         } else {
@@ -476,48 +506,18 @@ class MpiCommunicator final : public Communicator {
       if (!pending || until.Expired()) break;
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
-    for (size_t i = 0; i < n; ++i) {
-      if (recvs[i] != MPI_REQUEST_NULL) {
-        // Cancelling a receive and waiting for it always returns; it may have matched after all.
-        MPI_Status status;
-        Mpi([&] { return MPI_Cancel(&recvs[i]); });
-        Mpi([&] { return MPI_Wait(&recvs[i], &status); });
-        int cancelled = 1;
-        MPI_Test_cancelled(&status, &cancelled);
-        if (!cancelled) answered[i] = 1;
-      }
-      // A query a late peer never received stays queued in MPI; query_out_ outlives it.
-      if (sends[i] != MPI_REQUEST_NULL) Mpi([&] { return MPI_Request_free(&sends[i]); });
+    for (size_t i = 0; i < recvs->size(); ++i) {
+      MPI_Request& recv = (*recvs)[i];
+      if (recv == MPI_REQUEST_NULL) continue;
+      // Cancelling a receive and waiting for it always returns.
+      MPI_Status status;
+      Mpi([&] { return MPI_Cancel(&recv); });
+      Mpi([&] { return MPI_Wait(&recv, &status); });
+      int cancelled = 1;
+      MPI_Test_cancelled(&status, &cancelled);
+      if (!cancelled) answered[i] = 1;
     }
-    std::vector<int> late;
-    std::string detail;
-    for (int p = 0; p < size_; ++p) {
-      const size_t i = static_cast<size_t>(p);
-      if (p == rank_) continue;
-      if (!answered[i]) {
-        late.push_back(p);
-        detail += StrCat(detail.empty() ? "" : "; ", "rank ", p,
-                         " did not answer: it is inside no operation of this communicator");
-      } else if (got[2 * i] < seq) {
-        late.push_back(p);
-        detail += StrCat(detail.empty() ? "" : "; ", "rank ", p, " is at operation #", got[2 * i],
-                         got[2 * i + 1] == got[2 * i] ? " (finished)" : "");
-      }
-    }
-    const double secs = std::chrono::duration<double>(options().timeout).count();
-    const std::string prefix =
-        StrCat(name, " #", seq, " (mpi): deadline of ", secs, " s (CORTADO_TIMEOUT_S) passed");
-    if (!late.empty()) {
-      std::string list;
-      for (int r : late) list += (list.empty() ? "" : ", ") + std::to_string(r);
-      broken_what_ = StrCat(prefix, "; rank(s) ", list, " did not arrive (", detail, ")");
-      broken_rank_ = late.front();
-    } else {
-      broken_what_ = StrCat(prefix, "; every rank had arrived (a stuck or very slow link?)");
-      broken_rank_ = -1;
-    }
-    broken_ = true;
-    throw Error(ErrorKind::kTimeout, broken_what_, broken_rank_, name, late);
+    return answered;
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -533,9 +533,7 @@ class MpiCommunicator final : public Communicator {
   uint64_t query_in_ = 0;      // a peer's query (its operation number), received into
   uint64_t query_out_ = 0;     // this rank's query, sent from
   std::list<Answer> answers_;  // answers in flight (a list: MPI holds their addresses)
-  bool broken_ = false;
-  std::string broken_what_;
-  int broken_rank_ = -1;
+  Breakage broken_;
 };
 
 }  // namespace

@@ -180,34 +180,18 @@ size_t TransportCommunicator::ChunkElems(size_t seg_elems, size_t esize) const {
 
 void TransportCommunicator::OnFailure(const char* name, const std::string& detail, uint64_t seq,
                                       const Error& e) {
-  std::string prefix = StrCat(name, " #", seq, " (", detail, ")");
+  const std::string prefix = StrCat(name, " #", seq, " (", detail, ")");
   std::string message;
   int root = e.peer_rank();
-  std::vector<int> late;
-  ErrorKind kind = e.kind() == ErrorKind::kTimeout ? ErrorKind::kTimeout : ErrorKind::kPeerFailure;
+  LateRanks late;
   if (e.kind() == ErrorKind::kTimeout) {
     // Find out who never got here: ask every peer how far it is (bounded to one second).
-    auto status = transport_->QueryStatus(Deadline::After(std::chrono::seconds(1)));
-    std::string detail_late;
-    for (const auto& s : status) {
-      if (s.rank == rank_) continue;
-      if (!s.responded) {
-        late.push_back(s.rank);
-        detail_late += StrCat(detail_late.empty() ? "" : "; ", "rank ", s.rank, " did not answer");
-      } else if (s.ops_started < seq) {
-        late.push_back(s.rank);
-        detail_late +=
-            StrCat(detail_late.empty() ? "" : "; ", "rank ", s.rank, " is at operation #",
-                   s.ops_started, s.ops_finished == s.ops_started ? " (finished)" : "");
-      }
-    }
-    double secs = std::chrono::duration<double>(options().timeout).count();
-    if (!late.empty()) {
-      std::string list;
-      for (int r : late) list += (list.empty() ? "" : ", ") + std::to_string(r);
-      message = StrCat(prefix, ": deadline of ", secs, " s (CORTADO_TIMEOUT_S) passed; rank(s) ",
-                       list, " did not arrive (", detail_late, ")");
-      root = late.front();
+    late = FindLateRanks(transport_->QueryStatus(Deadline::After(std::chrono::seconds(1))), rank_,
+                         seq, "did not answer");
+    const double secs = std::chrono::duration<double>(options().timeout).count();
+    if (!late.ranks.empty()) {
+      message = LateRanksMessage(prefix, secs, late);
+      root = late.ranks.front();
     } else {
       message =
           StrCat(prefix, ": deadline of ", secs, " s (CORTADO_TIMEOUT_S) passed waiting for rank ",
@@ -216,14 +200,14 @@ void TransportCommunicator::OnFailure(const char* name, const std::string& detai
   } else {
     message = StrCat(prefix, ": ", e.what());
   }
-  broken_ = true;
-  broken_what_ = message;
-  broken_rank_ = root;
+  broken_.Set(message, root);
   try {
     transport_->Abort(root, message);
   } catch (const std::exception&) {
   }
-  throw Error(kind, message, root, name, late);
+  const ErrorKind kind =
+      e.kind() == ErrorKind::kTimeout ? ErrorKind::kTimeout : ErrorKind::kPeerFailure;
+  throw Error(kind, message, root, name, late.ranks);
 }
 
 void TransportCommunicator::Exchange(int peer, const Span& send, const Span& recv, uint64_t tag,

@@ -27,6 +27,7 @@
 
 #include "bootstrap/rendezvous.h"
 #include "communicator/backends.h"
+#include "communicator/failure.h"
 #include "cortado/dist/transport.h"
 
 namespace cortado::dist::internal {
@@ -186,9 +187,7 @@ class TransportCommunicator final : public Communicator {
   uint64_t splits_ = 0;  // Split calls so far: numbers the children's store key prefixes
   std::unique_ptr<Transport> transport_;
   uint64_t seq_ = 0;
-  bool broken_ = false;
-  std::string broken_what_;
-  int broken_rank_ = -1;
+  Breakage broken_;
 
   struct RegEntry {
     const char* p;
@@ -217,12 +216,7 @@ class TransportCommunicator final : public Communicator {
 
 template <typename Describe, typename Body>
 void TransportCommunicator::RunOp(const char* name, Describe describe, Body body) {
-  if (broken_) {
-    throw Error(
-        ErrorKind::kPeerFailure,
-        StrCat(name, ": the communicator is unusable after an earlier failure: ", broken_what_),
-        broken_rank_, name);
-  }
+  broken_.ThrowIfBroken(name);
   uint64_t seq = ++seq_;
   Deadline deadline = Deadline::After(options().timeout);
   transport_->BeginOperation(seq);

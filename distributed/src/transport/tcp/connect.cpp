@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include "common/rank_list.h"
 #include "cortado/dist/error.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -35,12 +36,10 @@ void TcpTransport::Connect(const std::vector<std::string>& addresses, Deadline d
     const std::vector<int> missing = MissingPeers();
     if (missing.empty()) break;
     if (deadline.Expired()) {
-      std::string list;
-      for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
       throw Error(
           ErrorKind::kTimeout,
           StrCat("rank ", rank_, ": connecting to the other ranks: no connection with rank(s) ",
-                 list, " before the deadline"),
+                 internal::RankList(missing), " before the deadline"),
           missing.front(), "connect", missing);
     }
     PollHandshakes(context, &pending, &inbound_missing);
