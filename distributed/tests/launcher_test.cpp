@@ -124,21 +124,38 @@ TEST(Launcher, RanksThatIgnoreSigtermAreKilledAfterTheGracePeriod) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
 }
 
-TEST(Launcher, ForwardsSigtermToTheRanks) {
-  TempFile out;
+// Runs a 2-rank launcher of `script` in a child process, waits until both ranks have printed
+// "ready", sends the launcher SIGTERM `signals` times (200 ms apart) and returns its exit code
+// (-1, with a failure recorded, when it does not exit).
+int TerminatedLauncherCode(const std::string& script, const TempFile& out, int signals,
+                           milliseconds grace) {
   pid_t pid = ::fork();
   if (pid == 0) {
-    auto o = Shell(
-        2, "trap 'echo got-term; exit 0' TERM; echo ready; while true; do sleep 0.05; done", out);
+    auto o = Shell(2, script, out);
+    o.grace = grace;
     ::_exit(RunLauncher(o));
   }
   // Wait until both ranks are up, then signal the launcher only.
   WaitUntilBothReady(out);
-  ::kill(pid, SIGTERM);
+  for (int i = 0; i < signals; ++i) {
+    if (i > 0) std::this_thread::sleep_for(milliseconds(200));
+    ::kill(pid, SIGTERM);
+  }
   int status = 0;
-  if (!WaitExited(pid, &status)) FAIL() << "launcher did not exit after SIGTERM\n" << out.Read();
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+  if (!WaitExited(pid, &status)) {
+    ADD_FAILURE() << "launcher did not exit after SIGTERM\n" << out.Read();
+    return -1;
+  }
+  EXPECT_TRUE(WIFEXITED(status));
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(Launcher, ForwardsSigtermToTheRanks) {
+  TempFile out;
+  EXPECT_EQ(TerminatedLauncherCode(
+                "trap 'echo got-term; exit 0' TERM; echo ready; while true; do sleep 0.05; done",
+                out, 1, milliseconds(2000)),
+            128 + SIGTERM);
   std::string text = out.Read();
   EXPECT_NE(text.find("[0] got-term"), std::string::npos) << text;
   EXPECT_NE(text.find("[1] got-term"), std::string::npos) << text;
@@ -147,29 +164,14 @@ TEST(Launcher, ForwardsSigtermToTheRanks) {
 // A forwarded signal starts no kill timer: ranks may take longer than the grace period to
 // finish (a trainer completes its step and writes a checkpoint); a second signal kills them.
 TEST(Launcher, ForwardedSignalsWaitForTheRanksAndASecondOneKills) {
-  for (bool twice : {false, true}) {
+  for (int signals : {1, 2}) {
     TempFile out;
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      auto o = Shell(2,
-                     "trap 'sleep 1; echo cleaned-up; exit 0' TERM; echo ready; "
-                     "while true; do sleep 0.05; done",
-                     out);
-      o.grace = milliseconds(100);
-      ::_exit(RunLauncher(o));
-    }
-    WaitUntilBothReady(out);
-    ::kill(pid, SIGTERM);
-    if (twice) {
-      std::this_thread::sleep_for(milliseconds(200));
-      ::kill(pid, SIGTERM);
-    }
-    int status = 0;
-    if (!WaitExited(pid, &status)) FAIL() << "launcher did not exit after SIGTERM\n" << out.Read();
-    ASSERT_TRUE(WIFEXITED(status));
-    EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+    EXPECT_EQ(TerminatedLauncherCode("trap 'sleep 1; echo cleaned-up; exit 0' TERM; echo ready; "
+                                     "while true; do sleep 0.05; done",
+                                     out, signals, milliseconds(100)),
+              128 + SIGTERM);
     std::string text = out.Read();
-    if (twice) {
+    if (signals == 2) {
       EXPECT_EQ(text.find("cleaned-up"), std::string::npos) << text;
     } else {
       EXPECT_NE(text.find("[0] cleaned-up"), std::string::npos) << text;

@@ -26,23 +26,26 @@ using std::chrono::seconds;
 // A transport factory: rank r of a world of n, job identity ("tok", n, 42), on loopback.
 using TransportFactory = std::function<std::unique_ptr<Transport>(int rank, int n)>;
 
-std::unique_ptr<Transport> MakeTcp(int rank, int n) {
+// The transport `name` ("tcp" or "ucx") for rank r of a world of n.
+std::unique_ptr<Transport> MakeTransport(const std::string& name, int rank, int n) {
+  const JobIdentity identity{"tok", n, 42};
+  if (name == "ucx") {
+    UcxTransportOptions o;
+    o.identity = identity;
+    o.rank = rank;
+    o.control_host = "127.0.0.1";
+    return CreateUcxTransport(o);
+  }
   TcpTransportOptions o;
-  o.identity = JobIdentity{"tok", n, 42};
+  o.identity = identity;
   o.rank = rank;
   o.listen_host = "127.0.0.1";
   return CreateTcpTransport(o);
 }
 
-std::unique_ptr<Transport> MakeUcx(int rank, int n) {
-  UcxTransportOptions o;
-  o.identity = JobIdentity{"tok", n, 42};
-  o.rank = rank;
-  o.control_host = "127.0.0.1";
-  return CreateUcxTransport(o);
+TransportFactory FactoryFor(const std::string& name) {
+  return [name](int rank, int n) { return MakeTransport(name, rank, n); };
 }
-
-TransportFactory FactoryFor(const std::string& name) { return name == "ucx" ? MakeUcx : MakeTcp; }
 
 std::vector<std::unique_ptr<Transport>> MakeMesh(
     const TransportFactory& make, int n,
@@ -72,7 +75,7 @@ std::vector<std::unique_ptr<Transport>> MakeMesh(
 
 std::vector<std::unique_ptr<Transport>> MakeMesh(
     int n, const std::function<void(const std::vector<std::string>&)>& before_connect = nullptr) {
-  return MakeMesh(MakeTcp, n, before_connect);
+  return MakeMesh(FactoryFor("tcp"), n, before_connect);
 }
 
 // The suite every transport runs; the parameter names the transport.

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "common/names.h"
 #include "cortado/dist/error.h"
 
 namespace cortado::dist {
@@ -197,42 +198,42 @@ LaunchInfo DiscoverLaunchInfo(const EnvLookup& env) {
   return info;
 }
 
-const char* BackendName(Backend backend) { return backend == Backend::kMpi ? "mpi" : "cortado"; }
+namespace {
+
+// CORTADO_BACKEND's "tcp" is its name from before CORTADO_TRANSPORT existed.
+constexpr internal::Spelling<Backend> kBackendNames[] = {
+    {Backend::kCortado, "cortado"}, {Backend::kMpi, "mpi"}, {Backend::kCortado, "tcp"}};
+constexpr internal::Spelling<TransportKind> kTransportNames[] = {{TransportKind::kTcp, "tcp"},
+                                                                 {TransportKind::kUcx, "ucx"}};
+constexpr internal::Spelling<Algorithm> kAlgorithmNames[] = {
+    {Algorithm::kAuto, "auto"},
+    {Algorithm::kRing, "ring"},
+    {Algorithm::kHalvingDoubling, "halving_doubling"},
+    {Algorithm::kTree, "tree"},
+    {Algorithm::kDirect, "direct"},
+    {Algorithm::kRing, "chain"},
+    {Algorithm::kHalvingDoubling, "hd"},
+    {Algorithm::kHalvingDoubling, "rhd"},
+    {Algorithm::kTree, "binomial"}};
+
+}  // namespace
+
+const char* BackendName(Backend backend) { return internal::NameOf(kBackendNames, backend); }
 
 const char* TransportKindName(TransportKind kind) {
-  return kind == TransportKind::kUcx ? "ucx" : "tcp";
+  return internal::NameOf(kTransportNames, kind);
 }
 
 TransportKind ParseTransportKind(const std::string& name) {
-  if (name == "tcp") return TransportKind::kTcp;
-  if (name == "ucx") return TransportKind::kUcx;
-  Fail(ErrorKind::kConfig, "transport '", name, "' is not one of: tcp, ucx");
+  if (auto kind = internal::FindName(kTransportNames, name)) return *kind;
+  Fail(ErrorKind::kConfig, "transport '", name,
+       "' is not one of: ", internal::KnownNames(kTransportNames));
 }
 
-const char* AlgorithmName(Algorithm algo) {
-  switch (algo) {
-    case Algorithm::kAuto:
-      return "auto";
-    case Algorithm::kRing:
-      return "ring";
-    case Algorithm::kHalvingDoubling:
-      return "halving_doubling";
-    case Algorithm::kTree:
-      return "tree";
-    case Algorithm::kDirect:
-      return "direct";
-  }
-  return "?";
-}
+const char* AlgorithmName(Algorithm algo) { return internal::NameOf(kAlgorithmNames, algo); }
 
 Algorithm ParseAlgorithm(const std::string& name) {
-  if (name == "auto") return Algorithm::kAuto;
-  if (name == "ring" || name == "chain") return Algorithm::kRing;
-  if (name == "halving_doubling" || name == "hd" || name == "rhd") {
-    return Algorithm::kHalvingDoubling;
-  }
-  if (name == "tree" || name == "binomial") return Algorithm::kTree;
-  if (name == "direct") return Algorithm::kDirect;
+  if (auto algo = internal::FindName(kAlgorithmNames, name)) return *algo;
   Fail(ErrorKind::kInvalidArgument, "unknown algorithm '", name,
        "' (known: auto, ring, halving_doubling (hd), tree, direct)");
 }
@@ -279,24 +280,25 @@ CommOptions CommOptions::FromEnv(const EnvLookup& env) {
   o.timeout = GetSeconds(env, "CORTADO_TIMEOUT_S", o.timeout);
   o.connect_timeout = GetSeconds(env, "CORTADO_CONNECT_TIMEOUT_S", o.connect_timeout);
   if (auto b = Get(env, "CORTADO_BACKEND")) {
-    if (*b == "cortado" || *b == "tcp") {  // "tcp": the name before CORTADO_TRANSPORT existed
-      o.backend = Backend::kCortado;
-    } else if (*b == "mpi") {
-      o.backend = Backend::kMpi;
-    } else if (*b == "ucx") {
+    if (*b == "ucx") {
       Fail(ErrorKind::kConfig,
            "CORTADO_BACKEND='ucx': UCX is a transport under Cortado's collectives; set "
            "CORTADO_TRANSPORT=ucx (CORTADO_BACKEND is cortado or mpi)");
-    } else {
-      Fail(ErrorKind::kConfig, "CORTADO_BACKEND='", *b, "' is not one of: cortado, mpi");
     }
+    auto backend = internal::FindName(kBackendNames, *b);
+    if (!backend) {
+      Fail(ErrorKind::kConfig, "CORTADO_BACKEND='", *b,
+           "' is not one of: ", internal::KnownNames(kBackendNames));
+    }
+    o.backend = *backend;
   }
   if (auto t = Get(env, "CORTADO_TRANSPORT")) {
-    try {
-      o.transport = ParseTransportKind(*t);
-    } catch (const Error&) {
-      Fail(ErrorKind::kConfig, "CORTADO_TRANSPORT='", *t, "' is not one of: tcp, ucx");
+    auto transport = internal::FindName(kTransportNames, *t);
+    if (!transport) {
+      Fail(ErrorKind::kConfig, "CORTADO_TRANSPORT='", *t,
+           "' is not one of: ", internal::KnownNames(kTransportNames));
     }
+    o.transport = *transport;
   }
   if (auto s = Get(env, "CORTADO_SOCKET_IFNAME")) o.socket_ifname = *s;
   if (auto a = Get(env, "CORTADO_ALLREDUCE_ALGO")) {

@@ -1,11 +1,12 @@
-// The in-memory store and the TCP store (server and client). Wire format, little endian:
+// The in-memory store and the TCP store (server and client). Wire format, little endian (parsed
+// and written by store_wire.*):
 //   hello    client -> server: u32 magic "CDST", u16 version, u64 token digest, u32 world size,
 //                              u64 fingerprint, u32 rank
 //            server -> client: u8 status (0 ok, 1 rejected), str reason
-//   request  u32 body length (<= kMaxStoreMessage, store_wire.h), body: u8 command, u32 argc, argc
-//   x str, i64 number reply    u32 body length, body: u8 status (0 ok, 1 timeout, 2
-//   rejected/poisoned), str value,
+//   request  u32 body length (<= kMaxStoreMessage), body: u8 command, u32 argc, argc x str,
 //            i64 number
+//   reply    u32 body length, body: u8 status (0 ok, 1 timeout, 2 rejected/poisoned),
+//            str value, i64 number
 // A str is u32 length + bytes. Lengths are checked before anything is allocated.
 #include "cortado/dist/store.h"
 
@@ -185,46 +186,99 @@ void TcpStoreServer::AcceptLoop() {
   }
 }
 
-void TcpStoreServer::Serve(int fd) {
-  auto reply_hello = [&](bool ok, const std::string& reason) {
-    ByteWriter w;
-    w.U8(ok ? 0 : 1);
-    w.Str(reason);
-    try {
-      internal::WriteFull(fd, w.bytes().data(), w.bytes().size(),
-                          Deadline::After(std::chrono::seconds(2)), "store hello reply");
-    } catch (const Error&) {
-    }
-  };
-  auto reject = [&](const std::string& reason, bool poison) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++rejected_;
-    }
-    reply_hello(false, reason);
-    if (poison) store_.Poison(reason);
-  };
+namespace {
+
+// A client's hello. The magic is read first: an HTTP request or another program's hello is
+// answered at once, as a hello with that magic (and zeros) that CheckStoreHello refuses.
+internal::StoreHello ReadStoreHello(int fd) {
+  // The hello must arrive promptly: a connection that sends nothing is dropped.
+  const Deadline deadline = Deadline::After(std::chrono::seconds(10));
+  char hello[kStoreHelloBytes] = {};
+  if (!internal::ReadFull(fd, hello, 4, deadline, "store hello")) {
+    throw Error(ErrorKind::kProtocol, "closed before hello");
+  }
+  uint32_t magic = 0;
+  std::memcpy(&magic, hello, 4);
+  if (magic == kStoreMagic) {
+    internal::ReadFull(fd, hello + 4, kStoreHelloBytes - 4, deadline, "store hello");
+  }
+  return internal::ParseStoreHello(hello, kStoreHelloBytes);
+}
+
+// Best effort: a client that is gone misses the answer.
+void ReplyToHello(int fd, bool ok, const std::string& reason) {
+  ByteWriter w;
+  w.U8(ok ? 0 : 1);
+  w.Str(reason);
   try {
-    // The hello must arrive promptly: a connection that sends nothing is dropped.
-    Deadline hello_deadline = Deadline::After(std::chrono::seconds(10));
-    char hello[kStoreHelloBytes] = {};
-    if (!internal::ReadFull(fd, hello, 4, hello_deadline, "store hello")) {
-      throw Error(ErrorKind::kProtocol, "closed before hello");
+    internal::WriteFull(fd, w.bytes().data(), w.bytes().size(),
+                        Deadline::After(std::chrono::seconds(2)), "store hello reply");
+  } catch (const Error&) {
+  }
+}
+
+void RequireArgs(const internal::StoreRequest& request, size_t n, const char* what) {
+  if (request.args.size() != n) {
+    throw Error(ErrorKind::kProtocol,
+                StrCat(what, " takes ", n, n == 1 ? " argument" : " arguments"));
+  }
+}
+
+// Runs one request on the store. A timeout or a poisoned store is the reply; a malformed
+// request throws kProtocol, which drops the client.
+internal::StoreReply Execute(InMemoryStore& store, const internal::StoreRequest& request) {
+  internal::StoreReply reply;
+  const std::vector<std::string>& args = request.args;
+  try {
+    const Deadline deadline = request.number < 0
+                                  ? Deadline::Never()
+                                  : Deadline::After(std::chrono::milliseconds(request.number));
+    switch (request.command) {
+      case kSet:
+        RequireArgs(request, 2, "SET");
+        store.Set(args[0], args[1]);
+        break;
+      case kGet:
+        RequireArgs(request, 1, "GET");
+        reply.value = store.Get(args[0], deadline);
+        break;
+      case kWait:
+        store.Wait(args, deadline);
+        break;
+      case kAdd:
+        RequireArgs(request, 1, "ADD");
+        reply.number = store.Add(args[0], request.number);
+        break;
+      case kCheck:
+        reply.number = store.Check(args) ? 1 : 0;
+        break;
+      default:
+        throw Error(ErrorKind::kProtocol, StrCat("unknown store command ", int{request.command}));
     }
-    // The magic first: an HTTP request or another program's hello is answered at once.
-    uint32_t magic = 0;
-    std::memcpy(&magic, hello, 4);
-    if (magic == kStoreMagic) {
-      internal::ReadFull(fd, hello + 4, kStoreHelloBytes - 4, hello_deadline, "store hello");
-    }
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kProtocol) throw;
+    reply.status = e.kind() == ErrorKind::kTimeout ? kStoreTimedOut : kStorePoisoned;
+    reply.value = e.what();
+  }
+  return reply;
+}
+
+}  // namespace
+
+void TcpStoreServer::Serve(int fd) {
+  try {
     const internal::StoreHelloVerdict verdict =
-        internal::CheckStoreHello(internal::ParseStoreHello(hello, kStoreHelloBytes), identity_);
+        internal::CheckStoreHello(ReadStoreHello(fd), identity_);
     if (!verdict.reason.empty()) {
-      reject(verdict.reason, verdict.poison);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++rejected_;
+      }
+      ReplyToHello(fd, false, verdict.reason);
+      if (verdict.poison) store_.Poison(verdict.reason);
       throw Error(ErrorKind::kProtocol, "hello refused");
     }
-    reply_hello(true, "");
-
+    ReplyToHello(fd, true, "");
     for (;;) {
       uint32_t len = 0;
       if (!internal::ReadFull(fd, &len, 4, Deadline::Never(), "store request")) break;
@@ -232,51 +286,8 @@ void TcpStoreServer::Serve(int fd) {
       std::string body(len, '\0');
       internal::ReadFull(fd, body.data(), len, Deadline::After(std::chrono::seconds(60)),
                          "store request");
-      const internal::StoreRequest request = internal::ParseStoreRequest(body);
-      const uint8_t cmd = request.command;
-      const std::vector<std::string>& args = request.args;
-      const int64_t number = request.number;
-      uint8_t status = kStoreOk;
-      std::string value;
-      int64_t out_number = 0;
-      try {
-        Deadline deadline =
-            number < 0 ? Deadline::Never() : Deadline::After(std::chrono::milliseconds(number));
-        switch (cmd) {
-          case kSet:
-            if (args.size() != 2) throw Error(ErrorKind::kProtocol, "SET takes 2 arguments");
-            store_.Set(args[0], args[1]);
-            break;
-          case kGet:
-            if (args.size() != 1) throw Error(ErrorKind::kProtocol, "GET takes 1 argument");
-            value = store_.Get(args[0], deadline);
-            break;
-          case kWait:
-            store_.Wait(args, deadline);
-            break;
-          case kAdd:
-            if (args.size() != 1) throw Error(ErrorKind::kProtocol, "ADD takes 1 argument");
-            out_number = store_.Add(args[0], number);
-            break;
-          case kCheck:
-            out_number = store_.Check(args) ? 1 : 0;
-            break;
-          default:
-            throw Error(ErrorKind::kProtocol, StrCat("unknown store command ", int{cmd}));
-        }
-      } catch (const Error& e) {
-        if (e.kind() == ErrorKind::kProtocol) throw;
-        status = e.kind() == ErrorKind::kTimeout ? kStoreTimedOut : kStorePoisoned;
-        value = e.what();
-      }
-      ByteWriter w;
-      w.U32(0);
-      w.U8(status);
-      w.Str(value);
-      w.I64(out_number);
-      std::string out = w.bytes();
-      uint32_t body_len = static_cast<uint32_t>(out.size() - 4);
-      std::memcpy(out.data(), &body_len, 4);
+      const std::string out =
+          internal::SerializeStoreReply(Execute(store_, internal::ParseStoreRequest(body)));
       internal::WriteFull(fd, out.data(), out.size(), Deadline::After(std::chrono::seconds(60)),
                           "store reply");
     }

@@ -64,17 +64,33 @@ StoreRequest ParseStoreRequest(const std::string& body) {
   return r;
 }
 
+namespace {
+
+// A message on the wire: its u32 length, then the body.
+std::string LengthPrefixed(const std::string& body) {
+  ByteWriter w;
+  w.U32(static_cast<uint32_t>(body.size()));
+  w.Raw(body.data(), body.size());
+  return w.bytes();
+}
+
+}  // namespace
+
 std::string SerializeStoreRequest(const StoreRequest& request) {
   ByteWriter w;
-  w.U32(0);
   w.U8(request.command);
   w.U32(static_cast<uint32_t>(request.args.size()));
   for (const auto& a : request.args) w.Str(a);
   w.I64(request.number);
-  std::string out = w.bytes();
-  const uint32_t body_len = static_cast<uint32_t>(out.size() - 4);
-  std::memcpy(out.data(), &body_len, 4);
-  return out;
+  return LengthPrefixed(w.bytes());
+}
+
+std::string SerializeStoreReply(const StoreReply& reply) {
+  ByteWriter w;
+  w.U8(reply.status);
+  w.Str(reply.value);
+  w.I64(reply.number);
+  return LengthPrefixed(w.bytes());
 }
 
 StoreReply ParseStoreReply(const std::string& body, const char* context) {

@@ -56,5 +56,6 @@ struct StoreReply {
   int64_t number = 0;
 };
 StoreReply ParseStoreReply(const std::string& body, const char* context);
+std::string SerializeStoreReply(const StoreReply& reply);  // with its u32 length
 
 }  // namespace cortado::dist::internal

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "codecs/codec_internal.h"
+#include "common/names.h"
 #include "cortado/dist/error.h"
 #include "cortado/dist/types.h"
 
@@ -38,55 +39,30 @@ void CheckRounding(Rounding rounding) {
 
 }  // namespace
 
-const char* CodecName(CodecKind kind) {
-  switch (kind) {
-    case CodecKind::kF32:
-      return "f32";
-    case CodecKind::kF16:
-      return "f16";
-    case CodecKind::kBF16:
-      return "bf16";
-    case CodecKind::kEpgc11:
-      return "epgc11";
-    case CodecKind::kEpgc9:
-      return "epgc9";
-    case CodecKind::kEpgc8:
-      return "epgc8";
-  }
-  return "?";
-}
+constexpr internal::Spelling<CodecKind> kCodecNames[] = {
+    {CodecKind::kF32, "f32"},       {CodecKind::kF16, "f16"},     {CodecKind::kBF16, "bf16"},
+    {CodecKind::kEpgc11, "epgc11"}, {CodecKind::kEpgc9, "epgc9"}, {CodecKind::kEpgc8, "epgc8"},
+    {CodecKind::kF32, "fp32"},      {CodecKind::kF32, "float32"}, {CodecKind::kF32, "none"},
+    {CodecKind::kF16, "fp16"},      {CodecKind::kF16, "float16"}, {CodecKind::kF16, "half"},
+    {CodecKind::kBF16, "bfloat16"}};
+constexpr internal::Spelling<Rounding> kRoundingNames[] = {{Rounding::kNearest, "nearest"},
+                                                           {Rounding::kTruncate, "truncate"},
+                                                           {Rounding::kStochastic, "stochastic"}};
+
+const char* CodecName(CodecKind kind) { return internal::NameOf(kCodecNames, kind); }
 
 CodecKind ParseCodec(const std::string& name) {
-  if (name == "f32" || name == "fp32" || name == "float32" || name == "none")
-    return CodecKind::kF32;
-  if (name == "f16" || name == "fp16" || name == "float16" || name == "half")
-    return CodecKind::kF16;
-  if (name == "bf16" || name == "bfloat16") return CodecKind::kBF16;
-  if (name == "epgc11") return CodecKind::kEpgc11;
-  if (name == "epgc9") return CodecKind::kEpgc9;
-  if (name == "epgc8") return CodecKind::kEpgc8;
+  if (auto kind = internal::FindName(kCodecNames, name)) return *kind;
   Fail(ErrorKind::kInvalidArgument, "unknown codec '", name,
-       "' (known: f32, f16, bf16, epgc11, epgc9, epgc8)");
+       "' (known: ", internal::KnownNames(kCodecNames), ")");
 }
 
-const char* RoundingName(Rounding rounding) {
-  switch (rounding) {
-    case Rounding::kNearest:
-      return "nearest";
-    case Rounding::kTruncate:
-      return "truncate";
-    case Rounding::kStochastic:
-      return "stochastic";
-  }
-  return "?";
-}
+const char* RoundingName(Rounding rounding) { return internal::NameOf(kRoundingNames, rounding); }
 
 Rounding ParseRounding(const std::string& name) {
-  if (name == "nearest") return Rounding::kNearest;
-  if (name == "truncate") return Rounding::kTruncate;
-  if (name == "stochastic") return Rounding::kStochastic;
+  if (auto rounding = internal::FindName(kRoundingNames, name)) return *rounding;
   Fail(ErrorKind::kInvalidArgument, "unknown rounding '", name,
-       "' (known: nearest, truncate, stochastic)");
+       "' (known: ", internal::KnownNames(kRoundingNames), ")");
 }
 
 int CodecBits(CodecKind kind) {
@@ -189,17 +165,10 @@ uint32_t StochasticBits(uint64_t seed, uint64_t index) {
 
 namespace codec_internal {
 
-const char* IsaName(Isa isa) {
-  switch (isa) {
-    case Isa::kPortable:
-      return "portable";
-    case Isa::kAvx2:
-      return "avx2";
-    case Isa::kAvx512:
-      return "avx512";
-  }
-  return "?";
-}
+constexpr internal::Spelling<Isa> kIsaNames[] = {
+    {Isa::kPortable, "portable"}, {Isa::kAvx2, "avx2"}, {Isa::kAvx512, "avx512"}};
+
+const char* IsaName(Isa isa) { return internal::NameOf(kIsaNames, isa); }
 
 bool CpuHasAvx2() {
 #if CORTADO_CODEC_HAVE_AVX2
@@ -290,35 +259,39 @@ const char* CodecIsa() { return codec_internal::IsaName(codec_internal::ActiveIs
 
 // ---- Public entry points ------------------------------------------------------------------
 
+namespace {
+
+// Whether a call has values to convert; throws kInvalidArgument naming the call for a null
+// buffer when it has.
+bool HasWork(const char* call, CodecKind kind, size_t count, const void* src, const void* dst,
+             const char* dst_name) {
+  if (count == 0) return false;
+  if (src == nullptr || dst == nullptr) {
+    Fail(ErrorKind::kInvalidArgument, call, "(", CodecName(kind), "): null ",
+         src == nullptr ? "src" : dst_name, " for ", count, " values");
+  }
+  return true;
+}
+
+}  // namespace
+
 void Encode(CodecKind kind, const float* src, size_t count, void* dst, const EncodeOptions& options,
             float* residual) {
   CheckKind(kind);
   CheckRounding(options.rounding);
-  if (count == 0) return;
-  if (src == nullptr || dst == nullptr) {
-    Fail(ErrorKind::kInvalidArgument, "Encode(", CodecName(kind), "): null ",
-         src == nullptr ? "src" : "dst", " for ", count, " values");
-  }
+  if (!HasWork("Encode", kind, count, src, dst, "dst")) return;
   codec_internal::EncodeWith(codec_internal::ActiveIsa(), kind, src, count, dst, options, residual);
 }
 
 void Decode(CodecKind kind, const void* src, size_t count, float* dst) {
   CheckKind(kind);
-  if (count == 0) return;
-  if (src == nullptr || dst == nullptr) {
-    Fail(ErrorKind::kInvalidArgument, "Decode(", CodecName(kind), "): null ",
-         src == nullptr ? "src" : "dst", " for ", count, " values");
-  }
+  if (!HasWork("Decode", kind, count, src, dst, "dst")) return;
   codec_internal::DecodeWith(codec_internal::ActiveIsa(), kind, src, count, dst, false);
 }
 
 void DecodeAccumulate(CodecKind kind, const void* src, size_t count, float* acc) {
   CheckKind(kind);
-  if (count == 0) return;
-  if (src == nullptr || acc == nullptr) {
-    Fail(ErrorKind::kInvalidArgument, "DecodeAccumulate(", CodecName(kind), "): null ",
-         src == nullptr ? "src" : "acc", " for ", count, " values");
-  }
+  if (!HasWork("DecodeAccumulate", kind, count, src, acc, "acc")) return;
   codec_internal::DecodeWith(codec_internal::ActiveIsa(), kind, src, count, acc, true);
 }
 

@@ -167,6 +167,18 @@ void SetKeepAlive(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
 }
 
+namespace {
+
+// Waits for fd to be ready for `events`, a second at most (polls are short so the caller looks
+// again); throws kTimeout, "<what>: <late>", once the deadline has passed.
+void AwaitReady(int fd, short events, Deadline deadline, const char* what, const char* late) {
+  pollfd pfd{fd, events, 0};
+  int rc = ::poll(&pfd, 1, deadline.RemainingMs(1000));
+  if (rc == 0 && deadline.Expired()) throw Error(ErrorKind::kTimeout, StrCat(what, ": ", late));
+}
+
+}  // namespace
+
 void WriteFull(int fd, const void* data, size_t len, Deadline deadline, const char* what) {
   const char* p = static_cast<const char*>(data);
   while (len > 0) {
@@ -178,11 +190,7 @@ void WriteFull(int fd, const void* data, size_t len, Deadline deadline, const ch
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd pfd{fd, POLLOUT, 0};
-      int rc = ::poll(&pfd, 1, deadline.RemainingMs(1000));
-      if (rc == 0 && deadline.Expired()) {
-        throw Error(ErrorKind::kTimeout, StrCat(what, ": send timed out"));
-      }
+      AwaitReady(fd, POLLOUT, deadline, what, "send timed out");
       continue;
     }
     throw Error(ErrorKind::kPeerFailure, StrCat(what, ": send failed: ", ErrnoText(errno)));
@@ -204,11 +212,7 @@ bool ReadFull(int fd, void* data, size_t len, Deadline deadline, const char* wha
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      pollfd pfd{fd, POLLIN, 0};
-      int rc = ::poll(&pfd, 1, deadline.RemainingMs(1000));
-      if (rc == 0 && deadline.Expired()) {
-        throw Error(ErrorKind::kTimeout, StrCat(what, ": no reply before the deadline"));
-      }
+      AwaitReady(fd, POLLIN, deadline, what, "no reply before the deadline");
       continue;
     }
     throw Error(ErrorKind::kPeerFailure, StrCat(what, ": receive failed: ", ErrnoText(errno)));

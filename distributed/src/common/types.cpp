@@ -1,31 +1,36 @@
 // Element type names, parsing and the fp16 conversion (bf16's is inline in the header).
 #include "cortado/dist/types.h"
 
+#include "common/names.h"
 #include "cortado/dist/error.h"
 
 namespace cortado::dist {
 
-const char* ErrorKindName(ErrorKind kind) {
-  switch (kind) {
-    case ErrorKind::kInvalidArgument:
-      return "invalid argument";
-    case ErrorKind::kConfig:
-      return "configuration";
-    case ErrorKind::kTimeout:
-      return "timeout";
-    case ErrorKind::kPeerFailure:
-      return "peer failure";
-    case ErrorKind::kRejected:
-      return "rejected";
-    case ErrorKind::kProtocol:
-      return "protocol";
-    case ErrorKind::kSystem:
-      return "system";
-    case ErrorKind::kInternal:
-      return "internal";
-  }
-  return "?";
-}
+namespace {
+
+constexpr internal::Spelling<ErrorKind> kErrorKindNames[] = {
+    {ErrorKind::kInvalidArgument, "invalid argument"},
+    {ErrorKind::kConfig, "configuration"},
+    {ErrorKind::kTimeout, "timeout"},
+    {ErrorKind::kPeerFailure, "peer failure"},
+    {ErrorKind::kRejected, "rejected"},
+    {ErrorKind::kProtocol, "protocol"},
+    {ErrorKind::kSystem, "system"},
+    {ErrorKind::kInternal, "internal"}};
+constexpr internal::Spelling<DataType> kDataTypeNames[] = {
+    {DataType::kF32, "f32"},     {DataType::kF16, "f16"},     {DataType::kBF16, "bf16"},
+    {DataType::kF64, "f64"},     {DataType::kF32, "float32"}, {DataType::kF32, "float"},
+    {DataType::kF16, "float16"}, {DataType::kF16, "half"},    {DataType::kBF16, "bfloat16"},
+    {DataType::kF64, "float64"}, {DataType::kF64, "double"}};
+constexpr internal::Spelling<ReduceOp> kReduceOpNames[] = {{ReduceOp::kSum, "sum"},
+                                                           {ReduceOp::kAvg, "avg"},
+                                                           {ReduceOp::kMax, "max"},
+                                                           {ReduceOp::kAvg, "average"},
+                                                           {ReduceOp::kAvg, "mean"}};
+
+}  // namespace
+
+const char* ErrorKindName(ErrorKind kind) { return internal::NameOf(kErrorKindNames, kind); }
 
 size_t DataTypeSize(DataType type) {
   switch (type) {
@@ -40,46 +45,20 @@ size_t DataTypeSize(DataType type) {
   return 4;
 }
 
-const char* DataTypeName(DataType type) {
-  switch (type) {
-    case DataType::kF32:
-      return "f32";
-    case DataType::kF16:
-      return "f16";
-    case DataType::kBF16:
-      return "bf16";
-    case DataType::kF64:
-      return "f64";
-  }
-  return "?";
-}
+const char* DataTypeName(DataType type) { return internal::NameOf(kDataTypeNames, type); }
 
-const char* ReduceOpName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "sum";
-    case ReduceOp::kAvg:
-      return "avg";
-    case ReduceOp::kMax:
-      return "max";
-  }
-  return "?";
-}
+const char* ReduceOpName(ReduceOp op) { return internal::NameOf(kReduceOpNames, op); }
 
 DataType ParseDataType(const std::string& name) {
-  if (name == "f32" || name == "float32" || name == "float") return DataType::kF32;
-  if (name == "f16" || name == "float16" || name == "half") return DataType::kF16;
-  if (name == "bf16" || name == "bfloat16") return DataType::kBF16;
-  if (name == "f64" || name == "float64" || name == "double") return DataType::kF64;
+  if (auto type = internal::FindName(kDataTypeNames, name)) return *type;
   Fail(ErrorKind::kInvalidArgument, "unknown element type '", name,
-       "' (known: f32, f16, bf16, f64)");
+       "' (known: ", internal::KnownNames(kDataTypeNames), ")");
 }
 
 ReduceOp ParseReduceOp(const std::string& name) {
-  if (name == "sum") return ReduceOp::kSum;
-  if (name == "avg" || name == "average" || name == "mean") return ReduceOp::kAvg;
-  if (name == "max") return ReduceOp::kMax;
-  Fail(ErrorKind::kInvalidArgument, "unknown reduction '", name, "' (known: sum, avg, max)");
+  if (auto op = internal::FindName(kReduceOpNames, name)) return *op;
+  Fail(ErrorKind::kInvalidArgument, "unknown reduction '", name,
+       "' (known: ", internal::KnownNames(kReduceOpNames), ")");
 }
 
 uint16_t FloatToHalf(float f) {
