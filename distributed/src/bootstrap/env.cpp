@@ -85,6 +85,64 @@ struct Family {
   const char* local_size;
 };
 
+// The launchers whose variables say this process's place, in order of precedence.
+constexpr Family kFamilies[] = {
+    {"cortado", "CORTADO_RANK", "CORTADO_WORLD_SIZE", "CORTADO_LOCAL_RANK",
+     "CORTADO_LOCAL_WORLD_SIZE"},
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+};
+
+// Rank, world size, local rank and local world size from a family's variables.
+void ReadPlace(const EnvLookup& env, const Family& family, LaunchInfo* info) {
+  const int kMaxRanks = 1 << 20;
+  auto size_text = Get(env, family.size);
+  if (!size_text) {
+    Fail(ErrorKind::kConfig, family.rank, " is set but ", family.size,
+         " is not; set both (or neither)");
+  }
+  info->world_size = static_cast<int>(ParseInt(family.size, *size_text, 1, kMaxRanks));
+  info->rank =
+      static_cast<int>(ParseInt(family.rank, *Get(env, family.rank), 0, info->world_size - 1));
+  info->local_rank = GetInt(env, family.local_rank, 0, kMaxRanks, info->rank);
+  if (auto local_size = Get(env, family.local_size)) {
+    // Slurm writes "2(x3)" for heterogeneous layouts: the leading number is ours.
+    std::string digits;
+    for (char c : *local_size) {
+      if (!std::isdigit(static_cast<unsigned char>(c))) break;
+      digits += c;
+    }
+    info->local_world_size = static_cast<int>(
+        ParseInt(family.local_size, digits.empty() ? *local_size : digits, 1, kMaxRanks));
+  } else {
+    info->local_world_size = info->world_size;
+  }
+}
+
+// Master address and port: Cortado's, then torchrun's, then launcher-specific defaults (Slurm's
+// first node; under mpirun or Slurm a port derived from the job token).
+void ReadMaster(const EnvLookup& env, const std::optional<std::string>& token, LaunchInfo* info) {
+  const std::string source = info->source;
+  auto addr = Get(env, "CORTADO_MASTER_ADDR");
+  auto port = Get(env, "CORTADO_MASTER_PORT");
+  const char* port_name = "CORTADO_MASTER_PORT";
+  if (!addr) addr = Get(env, "MASTER_ADDR");
+  if (!port) {
+    port = Get(env, "MASTER_PORT");
+    port_name = "MASTER_PORT";
+  }
+  if (addr) info->master_addr = *addr;
+  if (port) info->master_port = static_cast<int>(ParseInt(port_name, *port, 1, 65535));
+  if (source == "slurm" && !addr) {
+    if (auto nodes = Get(env, "SLURM_JOB_NODELIST")) info->master_addr = FirstSlurmHost(*nodes);
+  }
+  if ((source == "mpirun" || source == "slurm") && !port && token) {
+    info->master_port = DerivedPort(*token);
+  }
+}
+
 }  // namespace
 
 EnvLookup ProcessEnv() {
@@ -116,14 +174,6 @@ std::optional<std::string> FindJobToken(const EnvLookup& env) {
 }
 
 LaunchInfo DiscoverLaunchInfo(const EnvLookup& env) {
-  static const Family kFamilies[] = {
-      {"cortado", "CORTADO_RANK", "CORTADO_WORLD_SIZE", "CORTADO_LOCAL_RANK",
-       "CORTADO_LOCAL_WORLD_SIZE"},
-      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
-      {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-       "OMPI_COMM_WORLD_LOCAL_SIZE"},
-      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
-  };
   LaunchInfo info;
   const Family* family = nullptr;
   for (const Family& f : kFamilies) {
@@ -134,50 +184,9 @@ LaunchInfo DiscoverLaunchInfo(const EnvLookup& env) {
   }
   if (!family) return info;  // rank 0 of 1
   info.source = family->source;
-  const int kMaxRanks = 1 << 20;
-  auto size_text = Get(env, family->size);
-  if (!size_text) {
-    Fail(ErrorKind::kConfig, family->rank, " is set but ", family->size,
-         " is not; set both (or neither)");
-  }
-  info.world_size = static_cast<int>(ParseInt(family->size, *size_text, 1, kMaxRanks));
-  info.rank =
-      static_cast<int>(ParseInt(family->rank, *Get(env, family->rank), 0, info.world_size - 1));
-  info.local_rank = GetInt(env, family->local_rank, 0, kMaxRanks, info.rank);
-  if (auto local_size = Get(env, family->local_size)) {
-    // Slurm writes "2(x3)" for heterogeneous layouts: the leading number is ours.
-    std::string digits;
-    for (char c : *local_size) {
-      if (!std::isdigit(static_cast<unsigned char>(c))) break;
-      digits += c;
-    }
-    info.local_world_size = static_cast<int>(
-        ParseInt(family->local_size, digits.empty() ? *local_size : digits, 1, kMaxRanks));
-  } else {
-    info.local_world_size = info.world_size;
-  }
-
-  // Master address and port: Cortado's, then torchrun's, then launcher-specific defaults.
-  std::string source = info.source;
-  auto addr = Get(env, "CORTADO_MASTER_ADDR");
-  auto port = Get(env, "CORTADO_MASTER_PORT");
-  const char* port_name = "CORTADO_MASTER_PORT";
-  if (!addr) addr = Get(env, "MASTER_ADDR");
-  if (!port) {
-    port = Get(env, "MASTER_PORT");
-    port_name = "MASTER_PORT";
-  }
-  auto token = FindJobToken(env);
-  if (addr) info.master_addr = *addr;
-  if (port) {
-    info.master_port = static_cast<int>(ParseInt(port_name, *port, 1, 65535));
-  }
-  if (source == "slurm" && !addr) {
-    if (auto nodes = Get(env, "SLURM_JOB_NODELIST")) info.master_addr = FirstSlurmHost(*nodes);
-  }
-  if ((source == "mpirun" || source == "slurm") && !port && token) {
-    info.master_port = DerivedPort(*token);
-  }
+  ReadPlace(env, *family, &info);
+  const std::optional<std::string> token = FindJobToken(env);
+  ReadMaster(env, token, &info);
   if (auto fd = Get(env, "CORTADO_STORE_FD"); fd && info.rank == 0) {
     info.store_fd = static_cast<int>(ParseInt("CORTADO_STORE_FD", *fd, 0, 1 << 20));
   }

@@ -67,6 +67,72 @@ struct Descriptor {
 };
 static_assert(sizeof(Descriptor) == 256, "descriptors travel as fixed 256-byte messages");
 
+// This rank's descriptor of its buffer [data, data + bytes): mappable when it lies in an
+// allocated region (`region`, null when not) that the transport exported (`exported`).
+Descriptor Describe(const char* data, size_t bytes, DataType type, ReduceOp op,
+                    const AllocatedRegion* region, const std::string& exported) {
+  Descriptor d;
+  std::memset(&d, 0, sizeof(d));
+  d.magic = kDescriptorMagic;
+  d.bytes = bytes;
+  d.type = static_cast<uint32_t>(type);
+  d.op = static_cast<uint32_t>(op);
+  if (region != nullptr && !exported.empty() && exported.size() <= sizeof(d.exported)) {
+    d.uid = region->uid;
+    d.region_data = reinterpret_cast<uint64_t>(region->data);
+    d.region_bytes = region->bytes;
+    d.offset = static_cast<uint64_t>(data - region->data);
+    d.exported_bytes = static_cast<uint32_t>(exported.size());
+    std::memcpy(d.exported, exported.data(), exported.size());
+  }
+  return d;
+}
+
+// Checks every rank's descriptor against this rank's (`mine`), the same way on every rank, so
+// all reach the same verdict: the first rank whose buffer cannot be mapped, or -1. Throws
+// kProtocol naming a rank that entered another operation or sent a malformed descriptor.
+int FirstUnmappable(const Descriptor* desc, int n, const Descriptor& mine) {
+  int unmappable = -1;
+  for (int p = 0; p < n; ++p) {
+    const Descriptor& d = desc[p];
+    if (d.magic != kDescriptorMagic || d.bytes != mine.bytes || d.type != mine.type ||
+        d.op != mine.op) {
+      throw Error(
+          ErrorKind::kProtocol,
+          StrCat("rank ", p, " entered a different operation (", d.bytes, " bytes, type ", d.type,
+                 ", op ", d.op, " where this rank has ", mine.bytes, " bytes, type ", mine.type,
+                 ", op ", mine.op, "; mismatched collective calls?)"),
+          p);
+    }
+    if (d.uid != 0 && (d.exported_bytes > sizeof(d.exported) || d.offset > d.region_bytes ||
+                       d.bytes > d.region_bytes - d.offset)) {
+      throw Error(ErrorKind::kProtocol,
+                  StrCat("rank ", p, " sent a malformed direct all-reduce descriptor"), p);
+    }
+    if (d.uid == 0 && unmappable < 0) unmappable = p;
+  }
+  return unmappable;
+}
+
+// Reduces segment r of the ring's segments from every rank's buffer (buf[p]), `block` elements
+// at a time into `acc`, in the ring's order, and stores the result into every buffer.
+void ReduceSegment(const std::vector<char*>& buf, int r, size_t count, DataType type, ReduceOp op,
+                   size_t block, char* acc) {
+  const int n = static_cast<int>(buf.size());
+  const size_t esize = DataTypeSize(type);
+  Segments seg{count, n};
+  const size_t lo = seg.Offset(r), len = seg.Size(r);
+  for (size_t b = 0; b < len; b += block) {
+    const size_t m = std::min(block, len - b);
+    const size_t at = (lo + b) * esize;
+    auto src = [&](int k) { return buf[static_cast<size_t>(Mod(r + k, n))] + at; };
+    Reduce(acc, src(1), src(0), m, type, op);
+    for (int k = 2; k < n; ++k) Reduce(acc, src(k), acc, m, type, op);
+    Finalize(acc, m, type, op, n);
+    for (int p = 0; p < n; ++p) std::memcpy(buf[static_cast<size_t>(p)] + at, acc, m * esize);
+  }
+}
+
 }  // namespace
 
 char* TransportCommunicator::MappedPeerRegion(int peer, uint64_t uid, const std::string& exported,
@@ -101,65 +167,14 @@ bool TransportCommunicator::DirectAllReduce(char* data, size_t count, DataType t
   const size_t desc_bytes = static_cast<size_t>(n) * sizeof(Descriptor);
   char* scratch = Scratch(desc_bytes + block * esize);
   auto* desc = reinterpret_cast<Descriptor*>(scratch);
-  char* acc = scratch + desc_bytes;
 
-  // 1. Descriptors, all to all.
-  Descriptor& mine = desc[r];
-  std::memset(&mine, 0, sizeof(mine));
-  mine.magic = kDescriptorMagic;
-  mine.bytes = bytes;
-  mine.type = static_cast<uint32_t>(type);
-  mine.op = static_cast<uint32_t>(op);
-  if (AllocatedRegion a; FindAllocated(data, bytes, &a)) {
-    const std::string exported = transport_->ExportRegion(*a.region);
-    if (!exported.empty() && exported.size() <= sizeof(mine.exported)) {
-      mine.uid = a.uid;
-      mine.region_data = reinterpret_cast<uint64_t>(a.data);
-      mine.region_bytes = a.bytes;
-      mine.offset = static_cast<uint64_t>(data - a.data);
-      mine.exported_bytes = static_cast<uint32_t>(exported.size());
-      std::memcpy(mine.exported, exported.data(), exported.size());
-    }
-  }
-  // The input must be in memory before a peer can read it: the descriptor's send publishes it.
-  SharedMemoryFence();
-  const uint64_t desc_tag = MakeTag(seq, kDescriptorStep, 0);
-  std::vector<RequestId> ids;
-  ids.reserve(2 * static_cast<size_t>(n));
-  for (int p = 0; p < n; ++p) {
-    if (p == r) continue;
-    ids.push_back(transport_->PostRecv(p, *scratch_region_,
-                                       static_cast<size_t>(p) * sizeof(Descriptor),
-                                       sizeof(Descriptor), desc_tag));
-  }
-  for (int p = 0; p < n; ++p) {
-    if (p == r) continue;
-    ids.push_back(transport_->PostSend(p, *scratch_region_,
-                                       static_cast<size_t>(r) * sizeof(Descriptor),
-                                       sizeof(Descriptor), desc_tag));
-  }
-  for (RequestId id : ids) transport_->Wait(id, deadline);
-  SharedMemoryFence();
-
-  // Every rank checks every descriptor the same way, so all reach the same verdict.
-  int unmappable = -1;
-  for (int p = 0; p < n; ++p) {
-    const Descriptor& d = desc[p];
-    if (d.magic != kDescriptorMagic || d.bytes != bytes || d.type != mine.type || d.op != mine.op) {
-      throw Error(ErrorKind::kProtocol,
-                  StrCat("rank ", p, " entered a different operation (", d.bytes, " bytes, type ",
-                         d.type, ", op ", d.op, " where this rank has ", bytes, " bytes, type ",
-                         mine.type, ", op ", mine.op, "; mismatched collective calls?)"),
-                  p);
-    }
-    if (d.uid != 0 && (d.exported_bytes > sizeof(d.exported) || d.offset > d.region_bytes ||
-                       d.bytes > d.region_bytes - d.offset)) {
-      throw Error(ErrorKind::kProtocol,
-                  StrCat("rank ", p, " sent a malformed direct all-reduce descriptor"), p);
-    }
-    if (d.uid == 0 && unmappable < 0) unmappable = p;
-  }
-  if (unmappable >= 0) {
+  // 1. Descriptors, all to all (sending one says this rank's input is in place).
+  AllocatedRegion region;
+  const bool allocated = FindAllocated(data, bytes, &region);
+  desc[r] = Describe(data, bytes, type, op, allocated ? &region : nullptr,
+                     allocated ? transport_->ExportRegion(*region.region) : std::string());
+  FencedAllToAll(MakeTag(seq, kDescriptorStep, 0), sizeof(Descriptor), deadline);
+  if (const int unmappable = FirstUnmappable(desc, n, desc[r]); unmappable >= 0) {
     if (!forced) return false;
     throw Error(ErrorKind::kInvalidArgument,
                 StrCat("algorithm 'direct': rank ", unmappable,
@@ -178,31 +193,33 @@ bool TransportCommunicator::DirectAllReduce(char* data, size_t count, DataType t
                                   d.region_data, d.region_bytes) +
                      d.offset;
   }
-  Segments seg{count, n};
-  const size_t lo = seg.Offset(r), len = seg.Size(r);
-  for (size_t b = 0; b < len; b += block) {
-    const size_t m = std::min(block, len - b);
-    const size_t at = (lo + b) * esize;
-    auto src = [&](int k) { return buf[static_cast<size_t>(Mod(r + k, n))] + at; };
-    Reduce(acc, src(1), src(0), m, type, op);
-    for (int k = 2; k < n; ++k) Reduce(acc, src(k), acc, m, type, op);
-    Finalize(acc, m, type, op, n);
-    for (int p = 0; p < n; ++p) std::memcpy(buf[static_cast<size_t>(p)] + at, acc, m * esize);
-  }
+  ReduceSegment(buf, r, count, type, op, block, scratch + desc_bytes);
 
-  // 3. Done, all to all: this rank's stores are visible before its message is.
+  // 3. Done, all to all: once every peer's message is here, nobody touches this buffer.
+  FencedAllToAll(MakeTag(seq, kDoneStep, 0), 0, deadline);
+  return true;
+}
+
+// Rank p's message lands in slot p of the scratch (slot bytes each), this rank's is sent from
+// slot rank_. The fences order this process's loads and stores of the shared buffers: what it
+// stored before is visible to a peer that has its message, and what a peer stored before its
+// message is visible here after.
+void TransportCommunicator::FencedAllToAll(uint64_t tag, size_t slot, Deadline deadline) {
   SharedMemoryFence();
-  const uint64_t done_tag = MakeTag(seq, kDoneStep, 0);
-  Span empty = ScratchSpan(scratch, 0);
-  ids.clear();
-  for (int p = 0; p < n; ++p) {
-    if (p == r) continue;
-    ids.push_back(transport_->PostRecv(p, *empty.region, 0, 0, done_tag));
-    ids.push_back(transport_->PostSend(p, *empty.region, 0, 0, done_tag));
+  std::vector<RequestId> ids;
+  ids.reserve(2 * static_cast<size_t>(size_));
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    ids.push_back(
+        transport_->PostRecv(p, *scratch_region_, static_cast<size_t>(p) * slot, slot, tag));
+  }
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    ids.push_back(
+        transport_->PostSend(p, *scratch_region_, static_cast<size_t>(rank_) * slot, slot, tag));
   }
   for (RequestId id : ids) transport_->Wait(id, deadline);
   SharedMemoryFence();
-  return true;
 }
 
 }  // namespace cortado::dist::internal

@@ -163,10 +163,25 @@ class TransportCommunicator final : public Communicator {
                      Deadline deadline);
   void HalvingDoublingAllReduce(char* data, size_t count, DataType type, ReduceOp op, uint64_t seq,
                                 Deadline deadline);
+  // Halving-doubling's power-of-two core: p2 ranks, this one core rank `rank`; each of the first
+  // `rem` core ranks stands for a pair of real ranks whose sum it holds.
+  struct PowerOfTwoCore {
+    int rank;
+    int p2;
+    int rem;
+    int Real(int core_rank) const { return core_rank < rem ? core_rank * 2 : core_rank + rem; }
+  };
+  void RecursiveDoubling(char* data, size_t count, DataType type, ReduceOp op,
+                         const PowerOfTwoCore& core, uint64_t seq, Deadline deadline);
+  void RabenseifnerAllReduce(char* data, size_t count, DataType type, ReduceOp op,
+                             const PowerOfTwoCore& core, uint64_t seq, Deadline deadline);
   // False (nothing reduced) when the ranks found some rank's buffer outside memory they can
   // map, and `forced` is false: the caller then runs the ring. Forced, that is an error.
   bool DirectAllReduce(char* data, size_t count, DataType type, ReduceOp op, bool forced,
                        uint64_t seq, Deadline deadline);
+  // The direct all-reduce's exchanges: every rank sends every other one message, fenced
+  // (allreduce_direct.cpp).
+  void FencedAllToAll(uint64_t tag, size_t slot, Deadline deadline);
   // This process's mapping of peer's region uid (mapped from `exported` on first use).
   char* MappedPeerRegion(int peer, uint64_t uid, const std::string& exported, uint64_t remote_data,
                          size_t bytes);
