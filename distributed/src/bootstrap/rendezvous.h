@@ -2,9 +2,9 @@
 // rank builds the transport CommOptions::transport names, publishes its LocalAddress() under
 // prefix + rank in the store, waits for everyone's, and hands the list to Transport::Connect.
 // The job identity (token, world size, fingerprint) is checked by each connection's handshake
-// (internal::HelloRejection in frames.h): the TCP transport does it on its own sockets, the UCX
-// transport on the TCP control mesh it keeps beside its UCX endpoints, so both admit exactly the
-// same ranks.
+// (internal::HelloRejection in transport/tcp/frames.h): the TCP transport does it on its own
+// sockets, the UCX transport on the TCP control mesh it keeps beside its UCX endpoints, so both
+// admit exactly the same ranks.
 #pragma once
 
 #include <chrono>

@@ -7,7 +7,8 @@
 
 namespace cortado::dist::internal {
 
-// Collectives over a Transport (TCP today), with rendezvous through a Store.
+// Collectives over a Transport (TCP or UCX, CommOptions::transport), with rendezvous through a
+// Store.
 std::unique_ptr<Communicator> CreateTransportCommunicator(const CommConfig& config);
 
 #ifdef CORTADO_DIST_HAS_MPI

@@ -1,20 +1,8 @@
-// Internal: TransportCommunicator, the collectives over a Transport, and the helpers its
-// algorithms share. Setup, operation bookkeeping and the dispatchers that choose an algorithm are
-// in transport_communicator.cpp; each algorithm is a member function in a file of its own
-// (allreduce_ring.cpp, allreduce_halving_doubling.cpp, allreduce_direct.cpp,
-// allreduce_compressed_ring.cpp, broadcast_tree.cpp, broadcast_chain.cpp, allgather_ring.cpp,
-// reduce_scatter_ring.cpp). The ring-shaped ones share one pipelining engine (RingPipeline,
-// below).
-//
-// Pipelining. A ring collective is a chain of steps; step t+1 sends what step t received (after
-// reducing it). Every segment is cut into chunks, and chunk-steps (t, c) flow in a fixed order
-// (RingSchedule) that every rank follows for its sends and therefore, by symmetry, for its
-// receives: first `lead` chunks of step 0, then after each chunk received and reduced, that
-// chunk's next step followed by one more step-0 chunk. The socket thus always has data to send,
-// reduced data is forwarded while still in cache, and the reduction reads the received chunk
-// from a small scratch slot (L2-resident) while the next chunks are in flight. The all-gather
-// half receives straight into the user's buffer; nothing is copied in user space except the
-// reduction itself.
+// Internal: TransportCommunicator, the collectives over a Transport (TCP or UCX), and the helpers
+// its algorithms share. Setup, operation bookkeeping and the dispatchers that choose an algorithm
+// are in transport_communicator.cpp; each algorithm is a member function in a file of its own
+// under collectives/ (allreduce_ring.cpp, broadcast_tree.cpp, ...). The ring-shaped ones share
+// one pipelining engine, RingPipeline.
 #pragma once
 
 #include <algorithm>
@@ -47,7 +35,15 @@ struct Span {
   size_t bytes = 0;
 };
 
-// The order in which chunk-steps are sent (and received); see the file comment.
+// Pipelining. A ring collective is a chain of steps; step t+1 sends what step t received (after
+// reducing it). Every segment is cut into chunks, and chunk-steps (t, c) flow in a fixed order
+// that every rank follows for its sends and therefore, by symmetry, for its receives: first
+// `lead` chunks of step 0, then after each chunk received and reduced, that chunk's next step
+// followed by one more step-0 chunk. The socket thus always has data to send, reduced data is
+// forwarded while still in cache, and the reduction reads the received chunk from a small
+// scratch slot (L2-resident) while the next chunks are in flight. The all-gather half receives
+// straight into the user's buffer; nothing is copied in user space except the reduction itself.
+// RingSchedule is that order; RingPipeline (below) runs it.
 struct RingSchedule {
   std::vector<std::pair<int, int>> order;  // (step, chunk)
   std::vector<size_t> ready_after;         // sends postable once entry i has been received
@@ -155,6 +151,9 @@ class TransportCommunicator final : public Communicator {
   // what a peer can have in flight, so chunks land in place instead of waiting in the socket.
   int RecvWindow() const { return std::max(8, 4 * options().pipeline_depth); }
 
+  // Runs steps x nchunks chunk-steps in RingSchedule's order: chunk-step (t, c) sends
+  // send_span(t, c) to `to` and receives recv_span(t, c, slot) from `from`; on_recv(t, c, slot,
+  // wait_send) runs as each receive completes (wait_send(t, c) waits for that send to finish).
   template <typename SendSpan, typename RecvSpan, typename OnRecv>
   void RingPipeline(uint64_t seq, Deadline deadline, int steps, int nchunks, int to, int from,
                     SendSpan send_span, RecvSpan recv_span, OnRecv on_recv);

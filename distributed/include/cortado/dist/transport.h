@@ -13,7 +13,8 @@
 //
 // Threads: one thread drives a transport at a time (the communicator's). Wait and Test make
 // progress on the calling thread; between operations a progress thread of the transport keeps
-// posted sends moving, answers status queries and notices dead peers.
+// posted sends moving, answers status queries and notices dead peers (UCX's keeps only its TCP
+// control mesh so: its data moves when the caller waits; see ucx_transport.h).
 //
 // Failures: a peer that closes without saying goodbye, resets the connection, or aborts makes
 // every later Wait/Test throw kPeerFailure naming the root-cause rank (an aborting peer says
