@@ -11,7 +11,7 @@
 // 127.0.0.1 when every rank is local (Slurm: the first host of SLURM_JOB_NODELIST) and a port
 // derived from the job id, so `mpirun -np 2 prog` works as is.
 //
-// The job token (see JobToken) must be the same on every rank: CORTADO_JOB_TOKEN, else one derived
+// The job token (FindJobToken) must be the same on every rank: CORTADO_JOB_TOKEN, else one derived
 // from the launcher's job identity (SLURM_JOB_ID + SLURM_STEP_ID, PMIX_NAMESPACE or
 // OMPI_MCA_ess_base_jobid, TORCHELASTIC_RUN_ID). Jobs of world size 1 need none.
 #pragma once
