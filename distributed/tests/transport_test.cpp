@@ -1,11 +1,12 @@
 // Every transport through its RDMA-shaped interface, from a transport factory (TCP, and UCX where
 // it is built; the UCX cases skip, saying why, where it is not): registered regions, posted
 // tagged sends and receives completing in any order, unexpected messages, large messages, a
-// peer's abort, status queries. TCP alone: strangers or garbage on the listening port during
-// connection setup, and the interface choice.
+// peer's abort, status queries. TCP alone: one connection's handshake driven by hand, strangers
+// or garbage on the listening port during connection setup, and the interface choice.
 #include "cortado/dist/transport.h"
 
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <thread>
 
 #include "../src/common/socket.h"
+#include "../src/transport/tcp/handshake.h"
 #include "../src/transport/tcp/wire.h"
 #include "cortado/dist/tcp_transport.h"
 #include "cortado/dist/ucx_transport.h"
@@ -184,6 +186,73 @@ TEST_P(Transports, LargeMessagesInBothDirectionsAtOnce) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(in[1], out[0]);
   EXPECT_EQ(in[0], out[1]);
+}
+
+// What rank `rank` of a world of 2 checks and sends in its handshakes, for job `token`.
+tcp::HandshakeContext HandshakeContextFor(int rank, const std::string& token) {
+  const JobIdentity identity{token, 2, 42};
+  tcp::HandshakeContext c;
+  c.rank = rank;
+  c.size = 2;
+  c.mine.from_rank = static_cast<uint32_t>(rank);
+  c.mine.world_size = 2;
+  c.mine.token_digest = identity.TokenDigest();
+  c.mine.fingerprint = identity.fingerprint;
+  c.deadline = Deadline::After(seconds(5));
+  c.connected = [](int) { return false; };
+  return c;
+}
+
+// Runs h's handlers as poll() reports its socket until one returns other than kRetry (or the
+// handler throws, or 5 s pass: kRetry).
+tcp::Step Drive(tcp::Handshake& h, const tcp::HandshakeContext& context) {
+  const Deadline until = Deadline::After(seconds(5));
+  while (!until.Expired()) {
+    pollfd p{};
+    if (!h.PollFor(&p)) continue;
+    if (::poll(&p, 1, 10) <= 0) continue;
+    const tcp::Step step = h.OnReady(context);
+    if (step != tcp::Step::kRetry) return step;
+  }
+  return tcp::Step::kRetry;
+}
+
+// Rank 1 dials rank 0 with the job's token, then with another job's: the first is admitted on
+// both sides, naming each other; the second is dropped by rank 0, and rank 1's dial fails
+// saying rank 0 rejected it.
+TEST(TcpHandshake, AdmitsTheJobsRankAndRefusesAnotherJobs) {
+  for (const std::string token : {"tok", "another job"}) {
+    internal::Fd listener = internal::ListenTcp("127.0.0.1", 0);
+    const std::string address = StrCat("127.0.0.1:", internal::LocalPort(listener.get()));
+    tcp::Handshake dial = tcp::Handshake::Dial(0, address);
+    pollfd p{};
+    ASSERT_TRUE(dial.PollFor(&p));
+    ASSERT_EQ(::poll(&p, 1, 5000), 1);                                          // connected
+    ASSERT_EQ(dial.OnReady(HandshakeContextFor(1, token)), tcp::Step::kRetry);  // hello sent
+    EXPECT_EQ(dial.state(), tcp::Handshake::State::kAwaitingAck);
+    const int fd = ::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    ASSERT_GE(fd, 0);
+    tcp::Handshake accepted = tcp::Handshake::Accept(internal::Fd(fd));
+    EXPECT_TRUE(accepted.inbound());
+    const tcp::Step verdict = Drive(accepted, HandshakeContextFor(0, "tok"));
+    if (token == "tok") {
+      EXPECT_EQ(verdict, tcp::Step::kEstablished);
+      EXPECT_EQ(accepted.peer(), 1);
+      EXPECT_EQ(Drive(dial, HandshakeContextFor(1, token)), tcp::Step::kEstablished);
+      EXPECT_EQ(dial.peer(), 0);
+      continue;
+    }
+    EXPECT_EQ(verdict, tcp::Step::kDrop);
+    try {
+      Drive(dial, HandshakeContextFor(1, token));
+      ADD_FAILURE() << "a rejected dial must fail";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kRejected);
+      EXPECT_NE(std::string(e.what()).find("rank 0 rejected rank 1: job token mismatch"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(TcpTransport, StrangersAndGarbageDuringSetupAreRejectedAndTheMeshForms) {
