@@ -59,21 +59,17 @@ std::vector<std::string> WorkerEnvironment(
   return out;
 }
 
-std::vector<char*> Pointers(std::vector<std::string>& strings) {
-  std::vector<char*> out;
-  for (auto& s : strings) out.push_back(s.data());
-  out.push_back(nullptr);
-  return out;
-}
-
 // Starts the worker with `args` and environment `env`, its output into log_fd; inherit_fd (or
 // -1) stays open across exec (rank 0's store socket).
 pid_t SpawnWorker(const std::vector<std::string>& args, std::vector<std::string> env, int log_fd,
                   int inherit_fd) {
   std::vector<std::string> argv_strings = {CORTADO_DIST_TEST_WORKER};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-  std::vector<char*> argv = Pointers(argv_strings);
-  std::vector<char*> envp = Pointers(env);
+  std::vector<char*> argv, envp;  // null-terminated, as execve wants
+  for (auto& a : argv_strings) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
   pid_t pid = ::fork();
   if (pid == 0) {
     ::dup2(log_fd, 1);
