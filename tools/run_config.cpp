@@ -22,6 +22,7 @@ LayerSpec ParseLayer(const YamlConfig& yaml, const YAML::Node& node, size_t inde
   LayerSpec spec;
   spec.where = where;
   for (const auto& item : node) {
+    CORTADO_CHECK(item.first.IsScalar(), where, ": ", path, ": a key is not a setting name");
     std::string key = item.first.as<std::string>();
     const YAML::Node& value = item.second;
     std::string at = yaml.WhereOf(value, "");
@@ -321,6 +322,11 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train) {
                "must map parameter-name patterns to codecs, e.g. {\"fc.*\": f32}");
     }
     for (const auto& item : overrides) {
+      if (!item.first.IsScalar()) {
+        dd.Error("codec_overrides",
+                 "a key is not a name pattern (write patterns as strings, "
+                 "e.g. {\"fc.*\": f32})");
+      }
       const std::string pattern = item.first.as<std::string>();
       const std::string codec = item.second.IsScalar() ? item.second.as<std::string>() : "";
       try {

@@ -762,9 +762,12 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
     LogInfo("data-parallel: ", world_.size, " ranks (", world_.backend, "), global batch ",
             global_batch(), " (", world_.size, " x ", config_.data.batch_size, "), learning rate ",
             config_.solver.schedule.base_lr, " (solver.base_lr, not scaled with the global batch)");
+    // Each codec once, in bucket order (compared as names: "f16" is part of "bf16").
+    std::vector<dist::CodecKind> kinds;
     std::string codecs;
     for (const auto& b : buckets) {
-      if (codecs.find(dist::CodecName(b.codec)) == std::string::npos) {
+      if (std::find(kinds.begin(), kinds.end(), b.codec) == kinds.end()) {
+        kinds.push_back(b.codec);
         codecs += StrCat(codecs.empty() ? "" : ", ", dist::CodecName(b.codec));
       }
     }

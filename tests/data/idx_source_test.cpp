@@ -63,7 +63,8 @@ class IdxTest : public ::testing::Test {
 };
 
 TEST_F(IdxTest, ASmallPairReadsBack) {
-  const IdxDataset d = ReadIdxDataset(Write(ImagesFile(2, 2, 3, "abcdefghijkl"), LabelsFile("\1\7")));
+  const IdxDataset d =
+      ReadIdxDataset(Write(ImagesFile(2, 2, 3, "abcdefghijkl"), LabelsFile("\1\7")));
   EXPECT_EQ(d.count, 2);
   EXPECT_EQ(d.height, 2);
   EXPECT_EQ(d.width, 3);

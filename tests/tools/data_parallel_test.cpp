@@ -34,7 +34,9 @@
 
 #include "cortado/dist/ucx_transport.h"
 #include "engine/checkpoint.h"
+#include "engine/yaml_config.h"
 #include "tests/tools/fashion_slice.h"
+#include "tools/trainer.h"
 
 namespace cortado {
 namespace {
@@ -622,6 +624,57 @@ TEST_F(DataParallelTest, CodecConfigErrorsNameTheKey) {
   EXPECT_NE(err.find("distributed.rounding"), std::string::npos) << err;
   EXPECT_NE(train("--set distributed.codec_keep_f32=[norms]"), 0);
   EXPECT_NE(err.find("unknown parameter kind 'norms'"), std::string::npos) << err;
+}
+
+// distributed.codec_overrides as a user writes it in the config file: a YAML map taken in its
+// written order (the first pattern that matches wins: "logits.weight" before "logits.*" gives
+// the weight bf16, the other order f16), kept so through the resolved config that checkpoints
+// store, applied on every rank and reported in the start-up log; a key that is not a pattern,
+// and a pattern that matches no parameter, stop the run naming them.
+TEST_F(DataParallelTest, CodecOverridesInTheConfigFileApplyInTheirWrittenOrder) {
+  const std::string config = Config(kLeNet,
+                                    "distributed:\n"
+                                    "  codec: epgc8\n"
+                                    "  codec_overrides:\n"
+                                    "    \"logits.weight\": bf16\n"
+                                    "    \"logits.*\": f16\n"
+                                    "    conv1.weight: f32\n");
+  const RunConfig c = LoadRunConfig(config, {});
+  const std::vector<std::pair<std::string, std::string>> want = {
+      {"logits.weight", "bf16"}, {"logits.*", "f16"}, {"conv1.weight", "f32"}};
+  EXPECT_EQ(c.distributed.codec.overrides, want);
+  YamlConfig resolved = YamlConfig::FromString(c.resolved_yaml, "stored");
+  const RunConfig stored = ParseRunConfig(resolved, /*need_train=*/false);
+  EXPECT_EQ(stored.distributed.codec.overrides, want);
+  Net net(MakeNetSpec(c, {1, 28, 28}, 10, 8), 1);
+  ApplyCodecPolicy(net, c.distributed.codec);
+  std::map<std::string, std::string> codecs;
+  for (Param* p : net.params()) codecs[p->name] = p->codec;
+  const std::map<std::string, std::string> expected = {
+      {"conv1.weight", "f32"},   {"conv1.bias", "f32"},   {"conv2.weight", "epgc8"},
+      {"conv2.bias", "f32"},     {"fc1.weight", "epgc8"}, {"fc1.bias", "f32"},
+      {"logits.weight", "bf16"}, {"logits.bias", "f16"}};
+  EXPECT_EQ(codecs, expected);
+
+  // Two ranks: the buckets travel in these codecs, in backward's order.
+  std::string log;
+  Train(config, 2, 8, "two", "--set solver.max_iter=1", &log);
+  EXPECT_NE(log.find("codecs bf16, f16, epgc8, f32 (nearest)"), std::string::npos) << log;
+
+  std::string err;
+  auto fails = [&](const std::string& overrides, const std::string& want_error) {
+    const std::string bad =
+        Config(kLeNet, "distributed: {codec: epgc8, codec_overrides: " + overrides + "}\n");
+    EXPECT_NE(RunShell("timeout 120 " + CortadoBinary() + " launch --nproc 2 -- " +
+                           CortadoBinary() + " train --no-progress --threads 1 --config " + bad +
+                           " --set checkpoint.dir=" + (dir_ / "bad").string(),
+                       nullptr, &err),
+              0);
+    EXPECT_NE(err.find(want_error), std::string::npos) << overrides << "\n" << err;
+  };
+  fails("{[logits.weight]: f16}", "distributed.codec_overrides: a key is not a name pattern");
+  fails("{\"fc2.*\": f16}", "codec override 'fc2.*' matches no parameter");
+  fails("{\"fc1.*\": f12}", "distributed.codec_overrides: 'fc1.*'");
 }
 
 // Starts `cortado launch` in the background with stderr to a file; returns its pid.
