@@ -182,16 +182,19 @@ class LmdbSourceBase : public BatchSource {
     return true;
   }
 
-  // Returns the number of corrupt records skipped.
-  int64_t Produce(int worker, int64_t batch, int64_t sample, float* image, int32_t* label) {
+  BatchLoader::Produced Produce(int worker, int64_t batch, int64_t sample, float* image,
+                                int32_t* label) {
     Worker& w = *workers_[worker];
     const uint64_t key = train_ ? AugmentKey(batch, sample) : 0;
     const int64_t n = reader_->size();
     int64_t record = sample;
     for (int64_t attempt = 0;; ++attempt) {
       w.why.clear();
-      if (DecodeRecord(w, record, key, image, label)) return attempt;
+      if (DecodeRecord(w, record, key, image, label)) return {attempt, false};
       ReportCorrupt(record, w.why);
+      // Evaluation scores each readable record once: a substitute would be scored twice (on
+      // several ranks often a record of another rank's shard).
+      if (!train_) return {1, true};
       CORTADO_CHECK(attempt + 1 < std::min<int64_t>(n, 1000), "LMDB ", reader_->path(), ": ",
                     attempt + 1, " records in a row from '", reader_->key(sample),
                     "' do not decode; is this an image database?");
@@ -199,12 +202,20 @@ class LmdbSourceBase : public BatchSource {
     }
   }
 
+  // Once per record, and by name for the first kNamedCorrupt of them: a database with many
+  // damaged records must not flood the log.
   void ReportCorrupt(int64_t record, const std::string& why) {
+    constexpr size_t kNamedCorrupt = 5;
     std::lock_guard<std::mutex> lock(warned_mu_);
-    if (warned_.insert(record).second) {
-      LogWarning("data: skipping corrupt record '", reader_->key(record), "' of ", reader_->path(),
-                 " (", why, "); using the next record instead");
+    if (!warned_.insert(record).second || warned_.size() > kNamedCorrupt + 1) return;
+    if (warned_.size() == kNamedCorrupt + 1) {
+      LogWarning("data: more corrupt records in ", reader_->path(), "; they are ",
+                 train_ ? "replaced" : "left out", " and counted without naming them");
+      return;
     }
+    LogWarning("data: skipping corrupt record '", reader_->key(record), "' of ", reader_->path(),
+               " (", why, "); ",
+               train_ ? "using the next record instead" : "it is left out of the evaluation");
   }
 
   std::vector<std::unique_ptr<Worker>> workers_;

@@ -19,9 +19,11 @@
 // nor Cortado's classes.txt / skipped.txt is taken as another tool's (Caffe's convert_imageset
 // writes none of these) and read with a warning.
 //
-// A record that does not parse or decode is skipped with one warning (once per record), counted
-// in stats().skipped_records, and replaced by the next record in the database, so batch sizes
-// and step counts stay the same on every rank.
+// A record that does not parse or decode is skipped with one warning (once per record, naming
+// the first five) and counted in stats().skipped_records. Training replaces it by the next
+// record in the database, so batch sizes and step counts stay the same on every rank.
+// Evaluation leaves it out (its batch comes out smaller, even empty), so that every readable
+// record is scored exactly once.
 //
 // Batches from Next() share the loader's buffers: they stay valid until the next Next() or
 // Start() on the same source.

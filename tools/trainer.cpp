@@ -94,11 +94,13 @@ EvalResult Evaluate(Net& net, BatchSource& source, dist::Communicator* comm) {
   Phase previous = net.phase();
   net.set_phase(Phase::kTest);
   // Sums: correct top-1 and top-5 images (whole numbers: the accuracy layers give fractions of
-  // the batch), loss times images, images.
-  double sums[4] = {0, 0, 0, 0};
+  // the batch), loss times images, images, records skipped.
+  double sums[5] = {0, 0, 0, 0, 0};
   Batch batch;
+  const int64_t skipped_before = source.stats().skipped_records;
   source.Start(0, 0);
   while (source.Next(batch)) {
+    if (batch.size == 0) continue;  // every record of the batch was unreadable
     FeedBatch(net, batch);
     const double loss = net.Forward();
     const double n = static_cast<double>(batch.size);
@@ -107,12 +109,14 @@ EvalResult Evaluate(Net& net, BatchSource& source, dist::Communicator* comm) {
     sums[2] += loss * n;
     sums[3] += n;
   }
+  sums[4] = static_cast<double>(source.stats().skipped_records - skipped_before);
   net.set_phase(previous);
   if (comm != nullptr && comm->size() > 1) {
-    comm->AllReduce(sums, 4, dist::DataType::kF64, dist::ReduceOp::kSum);
+    comm->AllReduce(sums, 5, dist::DataType::kF64, dist::ReduceOp::kSum);
   }
   EvalResult r;
   r.images = static_cast<int64_t>(sums[3]);
+  r.skipped = static_cast<int64_t>(sums[4]);
   if (r.images > 0) {
     r.top1 = sums[0] / sums[3];
     r.top5 = sums[1] / sums[3];
@@ -608,6 +612,8 @@ void Trainer::RunEval() {
   LogInfo("eval  iter ", iteration_, "  epoch ", Fixed(epoch, 2), "  top1 ",
           Fixed(last_eval_.top1 * 100, 2), "%  top5 ", Fixed(last_eval_.top5 * 100, 2), "%  loss ",
           Fixed(last_eval_.loss, 4), "  (", last_eval_.images, " images, ",
+          last_eval_.skipped > 0 ? StrCat(last_eval_.skipped, " unreadable record(s) skipped, ")
+                                 : std::string(),
           Fixed(Seconds(t0, Clock::now()), 1), " s)");
   nlohmann::ordered_json m;
   m["event"] = "eval";
@@ -617,10 +623,19 @@ void Trainer::RunEval() {
   m["top5"] = last_eval_.top5;
   m["loss"] = last_eval_.loss;
   m["images"] = last_eval_.images;
+  m["skipped"] = last_eval_.skipped;
   metrics_.Write(m);
 }
 
-void Trainer::LogInterval() {
+int64_t Trainer::ReplacedRecords() const {
+  double replaced = static_cast<double>(train_source_->stats().skipped_records);
+  if (world_.comm && world_.size > 1) {
+    world_.comm->AllReduce(&replaced, 1, dist::DataType::kF64, dist::ReduceOp::kSum);
+  }
+  return static_cast<int64_t>(replaced);
+}
+
+void Trainer::LogInterval(int64_t replaced_records) {
   const IntervalStats& s = interval_;
   const double seconds = s.Seconds();
   const double steps = static_cast<double>(s.steps);
@@ -643,11 +658,15 @@ void Trainer::LogInterval() {
     if (scaler_->skipped_steps() > 0)
       scaling += StrCat(" (", scaler_->skipped_steps(), " skipped)");
   }
+  // Training replaces a corrupt record by the next one (data/lmdb_source.h): say how often.
+  const std::string replaced = replaced_records > 0
+                                   ? StrCat("  (", replaced_records, " corrupt record(s) replaced)")
+                                   : std::string();
   LogInfo("train iter ", iteration_, "/", max_iter_, "  epoch ", Fixed(epoch, 2), "  loss ",
           Fixed(loss, 4), "  lr ", last_lr_, scaling, "  ",
           Fixed(img_per_s, img_per_s < 100 ? 1 : 0), " img/s  ms/step: compute ",
           Fixed(1000 * s.time.compute / steps, 1), comm, ", data ",
-          Fixed(1000 * s.time.data_wait / steps, 1), "  ETA ", FormatDuration(eta));
+          Fixed(1000 * s.time.data_wait / steps, 1), "  ETA ", FormatDuration(eta), replaced);
   nlohmann::ordered_json m;
   m["event"] = "train";
   m["iter"] = iteration_;
@@ -659,6 +678,7 @@ void Trainer::LogInterval() {
   m["compute_s"] = s.time.compute;
   m["comm_wait_s"] = s.time.comm_wait;
   m["sync_bn_s"] = s.time.sync_bn;
+  m["replaced_records"] = replaced_records;
   if (dp_) m["wire_bytes_per_step"] = dp_->wire_bytes_per_step();
   if (scaler_) {
     m["loss_scale"] = scaler_->scale();
@@ -810,7 +830,8 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
     interval_.Add(last_loss_, times);
     const bool last = iteration_ == max_iter_;
     if (iteration_ % config_.log_interval == 0 || last) {
-      if (is_root()) LogInterval();
+      const int64_t replaced = ReplacedRecords();
+      if (is_root()) LogInterval(replaced);
       interval_.Reset();
     }
     if (is_root()) progress_.Update(iteration_, max_iter_, first_iteration_, last_loss_);

@@ -38,11 +38,13 @@ NetSpec MakeNetSpec(const RunConfig& config, const Shape& sample_shape, int64_t 
 struct EvalResult {
   double top1 = 0, top5 = 0, loss = 0;  // fractions in [0, 1]; mean loss per image
   int64_t images = 0;
+  int64_t skipped = 0;  // unreadable records left out (the source names them in warnings)
 };
 
 // Runs the net in test phase over one pass of `source` and restores the previous phase. With a
 // communicator, every rank passes its own shard and all get the totals of all shards (counts
-// of correct images are integers, so they equal a one-process evaluation exactly).
+// of correct images are integers, so they equal a one-process evaluation exactly), skipped
+// records included.
 EvalResult Evaluate(Net& net, BatchSource& source, dist::Communicator* comm = nullptr);
 
 // The net as a table (layer, type, output shape, parameters), columns as wide as their
@@ -121,7 +123,9 @@ class Trainer : public CheckpointState {
   std::string SaveCheckpointNow();
   void LoadFeedback(const Checkpoint& checkpoint, const std::string& path);
   void StopHere(const char* why, const std::vector<std::string>& argv);
-  void LogInterval();
+  void LogInterval(int64_t replaced_records);
+  // Corrupt training records replaced so far, summed over the ranks (collective).
+  int64_t ReplacedRecords() const;
   void RunEval();
   // The update of a step whose loss was multiplied by `scale`: skipped (and the scale backed
   // off) on every rank when any gradient is not finite, else SGD on the unscaled gradients.
