@@ -595,7 +595,8 @@ TEST_F(TrainTest, EvalCommandPrintsJson) {
   std::string out = buf;
   if (!out.empty() && out.back() == '\n') out.pop_back();
   EXPECT_TRUE(std::regex_search(
-      out, std::regex(R"(^\{"top1":[0-9.]+,"top5":[0-9.]+,"loss":[0-9.]+,"images":100\}$)")))
+      out,
+      std::regex(R"(^\{"top1":[0-9.]+,"top5":[0-9.]+,"loss":[0-9.]+,"images":100,"skipped":0\}$)")))
       << out;
 }
 
