@@ -487,17 +487,21 @@ StepTimes Trainer::Step(const std::atomic<bool>* stop) {
   net_->set_phase(Phase::kTrain);
   net_->set_iteration(iteration_);
   if (dp_) dp_->BeginStep(iteration_);
+  // With a dynamic scale an overflow skips the step, forward's too: the batch-norm statistics
+  // it moves are kept from before it.
+  const bool may_skip = scaler_ && scaler_->options().dynamic;
+  if (may_skip) KeepBuffers();
   double loss = net_->Forward();
   if (dp_) {
     // A signal that arrived by now stops the job after this very step.
     dp_->SetControl(loss, stop != nullptr && stop->load());
-  } else {
+  } else if (!may_skip) {
     CORTADO_CHECK(std::isfinite(loss), "the loss became ", loss, " at iteration ", iteration_,
                   " (try a lower solver.base_lr or a warmup)");
   }
   const double scale = scaler_ ? scaler_->scale() : 1.0;
   net_->Backward(scale);
-  InjectTestFault();
+  InjectTestFault(/*reduced=*/false);
   const auto t2 = Clock::now();
   if (dp_) {
     DataParallel::StepResult r = dp_->FinishStep();
@@ -505,15 +509,16 @@ StepTimes Trainer::Step(const std::atomic<bool>* stop) {
     stop_agreed_ = r.stop;
     loss = r.loss;
     // Every rank sees the same mean loss, so all of them stop here together.
-    CORTADO_CHECK(std::isfinite(loss), "the loss became ", loss, " at iteration ", iteration_,
-                  " (averaged over ", world_.size,
+    CORTADO_CHECK(may_skip || std::isfinite(loss), "the loss became ", loss, " at iteration ",
+                  iteration_, " (averaged over ", world_.size,
                   " ranks; try a lower solver.base_lr or a warmup)");
   }
+  InjectTestFault(/*reduced=*/true);
   const auto t3 = Clock::now();
   last_loss_ = loss;
   last_lr_ = schedule_->At(Progress(iteration_));
-  if (scaler_) {
-    UpdateScaled(scale);
+  if (scaler_ || IsLowPrecision(config_.precision.compute)) {
+    UpdateScaled(scale, loss);
   } else {
     solver_->Step(last_lr_);
   }
@@ -526,39 +531,69 @@ StepTimes Trainer::Step(const std::atomic<bool>* stop) {
   return times;
 }
 
-// CORTADO_TEST_INF_GRADIENT=<rank>:<iteration> (tests of the loss scaler): that rank's first
-// gradient element becomes inf after that iteration's backward, before the all-reduce (so with
-// several ranks, use distributed.overlap: false, where nothing is sent during backward).
-void Trainer::InjectTestFault() {
+// CORTADO_TEST_INF_GRADIENT=<rank>:<iteration>[:reduced] (tests of the overflow checks): that
+// rank's first gradient element becomes inf in that iteration, after backward and before the
+// all-reduce (so with several ranks, use distributed.overlap: false, where nothing is sent
+// during backward, and every rank receives the inf), or with ":reduced" after the all-reduce, on
+// that rank alone: only the vote can tell the others.
+void Trainer::InjectTestFault(bool reduced) {
   const char* spec = std::getenv("CORTADO_TEST_INF_GRADIENT");
   if (spec == nullptr) return;
   long rank = -1, iteration = -1;
-  if (std::sscanf(spec, "%ld:%ld", &rank, &iteration) != 2) {
-    Fail("CORTADO_TEST_INF_GRADIENT='", spec, "': expected <rank>:<iteration>");
+  char when[16] = "";
+  const int fields = std::sscanf(spec, "%ld:%ld:%15s", &rank, &iteration, when);
+  const bool after = fields == 3 && std::string(when) == "reduced";
+  if (fields < 2 || (fields == 3 && !after)) {
+    Fail("CORTADO_TEST_INF_GRADIENT='", spec, "': expected <rank>:<iteration>[:reduced]");
   }
-  if (rank != world_.rank || iteration != iteration_) return;
+  if (after != reduced || rank != world_.rank || iteration != iteration_) return;
   Param& p = *net_->params().front();
   if (p.grad.dtype() == DType::kF32) p.grad.data<float>()[0] = INFINITY;
   if (p.grad.dtype() == DType::kF64) p.grad.data<double>()[0] = INFINITY;
 }
 
-void Trainer::UpdateScaled(double scale) {
-  // Every rank holds the same reduced gradients; the vote makes the decision collective even
-  // where a backend's all-reduce might differ in the last bit between ranks.
-  double overflowed = LossScaler::AllFinite(net_->params()) ? 0.0 : 1.0;
+void Trainer::KeepBuffers() {
+  const std::vector<Buffer*> buffers = net_->buffers();
+  kept_buffers_.resize(buffers.size());
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (!kept_buffers_[i].defined()) kept_buffers_[i] = buffers[i]->value.Clone();
+    kept_buffers_[i].CopyFrom(buffers[i]->value);
+  }
+}
+
+void Trainer::UpdateScaled(double scale, double loss) {
+  // The one-word vote: every rank holds the same reduced gradients and loss, and the vote makes
+  // the decision collective even where a rank's gradients differ from the others' (a backend's
+  // all-reduce that differs in the last bit, memory corrupted on one rank).
+  double overflowed = std::isfinite(loss) && LossScaler::AllFinite(net_->params()) ? 0.0 : 1.0;
   if (dp_) world_.comm->AllReduce(&overflowed, 1, dist::DataType::kF64, dist::ReduceOp::kMax);
   const bool finite = overflowed == 0.0;
-  if (!finite && !scaler_->options().dynamic) {
-    Fail("the gradients are not finite at iteration ", iteration_, " with the static loss scale ",
-         scale, " (precision.loss_scale: try dynamic, or a smaller scale)");
+  if (!finite && !(scaler_ && scaler_->options().dynamic)) {
+    Fail(std::isfinite(loss) ? "the gradients are" : StrCat("the loss (", loss, ") is"),
+         " not finite at iteration ", iteration_,
+         scaler_ ? StrCat(" with the static loss scale ", scale,
+                          " (precision.loss_scale: try dynamic, or a smaller scale)")
+                 : std::string(" without loss scaling (try precision.loss_scale: dynamic, a "
+                               "lower solver.base_lr or a warmup)"));
+  }
+  if (!scaler_) {
+    solver_->Step(last_lr_);
+    return;
+  }
+  if (!finite) {
+    // Nothing of the step remains: weights and momentum are not updated, and the batch-norm
+    // statistics and error-feedback residuals go back to where they were.
+    const std::vector<Buffer*> buffers = net_->buffers();
+    for (size_t i = 0; i < buffers.size(); ++i) buffers[i]->value.CopyFrom(kept_buffers_[i]);
+    if (dp_) dp_->DiscardStep();
   }
   const double change = scaler_->Update(finite);
   if (finite) {
     solver_->Step(last_lr_, 1.0 / scale);
   } else if (is_root()) {
     progress_.Clear();
-    LogInfo("iteration ", iteration_, ": gradients overflowed at loss scale ", scale,
-            "; step skipped, scale now ", scaler_->scale());
+    LogInfo("iteration ", iteration_, ": ", std::isfinite(loss) ? "gradients" : "the loss",
+            " overflowed at loss scale ", scale, "; step skipped, scale now ", scaler_->scale());
   }
   // Error-feedback residuals hold what quantization lost of the scaled gradients.
   if (change != 1.0 && dp_ && dp_->options().error_feedback) dp_->ScaleResidual(change);

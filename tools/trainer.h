@@ -127,10 +127,14 @@ class Trainer : public CheckpointState {
   // Corrupt training records replaced so far, summed over the ranks (collective).
   int64_t ReplacedRecords() const;
   void RunEval();
-  // The update of a step whose loss was multiplied by `scale`: skipped (and the scale backed
-  // off) on every rank when any gradient is not finite, else SGD on the unscaled gradients.
-  void UpdateScaled(double scale);
-  void InjectTestFault();
+  // The update of a mixed-precision step (or one with a loss scale) whose loss was multiplied by
+  // `scale` (1 without a scaler): when the loss or any gradient is not finite on any rank (a
+  // vote), skipped on every rank with the scale backed off under a dynamic scale, else the run
+  // stops naming the iteration; otherwise SGD on the unscaled gradients.
+  void UpdateScaled(double scale, double loss);
+  // Keeps the batch-norm statistics before forward, for a step that overflows.
+  void KeepBuffers();
+  void InjectTestFault(bool reduced);
   void TraceStep(const StepTimes& times, Trace::Clock::time_point t0,
                  Trace::Clock::time_point t_update0, Trace::Clock::time_point t_update1);
   void FinishTrace();
@@ -152,6 +156,8 @@ class Trainer : public CheckpointState {
   std::unique_ptr<LossScaler> scaler_;
   // Error feedback: every rank's residual block, as last gathered or loaded (rank r's at r).
   std::vector<Tensor> feedback_;
+  // The net's buffers as they were before this step's forward (with a dynamic loss scale).
+  std::vector<Tensor> kept_buffers_;
   Batch batch_;
   int64_t iteration_ = 0;
   int64_t max_iter_ = 0;

@@ -1,7 +1,8 @@
 // DataParallel's layout and single-rank behaviour: gradients seated as views in one block in
 // reverse layer order, buckets of whole parameters with a small first and last bucket, and a
 // step with one rank that leaves the gradients exactly as backward wrote them. (Several ranks:
-// tests/tools/data_parallel_test.cpp, as processes.)
+// tests/tools/data_parallel_test.cpp, as processes.) A discarded step leaves the error-feedback
+// residual as it was.
 #include "engine/data_parallel.h"
 
 #include <gtest/gtest.h>
@@ -177,6 +178,50 @@ TEST(DataParallel, OneRankLeavesGradientsAsBackwardWroteThem) {
           << b[i]->name << " at step " << step;
     }
   }
+}
+
+// Error feedback through a step that is not applied: encoding folds the residual into the
+// gradients (with one rank the whole residual goes into them), so a skipped step must put it
+// back bitwise; an applied step keeps what the encoding left.
+TEST(DataParallel, DiscardStepPutsTheResidualBackBitwise) {
+  auto comm = OneRank();
+  Net net(Model("resnet20", 12, 1, 2), 7);
+  CodecPolicy policy;
+  policy.codec = "epgc8";
+  ApplyCodecPolicy(net, policy);
+  DataParallelOptions o;
+  o.error_feedback = true;
+  DataParallel dp(net, *comm, o);
+  Tensor residual = dp.residual().Clone();
+  Rng rng(3);
+  for (int64_t i = 0; i < residual.numel(); ++i) {
+    residual.data<float>()[i] = static_cast<float>(rng.Normal(0, 1e-3));
+  }
+  dp.SetResidual(residual);
+  auto step = [&] {
+    Rng data(5);
+    Tensor& x = net.input("data");
+    for (int64_t i = 0; i < x.numel(); ++i)
+      x.data<float>()[i] = static_cast<float>(data.Normal(0, 1));
+    for (int64_t i = 0; i < 2; ++i) net.input("label").data<int32_t>()[i] = static_cast<int32_t>(i);
+    dp.BeginStep(1);
+    dp.SetControl(net.Forward(), false);
+    net.Backward();
+    dp.FinishStep();
+  };
+  auto same = [&](const Tensor& a) {
+    return std::memcmp(a.raw_data(), dp.residual().raw_data(), a.nbytes()) == 0;
+  };
+  step();
+  EXPECT_FALSE(same(residual)) << "the step did not use the residual";
+  dp.DiscardStep();
+  EXPECT_TRUE(same(residual));
+  step();
+  const Tensor applied = dp.residual().Clone();
+  EXPECT_FALSE(same(residual));
+  step();  // BeginStep keeps the residual the applied step left, not the first one
+  dp.DiscardStep();
+  EXPECT_TRUE(same(applied));
 }
 
 // The codec policy: batch-norm parameters and biases stay f32 by default, overrides by name

@@ -3,6 +3,10 @@
 //     the same global data order: LeNet in f32 within 1e-5; ResNet-20 with synchronized batch
 //     norm and a graph with dropout, flips and batch norm in f64 within 1e-10 (and ResNet-20 in
 //     f32 after one step within 1e-5);
+//   - an inf in one rank's reduced gradients skips the step on every rank (the one-word vote),
+//     leaving weights, momentum, statistics and error-feedback residuals as they were; without
+//     a loss scale it stops every rank naming the iteration;
+//   - distributed.codec_overrides from the config file, in its written order;
 //   - batch-norm groups of all ranks, of one rank and of two;
 //   - overlap on and off give bitwise identical parameters, and so do the TCP and UCX transports;
 //   - mpirun (TCP and MPI backends) and srun's variables run the job `cortado launch` runs;
@@ -193,50 +197,90 @@ const char* kGraph =
     "    - {name: top1, type: Accuracy, inputs: [logits, label], outputs: top1, top_k: 1}\n"
     "    - {name: top5, type: Accuracy, inputs: [logits, label], outputs: top5, top_k: 5}\n";
 
-// Mixed precision across ranks: an overflow injected on rank 1 alone makes both ranks skip the
-// step and halve the scale (rank 0's checkpoint shows the skip though its own gradients were
-// finite; had rank 1 updated with inf, the next step's averaged loss would stop the job).
-TEST_F(DataParallelTest, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
+// Mixed precision across ranks: an inf put into rank 1's gradients after the all-reduce (so
+// that rank 0's are finite and only the one-word vote can tell it) makes every rank skip the
+// step. Nothing of it remains: rank 0's checkpoint after the skipped step has the weights,
+// momentum and batch-norm statistics of the one before it, bitwise, the scale halved, and the
+// error-feedback residuals of both ranks as they were (halved with the scale, which is exact).
+TEST_F(DataParallelTest, AnOverflowOnOneRanksReducedGradientsSkipsTheStepOnEveryRank) {
+  // init_scale 1024: no overflow of its own in these steps, so the skip is the injected one.
   const std::string config =
-      Config(kGraph, "distributed: {overlap: false}\nprecision: {compute: fp16}\n");
-  ::setenv("CORTADO_TEST_INF_GRADIENT", "1:3", 1);
-  Checkpoint c = Train(config, 2, 8, "inf");
+      Config(kGraph,
+             "distributed: {codec: epgc8, rounding: stochastic, error_feedback: true, "
+             "codec_keep_f32: []}\n"
+             "precision: {compute: fp16, init_scale: 1024}\n");
+  auto stopped_at = [&](int64_t iteration, const std::string& name) {
+    const std::string ckpt_dir = (dir_ / name).string();
+    std::string err;
+    EXPECT_EQ(RunShell("timeout 300 " + CortadoBinary() + " launch --nproc 2 -- " +
+                           CortadoBinary() + " train --no-progress --threads 1 --config " + config +
+                           " --set data.batch_size=8 --set checkpoint.dir=" + ckpt_dir +
+                           " --stop-at-iter " + std::to_string(iteration),
+                       nullptr, &err),
+              130)
+        << err;
+    return LoadCheckpoint(ListCheckpoints(ckpt_dir)[0]);
+  };
+  const Checkpoint before = stopped_at(3, "before");
+  ::setenv("CORTADO_TEST_INF_GRADIENT", "1:3:reduced", 1);
+  const Checkpoint after = stopped_at(4, "after");
   ::unsetenv("CORTADO_TEST_INF_GRADIENT");
-  const Tensor* state = c.Find("loss_scaler/state");
-  ASSERT_NE(state, nullptr);
-  const double* s = state->data<double>();
-  EXPECT_GE(s[2], 1.0) << "skipped steps";
-  EXPECT_LE(s[0], 32768.0) << "scale";
-  for (const auto& [name, t] : c.tensors) {
-    if (name.rfind("param/", 0) != 0) continue;
-    for (int64_t i = 0; i < t.numel(); ++i)
-      ASSERT_TRUE(std::isfinite(ElementAsDouble(t, i))) << name;
-  }
-  // Without the injection, the same run skips fewer steps (none, or only those the initial
-  // scale of 65536 overflows by itself).
-  Checkpoint clean = Train(config, 2, 8, "clean");
-  ASSERT_NE(clean.Find("loss_scaler/state"), nullptr);
-  EXPECT_EQ(clean.Find("loss_scaler/state")->data<double>()[2] + 1, s[2]);
-
-  // Through a gradient codec with error feedback: the infinity survives encoding, the step is
-  // skipped, and the residuals (rescaled with the scale) stay finite.
-  const std::string coded = Config(
-      kGraph,
-      "distributed: {overlap: false, codec: epgc8, error_feedback: true, codec_keep_f32: []}\n"
-      "precision: {compute: fp16}\n");
-  ::setenv("CORTADO_TEST_INF_GRADIENT", "1:3", 1);
-  Checkpoint c8 = Train(coded, 2, 8, "inf8");
-  ::unsetenv("CORTADO_TEST_INF_GRADIENT");
-  ASSERT_NE(c8.Find("loss_scaler/state"), nullptr);
-  EXPECT_GE(c8.Find("loss_scaler/state")->data<double>()[2], 1.0);
+  ASSERT_EQ(after.MetaInt("iteration"), 4);
+  const double* s0 = before.Find("loss_scaler/state")->data<double>();
+  const double* s1 = after.Find("loss_scaler/state")->data<double>();
+  EXPECT_EQ(s0[2], 0) << "skipped steps before the injection";
+  EXPECT_EQ(s1[2], 1) << "rank 0 did not skip the step whose gradients were finite on it";
+  EXPECT_EQ(s1[0], s0[0] * 0.5);
   int residuals = 0;
-  for (const auto& [name, t] : c8.tensors) {
-    if (name.rfind("param/", 0) != 0 && name.rfind("error_feedback/", 0) != 0) continue;
-    residuals += name.rfind("error_feedback/", 0) == 0;
-    for (int64_t i = 0; i < t.numel(); ++i)
-      ASSERT_TRUE(std::isfinite(ElementAsDouble(t, i))) << name;
+  for (const auto& [name, t] : before.tensors) {
+    const Tensor* u = after.Find(name);
+    ASSERT_NE(u, nullptr) << name;
+    if (name.rfind("error_feedback/", 0) == 0) {
+      ++residuals;
+      double norm = 0;
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        norm += std::fabs(t.data<float>()[i]);
+        ASSERT_EQ(u->data<float>()[i], t.data<float>()[i] * 0.5f) << name << " element " << i;
+      }
+      EXPECT_GT(norm, 0.0) << name << " is all zero: nothing to keep";
+    } else if (name.rfind("param/", 0) == 0 || name.rfind("momentum/", 0) == 0 ||
+               name.rfind("buffer/", 0) == 0) {
+      EXPECT_EQ(std::memcmp(t.raw_data(), u->raw_data(), t.nbytes()), 0) << name;
+    }
   }
   EXPECT_EQ(residuals, 2);
+
+  // An inf before the all-reduce (overlap off: nothing is sent during backward) survives the
+  // codec to every rank, and the step is skipped too.
+  ::setenv("CORTADO_TEST_INF_GRADIENT", "1:3", 1);
+  Checkpoint c8 = Train(config, 2, 8, "inf8", "--set distributed.overlap=false");
+  ::unsetenv("CORTADO_TEST_INF_GRADIENT");
+  EXPECT_EQ(c8.Find("loss_scaler/state")->data<double>()[2], 1.0);
+  for (const auto& [name, t] : c8.tensors) {
+    if (name.rfind("param/", 0) != 0 && name.rfind("error_feedback/", 0) != 0) continue;
+    for (int64_t i = 0; i < t.numel(); ++i)
+      ASSERT_TRUE(std::isfinite(ElementAsDouble(t, i))) << name;
+  }
+}
+
+// bf16 without a loss scale: the same inf on rank 1 alone stops every rank, each naming the
+// iteration (rank 0 learns it from the vote), instead of rank 1 updating with it.
+TEST_F(DataParallelTest, WithoutALossScaleAnOverflowOnOneRankStopsEveryRankNamingTheIteration) {
+  const std::string config = Config(kGraph, "precision: {compute: bf16}\n");
+  ::setenv("CORTADO_TEST_INF_GRADIENT", "1:3:reduced", 1);
+  std::string err;
+  const int code =
+      RunShell("timeout 300 " + CortadoBinary() + " launch --nproc 2 -- " + CortadoBinary() +
+                   " train --no-progress --threads 1 --config " + config +
+                   " --set data.batch_size=8 --set checkpoint.dir=" + (dir_ / "bf16").string(),
+               nullptr, &err);
+  ::unsetenv("CORTADO_TEST_INF_GRADIENT");
+  EXPECT_NE(code, 0);
+  for (const char* rank : {"[0] cortado train: error: ", "[1] cortado train: error: rank 1: "}) {
+    EXPECT_NE(err.find(std::string(rank) + "the gradients are not finite at iteration 3"),
+              std::string::npos)
+        << err;
+  }
 }
 
 TEST_F(DataParallelTest, LeNetOnTwoAndThreeRanksEqualsOneProcessWithTheCombinedBatch) {
