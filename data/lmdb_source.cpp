@@ -45,6 +45,8 @@ TransformOptions TransformOptionsFrom(const DataOptions& options) {
   return t;
 }
 
+Shape LmdbSampleShape(const DataOptions& options) { return {3, options.crop, options.crop}; }
+
 int64_t ReadNumClasses(const std::string& db) {
   std::ifstream in(db + "/classes.txt");
   if (!in) return -1;
@@ -106,6 +108,7 @@ class LmdbSourceBase : public BatchSource {
         batch_size_(batch_size),
         train_(train),
         transform_(TransformOptionsFrom(options)),
+        sample_shape_(LmdbSampleShape(options)),
         num_classes_(ReadNumClasses(path)) {
     CORTADO_CHECK(batch_size > 0, "data batch size must be positive, got ", batch_size);
     CheckLmdbComplete(path, reader_->size());
@@ -126,7 +129,7 @@ class LmdbSourceBase : public BatchSource {
   ~LmdbSourceBase() override { loader_.reset(); }
 
   int64_t batch_size() const override { return batch_size_; }
-  Shape sample_shape() const override { return {3, transform_.crop, transform_.crop}; }
+  Shape sample_shape() const override { return sample_shape_; }
   int64_t num_classes() const override { return num_classes_; }
   SourceStats stats() const override {
     SourceStats s;
@@ -152,6 +155,7 @@ class LmdbSourceBase : public BatchSource {
   int64_t batch_size_;
   bool train_;
   TransformOptions transform_;
+  Shape sample_shape_;
   int64_t num_classes_;
   std::unique_ptr<BatchLoader> loader_;
   double wait_seconds_ = 0;

@@ -45,6 +45,9 @@ std::unique_ptr<BatchSource> MakeLmdbEvalSource(const DataOptions& options, Shar
 // repeated to three channels).
 TransformOptions TransformOptionsFrom(const DataOptions& options);
 
+// The samples an LMDB source yields: {3, crop, crop} (grey records are widened to RGB).
+Shape LmdbSampleShape(const DataOptions& options);
+
 // Labels in the database at `db` per its classes.txt (line i names label i); -1 without one.
 int64_t ReadNumClasses(const std::string& db);
 

@@ -75,7 +75,7 @@ void Require(bool ok, const YamlSection& s, const std::string& key, const std::s
 }  // namespace
 
 RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides,
-                        bool need_train) {
+                        bool need_train, bool check_data) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
@@ -110,10 +110,10 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
                 "data and solver sections (see configs/)");
   YamlConfig yaml = YamlConfig::FromString(text.str(), path);
   for (const std::string& o : overrides) yaml.Set(o);
-  return ParseRunConfig(yaml, need_train);
+  return ParseRunConfig(yaml, need_train, check_data);
 }
 
-RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train) {
+RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
   RunConfig c;
   c.file = yaml.file();
   YamlSection root = yaml.Root();
@@ -157,9 +157,10 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train) {
   o.val = d.String("val", "");
   if (o.type != "synthetic" && need_train) {
     Require(!o.train.empty(), d, "train", "is required (path to the training data)");
-    Require(std::filesystem::exists(o.train), d, "train", "'" + o.train + "' does not exist");
+    Require(!check_data || std::filesystem::exists(o.train), d, "train",
+            "'" + o.train + "' does not exist");
   }
-  if (o.type != "synthetic") {
+  if (o.type != "synthetic" && check_data) {
     Require(o.val.empty() || std::filesystem::exists(o.val), d, "val",
             "'" + o.val + "' does not exist");
   }

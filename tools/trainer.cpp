@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "data/lmdb_source.h"
 #include "engine/error.h"
 #include "engine/gemm_lowp.h"
 #include "engine/log.h"
@@ -152,6 +153,22 @@ std::string NetTable(Net& net) {
   }
   out << "total parameters: " << net.num_parameters() << "\n";
   return out.str();
+}
+
+std::string NetTableWithoutData(const RunConfig& config) {
+  const DataOptions& d = config.data;
+  CORTADO_CHECK(d.type != "idx", "the input size of an IDX net comes from its files");
+  CORTADO_CHECK(config.model.num_classes > 0 || d.type == "synthetic",
+                "model.num_classes is not set, and only the data could say how many classes");
+  const Shape sample = d.type == "synthetic"
+                           ? Shape(d.synthetic_shape.begin(), d.synthetic_shape.end())
+                           : LmdbSampleShape(d);
+  const int64_t classes = d.type == "synthetic" ? d.synthetic_classes : -1;
+  Net net(MakeNetSpec(config, sample, classes, d.batch_size), config.seed,
+          config.precision.compute);
+  return StrCat(NetTable(net), "(built from the config alone: ",
+                config.model.num_classes > 0 ? config.model.num_classes : classes,
+                " classes, input ", ShapeString(sample), ")\n");
 }
 
 namespace {

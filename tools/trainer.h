@@ -51,6 +51,12 @@ EvalResult Evaluate(Net& net, BatchSource& source, dist::Communicator* comm = nu
 // longest entry, and the total.
 std::string NetTable(Net& net);
 
+// NetTable of a config whose data is not on this machine (inspect, a dry run): the net built
+// from the model section's num_classes and the input the data section describes (LMDB: 3 x
+// crop x crop; synthetic: its shape), and a line that says so. Throws when they do not say
+// enough (no num_classes; IDX files, whose header holds the image size).
+std::string NetTableWithoutData(const RunConfig& config);
+
 // What the data section yields: records in data.train and data.val, and how an epoch of this
 // rank's `train` source is made of them ("47 records; an epoch is 5 batches of 8 = 40 samples,
 // drop_last leaves 7 out").

@@ -593,6 +593,48 @@ TEST_F(CliTest, InspectShowsTheStoredConfigTensorsDataAndDatabases) {
       << out;
 }
 
+// The shipped ImageNet recipe on a machine without ImageNet: inspect still shows the net, built
+// from the model section (num_classes) and the data section (3 x crop x crop), and says that
+// the data is missing; train --dry-run shows the same net and then fails on the data, as
+// training would. IDX files carry their image size, so without them there is no net to show.
+TEST_F(CliTest, InspectAndDryRunShowTheNetWhenTheDataIsMissing) {
+  const std::string recipe = std::string(CORTADO_SOURCE_DIR) + "/configs/resnet50.yaml";
+  const std::string gone = " --set data.train=" + (dir_ / "no_train_lmdb").string() +
+                           " --set data.val=" + (dir_ / "no_val_lmdb").string() +
+                           " --set data.batch_size=1";
+  std::string out, err;
+  ASSERT_EQ(Cortado("inspect --config " + recipe + gone, &out, &err), 0) << err;
+  EXPECT_TRUE(
+      std::regex_search(out, std::regex(R"(\nlogits +InnerProduct +\[1, 1000\] +2049000\n)")))
+      << out;
+  EXPECT_NE(out.find("total parameters: 25557032"), std::string::npos) << out;
+  EXPECT_NE(out.find("note: --set data.train=" + (dir_ / "no_train_lmdb").string() +
+                     ": data.train: '" + (dir_ / "no_train_lmdb").string() + "' does not exist"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("input [3, 224, 224]"), std::string::npos) << out;
+
+  EXPECT_EQ(Cortado("train --dry-run --config " + recipe + gone, &out, &err), 1);
+  EXPECT_NE(out.find("total parameters: 25557032"), std::string::npos) << out;
+  EXPECT_EQ(out.find("dry run: the config"), std::string::npos) << out;
+  ExpectOneLineError(err, "train", "dry run without data");
+  EXPECT_NE(err.find("data.train: '" + (dir_ / "no_train_lmdb").string() + "' does not exist"),
+            std::string::npos)
+      << err;
+
+  // Without num_classes the data would have to say: the error of the data stands.
+  EXPECT_EQ(Cortado("inspect --config " + recipe + gone + " --set model.num_classes=0", &out, &err),
+            1);
+  ExpectOneLineError(err, "inspect", "no classes");
+  EXPECT_NE(err.find("does not exist"), std::string::npos) << err;
+  // IDX: the files say the image size.
+  EXPECT_EQ(Cortado("inspect --config " + Config() +
+                        " --set data.train=" + (dir_ / "gone-images-idx3-ubyte.gz").string(),
+                    &out, &err),
+            1);
+  EXPECT_NE(err.find("gone-images-idx3-ubyte.gz' does not exist"), std::string::npos) << err;
+}
+
 TEST_F(CliTest, HelpShowsEveryDefault) {
   std::string out, err;
   ASSERT_EQ(Cortado("help bench train", &out, &err), 0);
