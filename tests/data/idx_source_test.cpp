@@ -3,19 +3,15 @@
 #include "data/idx_source.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "engine/error.h"
+#include "tests/data/test_images.h"
 
 namespace cortado {
 namespace {
-
-namespace fs = std::filesystem;
 
 std::string BigEndian(uint32_t v) {
   return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
@@ -33,20 +29,11 @@ std::string LabelsFile(const std::string& labels) {
 
 class IdxTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("cortado_idx_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // Writes the pair (uncompressed) and returns the images path.
   std::string Write(const std::string& images, const std::string& labels) {
-    std::ofstream(dir_ / "x-images-idx3-ubyte", std::ios::binary) << images;
-    std::ofstream(dir_ / "x-labels-idx1-ubyte", std::ios::binary) << labels;
-    return (dir_ / "x-images-idx3-ubyte").string();
+    testing::WriteFile(dir_ / "x-labels-idx1-ubyte", labels);
+    testing::WriteFile(dir_ / "x-images-idx3-ubyte", images);
+    return dir_ / "x-images-idx3-ubyte";
   }
 
   // The error ReadIdxDataset throws, "" when it accepts the pair.
@@ -59,7 +46,7 @@ class IdxTest : public ::testing::Test {
     return "";
   }
 
-  fs::path dir_;
+  testing::TempDir dir_;
 };
 
 TEST_F(IdxTest, ASmallPairReadsBack) {

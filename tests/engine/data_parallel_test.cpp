@@ -29,6 +29,13 @@ NetSpec Model(const std::string& name, int64_t side, int64_t channels, int64_t b
   return BuildModel(name, o);
 }
 
+// Every weight's gradient in `codec` (batch-norm parameters and biases stay f32).
+void UseCodec(Net& net, const std::string& codec) {
+  CodecPolicy policy;
+  policy.codec = codec;
+  ApplyCodecPolicy(net, policy);
+}
+
 // Checks the invariants of a layout and returns the bucket sizes in bytes.
 std::vector<double> CheckLayout(Net& net, const DataParallel& dp, const DataParallelOptions& o) {
   const auto& buckets = dp.buckets();
@@ -186,9 +193,7 @@ TEST(DataParallel, OneRankLeavesGradientsAsBackwardWroteThem) {
 TEST(DataParallel, DiscardStepPutsTheResidualBackBitwise) {
   auto comm = OneRank();
   Net net(Model("resnet20", 12, 1, 2), 7);
-  CodecPolicy policy;
-  policy.codec = "epgc8";
-  ApplyCodecPolicy(net, policy);
+  UseCodec(net, "epgc8");
   DataParallelOptions o;
   o.error_feedback = true;
   DataParallel dp(net, *comm, o);
@@ -267,9 +272,7 @@ TEST(DataParallel, CodecPolicyKeepsNormAndBiasInF32AndAppliesOverrides) {
 TEST(DataParallel, BucketsNeverMixCodecsAndTheControlWordsStayF32) {
   auto comm = OneRank();
   Net net(Model("resnet20", 28, 1, 1), 1);
-  CodecPolicy policy;
-  policy.codec = "epgc11";
-  ApplyCodecPolicy(net, policy);
+  UseCodec(net, "epgc11");
   DataParallelOptions o;
   DataParallel dp(net, *comm, o);
   CheckLayout(net, dp, o);

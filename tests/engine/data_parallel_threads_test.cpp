@@ -19,6 +19,7 @@
 #include "engine/solver.h"
 #include "engine/sync_batch_norm.h"
 #include "engine/thread_pool.h"
+#include "models/builders.h"
 
 namespace cortado {
 namespace {
@@ -26,38 +27,15 @@ namespace {
 constexpr int kRanks = 2, kBatch = 3, kSteps = 3;
 constexpr double kLr = 0.05;
 
-LayerSpec L(const std::string& name, const std::string& type, std::vector<std::string> in,
-            std::vector<std::string> out, Settings s = {}) {
-  LayerSpec spec;
-  spec.name = name;
-  spec.type = type;
-  spec.inputs = std::move(in);
-  spec.outputs = std::move(out);
-  spec.settings = std::move(s);
-  return spec;
-}
-
-// conv -> bn -> relu -> conv -> bn -> relu -> fc -> loss, on 2 x 6 x 6 images: two batch norms
-// (reductions in forward and in backward) and gradients in several buckets.
+// ResNet-20 (CIFAR-style) on 2 x 8 x 8 images, 5 classes: 19 batch norms (reductions in forward
+// and in backward) and gradients in many buckets.
 NetSpec Spec(int64_t batch) {
-  NetSpec spec;
-  spec.name = "threads";
-  spec.inputs = {{"data", {batch, 2, 6, 6}, DType::kF64}, {"label", {batch}, DType::kI32}};
-  Settings conv;
-  conv.Set("num_output", int64_t{4});
-  conv.Set("kernel", int64_t{3});
-  conv.Set("pad", int64_t{1});
-  Settings fc;
-  fc.Set("num_output", int64_t{5});
-  spec.layers = {L("conv1", "Convolution", {"data"}, {"c1"}, conv),
-                 L("bn1", "BatchNorm", {"c1"}, {"b1"}),
-                 L("relu1", "ReLU", {"b1"}, {"r1"}),
-                 L("conv2", "Convolution", {"r1"}, {"c2"}, conv),
-                 L("bn2", "BatchNorm", {"c2"}, {"b2"}),
-                 L("relu2", "ReLU", {"b2"}, {"r2"}),
-                 L("fc", "InnerProduct", {"r2"}, {"logits"}, fc),
-                 L("loss", "SoftmaxWithLoss", {"logits", "label"}, {"loss"})};
-  return spec;
+  ModelOptions o;
+  o.num_classes = 5;
+  o.in_channels = 2;
+  o.height = o.width = 8;
+  o.batch_size = batch;
+  return BuildModel("resnet20", o);
 }
 
 // Sample g of the global batch of a step; rank r's local sample j is global sample r + j * W,
@@ -118,7 +96,7 @@ TEST(DataParallelThreads, TwoRanksWithOverlapAndSyncBatchNormTrainAsOneProcess) 
         net.context().sample_stride = kRanks;
         DataParallelOptions options;
         options.overlap = true;
-        options.bucket_mb = options.first_bucket_mb = options.last_bucket_mb = 0.0005;
+        options.bucket_mb = options.first_bucket_mb = options.last_bucket_mb = 0.05;
         DataParallel dp(net, *comm, options);
         buckets[static_cast<size_t>(r)] = dp.buckets().size();
         SgdSolver solver(net.params(), sgd);

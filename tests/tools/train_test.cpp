@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <sstream>
 
@@ -72,13 +73,18 @@ class TrainTest : public ::testing::Test {
   fs::path dir_;
 };
 
-std::string ErrorOf(const std::string& path, const std::vector<std::string>& sets = {}) {
+// The message of the cortado::Error that f throws, "" when it throws none.
+std::string ErrorThrownBy(const std::function<void()>& f) {
   try {
-    LoadRunConfig(path, sets);
+    f();
   } catch (const Error& e) {
     return e.what();
   }
   return "";
+}
+
+std::string ErrorOf(const std::string& path, const std::vector<std::string>& sets = {}) {
+  return ErrorThrownBy([&] { LoadRunConfig(path, sets); });
 }
 
 TEST_F(TrainTest, BadConfigsStopWithTheKeyAndPlace) {
@@ -281,12 +287,7 @@ TEST_F(TrainTest, AnOverflowSkipsTheStepAndBacksOffTheScale) {
   Checkpoint before = run("before", 2, "dynamic");
   ::setenv("CORTADO_TEST_INF_GRADIENT", "0:2", 1);
   Checkpoint after = run("after", 3, "dynamic");
-  std::string err;
-  try {
-    run("static", 3, "256");
-  } catch (const Error& e) {
-    err = e.what();
-  }
+  const std::string err = ErrorThrownBy([&] { run("static", 3, "256"); });
   ::unsetenv("CORTADO_TEST_INF_GRADIENT");
   EXPECT_NE(err.find("the gradients are not finite at iteration 2 with the static loss scale 256"),
             std::string::npos)
@@ -344,14 +345,11 @@ TEST_F(TrainTest, AnOverflowingForwardPassSkipsTheStepWithADynamicScale) {
     ++compared;
   }
   EXPECT_GE(compared, 8);  // conv, bn, logits parameters and bn's statistics
-  std::string err;
-  try {
+  const std::string err = ErrorThrownBy([&] {
     Trainer(LoadRunConfig(path.string(), {"precision.loss_scale=1",
                                           "checkpoint.dir=" + (dir_ / "unscaled").string()}))
         .Run(TrainOptions{});
-  } catch (const Error& e) {
-    err = e.what();
-  }
+  });
   EXPECT_NE(err.find("at iteration 0"), std::string::npos) << err;
 }
 
@@ -360,15 +358,12 @@ TEST_F(TrainTest, AnOverflowingForwardPassSkipsTheStepWithADynamicScale) {
 TEST_F(TrainTest, WithoutALossScaleANonFiniteGradientStopsTheRunNamingTheIteration) {
   const std::string config = Config();
   ::setenv("CORTADO_TEST_INF_GRADIENT", "0:2", 1);
-  std::string err;
-  try {
+  const std::string err = ErrorThrownBy([&] {
     Trainer t(LoadRunConfig(config, {"precision.compute=bf16"}));
     TrainOptions o;
     o.stop_at = 4;
     t.Run(o);
-  } catch (const Error& e) {
-    err = e.what();
-  }
+  });
   ::unsetenv("CORTADO_TEST_INF_GRADIENT");
   EXPECT_NE(err.find("the gradients are not finite at iteration 2 without loss scaling"),
             std::string::npos)
