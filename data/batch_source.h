@@ -5,8 +5,8 @@
 // Positions: a training source is an endless stream of epochs; Start(epoch, batch) places it
 // at a batch of an epoch (0 on a fresh run, the saved position on resume) and every batch
 // after that is a pure function of (seed, epoch, position), so a resumed run sees exactly the
-// batches an uninterrupted run would. An evaluation source makes one pass in file order and
-// its last batch may be short.
+// batches an uninterrupted run would. An evaluation source makes one pass in file order; its
+// last batch may be short, and so may a batch from which unreadable records were left out.
 //
 // Sharding: each epoch a permutation from (seed, epoch) is shared by all ranks; rank r takes
 // positions r, r+W, r+2W, ... and every rank gets the same number of batches.
@@ -26,11 +26,12 @@ namespace cortado {
 struct Batch {
   Tensor images;     // f32 [N, C, H, W]
   Tensor labels;     // i32 [N]
-  int64_t size = 0;  // valid samples, == N except maybe the last evaluation batch
+  int64_t size = 0;  // samples, == N except in evaluation: a short last batch, or corrupt
+                     // records left out (then maybe 0)
 };
 
 struct SourceStats {
-  int64_t skipped_records = 0;    // corrupt records met and replaced
+  int64_t skipped_records = 0;    // corrupt records met: replaced (training), left out (eval)
   double wait_seconds = 0;        // time Next() spent waiting for data, summed
   int loader_threads = 0;         // decode threads, for sources that have them
   double loader_cpu_seconds = 0;  // CPU time those threads spent decoding, summed

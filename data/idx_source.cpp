@@ -175,11 +175,8 @@ std::string IdxLabelsPathFor(const std::string& images_path) {
   return path;
 }
 
-IdxDataset ReadIdxDataset(const std::string& images_path) {
-  CORTADO_CHECK(!images_path.empty(), "no IDX images file given (data.train / data.val)");
-  std::string labels_path = IdxLabelsPathFor(images_path);
-  std::vector<uint8_t> img = ReadGzFile(images_path);
-  std::vector<uint8_t> lab = ReadGzFile(labels_path);
+IdxDataset ParseIdxDataset(const std::vector<uint8_t>& img, const std::vector<uint8_t>& lab,
+                           const std::string& images_path, const std::string& labels_path) {
   CORTADO_CHECK(img.size() >= 16 && BigEndian32(img, 0) == 0x803, "'", images_path,
                 "' is not an IDX images file (magic 0x803 expected)");
   CORTADO_CHECK(lab.size() >= 8 && BigEndian32(lab, 0) == 0x801, "'", labels_path,
@@ -188,14 +185,28 @@ IdxDataset ReadIdxDataset(const std::string& images_path) {
   d.count = BigEndian32(img, 4);
   d.height = BigEndian32(img, 8);
   d.width = BigEndian32(img, 12);
-  CORTADO_CHECK(static_cast<int64_t>(img.size()) == 16 + d.count * d.height * d.width, "'",
-                images_path, "' is truncated: header says ", d.count, " images of ", d.height, "x",
-                d.width);
+  // Three 32-bit sizes multiply to up to 96 bits: checked, so that a header whose product
+  // wraps (16 images of 2^30 x 2^30 are 2^64 pixels, 0 in 64 bits) cannot pass as a short file.
+  int64_t pixels = 0;
+  CORTADO_CHECK(!__builtin_mul_overflow(d.height, d.width, &pixels) &&
+                    !__builtin_mul_overflow(pixels, d.count, &pixels) &&
+                    !__builtin_add_overflow(pixels, int64_t{16}, &pixels),
+                "'", images_path, "': its header says ", d.count, " images of ", d.height, "x",
+                d.width, ", too large for any file");
+  CORTADO_CHECK(static_cast<int64_t>(img.size()) == pixels, "'", images_path,
+                "' is truncated: header says ", d.count, " images of ", d.height, "x", d.width);
   CORTADO_CHECK(BigEndian32(lab, 4) == d.count && static_cast<int64_t>(lab.size()) == 8 + d.count,
                 "'", labels_path, "' does not hold one label per image of '", images_path, "'");
   d.pixels.assign(img.begin() + 16, img.end());
   d.labels.assign(lab.begin() + 8, lab.end());
   return d;
+}
+
+IdxDataset ReadIdxDataset(const std::string& images_path) {
+  CORTADO_CHECK(!images_path.empty(), "no IDX images file given (data.train / data.val)");
+  const std::string labels_path = IdxLabelsPathFor(images_path);
+  return ParseIdxDataset(ReadGzFile(images_path), ReadGzFile(labels_path), images_path,
+                         labels_path);
 }
 
 std::unique_ptr<BatchSource> MakeIdxTrainSource(const DataOptions& options, ShardSpec shard,

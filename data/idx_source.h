@@ -22,6 +22,9 @@ struct IdxDataset {
 std::string IdxLabelsPathFor(const std::string& images_path);
 // Reads both files; throws naming the file for a missing file, a bad magic or a short read.
 IdxDataset ReadIdxDataset(const std::string& images_path);
+// The same from the files' (decompressed) bytes; the paths name them in errors.
+IdxDataset ParseIdxDataset(const std::vector<uint8_t>& images, const std::vector<uint8_t>& labels,
+                           const std::string& images_path, const std::string& labels_path);
 
 std::unique_ptr<BatchSource> MakeIdxTrainSource(const DataOptions& options, ShardSpec shard,
                                                 uint64_t seed);

@@ -45,6 +45,8 @@ TransformOptions TransformOptionsFrom(const DataOptions& options) {
   return t;
 }
 
+Shape LmdbSampleShape(const DataOptions& options) { return {3, options.crop, options.crop}; }
+
 int64_t ReadNumClasses(const std::string& db) {
   std::ifstream in(db + "/classes.txt");
   if (!in) return -1;
@@ -106,6 +108,7 @@ class LmdbSourceBase : public BatchSource {
         batch_size_(batch_size),
         train_(train),
         transform_(TransformOptionsFrom(options)),
+        sample_shape_(LmdbSampleShape(options)),
         num_classes_(ReadNumClasses(path)) {
     CORTADO_CHECK(batch_size > 0, "data batch size must be positive, got ", batch_size);
     CheckLmdbComplete(path, reader_->size());
@@ -126,7 +129,7 @@ class LmdbSourceBase : public BatchSource {
   ~LmdbSourceBase() override { loader_.reset(); }
 
   int64_t batch_size() const override { return batch_size_; }
-  Shape sample_shape() const override { return {3, transform_.crop, transform_.crop}; }
+  Shape sample_shape() const override { return sample_shape_; }
   int64_t num_classes() const override { return num_classes_; }
   SourceStats stats() const override {
     SourceStats s;
@@ -152,6 +155,7 @@ class LmdbSourceBase : public BatchSource {
   int64_t batch_size_;
   bool train_;
   TransformOptions transform_;
+  Shape sample_shape_;
   int64_t num_classes_;
   std::unique_ptr<BatchLoader> loader_;
   double wait_seconds_ = 0;
@@ -182,16 +186,19 @@ class LmdbSourceBase : public BatchSource {
     return true;
   }
 
-  // Returns the number of corrupt records skipped.
-  int64_t Produce(int worker, int64_t batch, int64_t sample, float* image, int32_t* label) {
+  BatchLoader::Produced Produce(int worker, int64_t batch, int64_t sample, float* image,
+                                int32_t* label) {
     Worker& w = *workers_[worker];
     const uint64_t key = train_ ? AugmentKey(batch, sample) : 0;
     const int64_t n = reader_->size();
     int64_t record = sample;
     for (int64_t attempt = 0;; ++attempt) {
       w.why.clear();
-      if (DecodeRecord(w, record, key, image, label)) return attempt;
+      if (DecodeRecord(w, record, key, image, label)) return {attempt, false};
       ReportCorrupt(record, w.why);
+      // Evaluation scores each readable record once: a substitute would be scored twice (on
+      // several ranks often a record of another rank's shard).
+      if (!train_) return {1, true};
       CORTADO_CHECK(attempt + 1 < std::min<int64_t>(n, 1000), "LMDB ", reader_->path(), ": ",
                     attempt + 1, " records in a row from '", reader_->key(sample),
                     "' do not decode; is this an image database?");
@@ -199,12 +206,20 @@ class LmdbSourceBase : public BatchSource {
     }
   }
 
+  // Once per record, and by name for the first kNamedCorrupt of them: a database with many
+  // damaged records must not flood the log.
   void ReportCorrupt(int64_t record, const std::string& why) {
+    constexpr size_t kNamedCorrupt = 5;
     std::lock_guard<std::mutex> lock(warned_mu_);
-    if (warned_.insert(record).second) {
-      LogWarning("data: skipping corrupt record '", reader_->key(record), "' of ", reader_->path(),
-                 " (", why, "); using the next record instead");
+    if (!warned_.insert(record).second || warned_.size() > kNamedCorrupt + 1) return;
+    if (warned_.size() == kNamedCorrupt + 1) {
+      LogWarning("data: more corrupt records in ", reader_->path(), "; they are ",
+                 train_ ? "replaced" : "left out", " and counted without naming them");
+      return;
     }
+    LogWarning("data: skipping corrupt record '", reader_->key(record), "' of ", reader_->path(),
+               " (", why, "); ",
+               train_ ? "using the next record instead" : "it is left out of the evaluation");
   }
 
   std::vector<std::unique_ptr<Worker>> workers_;

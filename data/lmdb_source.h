@@ -19,9 +19,11 @@
 // nor Cortado's classes.txt / skipped.txt is taken as another tool's (Caffe's convert_imageset
 // writes none of these) and read with a warning.
 //
-// A record that does not parse or decode is skipped with one warning (once per record), counted
-// in stats().skipped_records, and replaced by the next record in the database, so batch sizes
-// and step counts stay the same on every rank.
+// A record that does not parse or decode is skipped with one warning (once per record, naming
+// the first five) and counted in stats().skipped_records. Training replaces it by the next
+// record in the database, so batch sizes and step counts stay the same on every rank.
+// Evaluation leaves it out (its batch comes out smaller, even empty), so that every readable
+// record is scored exactly once.
 //
 // Batches from Next() share the loader's buffers: they stay valid until the next Next() or
 // Start() on the same source.
@@ -42,6 +44,9 @@ std::unique_ptr<BatchSource> MakeLmdbEvalSource(const DataOptions& options, Shar
 // The transform settings in DataOptions (mean/std: empty means ImageNet's, one value is
 // repeated to three channels).
 TransformOptions TransformOptionsFrom(const DataOptions& options);
+
+// The samples an LMDB source yields: {3, crop, crop} (grey records are widened to RGB).
+Shape LmdbSampleShape(const DataOptions& options);
 
 // Labels in the database at `db` per its classes.txt (line i names label i); -1 without one.
 int64_t ReadNumClasses(const std::string& db);

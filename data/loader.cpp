@@ -74,6 +74,7 @@ bool BatchLoader::PlanNextLocked() {
   }
   slot.batch = planned_;
   slot.next_task = slot.done = slot.skipped = 0;
+  slot.left_out.assign(static_cast<size_t>(count), false);
   // Buffers are allocated for a full batch on first use (an evaluation source that never
   // runs holds no memory) and keep their storage from then on; a short last batch is the
   // same storage with fewer rows.
@@ -129,10 +130,10 @@ void BatchLoader::WorkerLoop(int worker) {
     float* image = slot->images.data<float>() + pos * sample_numel_;
     int32_t* label = slot->labels.data<int32_t>() + pos;
     lock.unlock();
-    int64_t skipped = 0;
+    Produced produced;
     const int64_t cpu0 = ThreadCpuNs();
     try {
-      skipped = produce_(worker, batch, pos, sample, image, label);
+      produced = produce_(worker, batch, pos, sample, image, label);
     } catch (...) {
       lock.lock();
       RecordErrorLocked(batch);  // this batch never completes
@@ -140,9 +141,34 @@ void BatchLoader::WorkerLoop(int worker) {
     }
     cpu_ns_ += ThreadCpuNs() - cpu0;
     lock.lock();
-    slot->skipped += skipped;
+    slot->skipped += produced.skipped;
+    slot->left_out[static_cast<size_t>(pos)] = produced.left_out;
     if (++slot->done == static_cast<int64_t>(slot->samples.size())) ready_cv_.notify_all();
   }
+}
+
+int64_t BatchLoader::CompactLocked(Slot& slot) {
+  const int64_t count = static_cast<int64_t>(slot.samples.size());
+  if (std::find(slot.left_out.begin(), slot.left_out.end(), true) == slot.left_out.end()) {
+    return count;
+  }
+  float* images = slot.images.data<float>();
+  int32_t* labels = slot.labels.data<int32_t>();
+  int64_t kept = 0;
+  for (int64_t from = 0; from < count; ++from) {
+    if (slot.left_out[static_cast<size_t>(from)]) continue;
+    if (kept != from) {
+      std::copy(images + from * sample_numel_, images + (from + 1) * sample_numel_,
+                images + kept * sample_numel_);
+      labels[kept] = labels[from];
+    }
+    ++kept;
+  }
+  Shape shape = slot.images.shape();
+  shape[0] = kept;
+  slot.images.Resize(shape);
+  slot.labels.Resize({kept});
+  return kept;
 }
 
 bool BatchLoader::Next(Batch& out, double* wait_seconds, int64_t* skipped) {
@@ -176,9 +202,9 @@ bool BatchLoader::Next(Batch& out, double* wait_seconds, int64_t* skipped) {
     return false;  // ended
   }
   Slot& slot = slots_[consumed_ % ring];
+  out.size = CompactLocked(slot);
   out.images = slot.images;
   out.labels = slot.labels;
-  out.size = static_cast<int64_t>(slot.samples.size());
   if (skipped != nullptr) *skipped += slot.skipped;
   ++consumed_;
   holding_ = true;

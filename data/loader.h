@@ -35,11 +35,16 @@ class BatchLoader {
   // Fills *samples with the sample ids of batch `batch` (at most batch_size of them); an empty
   // list ends the stream. Called under the loader's lock: keep it quick.
   using PlanFn = std::function<void(int64_t batch, std::vector<int64_t>* samples)>;
+  // What producing one sample met, reported with its batch (so prefetching does not count it
+  // early).
+  struct Produced {
+    int64_t skipped = 0;    // corrupt records passed over
+    bool left_out = false;  // no sample here: the batch comes out without this position
+  };
   // Decodes sample `sample` (position `pos` of batch `batch`) into image (C*H*W floats) and
-  // *label, on worker thread `worker` in [0, threads). Returns how many corrupt records it
-  // skipped to do so (reported with the batch, so prefetching does not count them early).
-  using ProduceFn = std::function<int64_t(int worker, int64_t batch, int64_t pos, int64_t sample,
-                                          float* image, int32_t* label)>;
+  // *label, on worker thread `worker` in [0, threads).
+  using ProduceFn = std::function<Produced(int worker, int64_t batch, int64_t pos, int64_t sample,
+                                           float* image, int32_t* label)>;
 
   BatchLoader(int threads, int prefetch, int64_t batch_size, Shape sample_shape, PlanFn plan,
               ProduceFn produce);
@@ -53,9 +58,10 @@ class BatchLoader {
 
   // Restarts at batch 0 of a new plan (cancels and discards batches decoded ahead).
   void Start();
-  // The next batch; false at the end of the stream. Adds the time spent blocked to
-  // *wait_seconds and the corrupt records skipped for this batch to *skipped (either may be
-  // null).
+  // The next batch; false at the end of the stream. Positions left out are removed (the
+  // samples after them move up, so out.size may be below the plan's count, even 0). Adds the
+  // time spent blocked to *wait_seconds and the corrupt records skipped for this batch to
+  // *skipped (either may be null).
   bool Next(Batch& out, double* wait_seconds, int64_t* skipped = nullptr);
 
  private:
@@ -63,11 +69,15 @@ class BatchLoader {
     Tensor images;
     Tensor labels;
     std::vector<int64_t> samples;
-    int64_t batch = -1;     // batch number planned into this slot, -1: free
-    int64_t next_task = 0;  // next position to hand to a worker
-    int64_t done = 0;       // positions finished
-    int64_t skipped = 0;    // corrupt records skipped while filling it
+    int64_t batch = -1;          // batch number planned into this slot, -1: free
+    int64_t next_task = 0;       // next position to hand to a worker
+    int64_t done = 0;            // positions finished
+    int64_t skipped = 0;         // corrupt records skipped while filling it
+    std::vector<bool> left_out;  // per position
   };
+  // Under mu_: moves the samples of a complete slot that were not left out to its front and
+  // returns how many there are.
+  int64_t CompactLocked(Slot& slot);
 
   void StopWorkers();
   void WorkerLoop(int worker);

@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <string_view>
 
 #include "engine/error.h"
 #include "engine/log.h"
@@ -255,18 +257,38 @@ std::string CheckpointFileName(int64_t iteration) {
   return name;
 }
 
-std::vector<std::string> ListCheckpoints(const std::string& dir) {
-  std::vector<std::string> out;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return out;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    std::string name = entry.path().filename().string();
-    if (name.rfind("ckpt-", 0) == 0 && entry.path().extension() == ".cortado") {
-      out.push_back(entry.path().string());
-    }
+namespace {
+
+// The iteration in a name CheckpointFileName wrote ("ckpt-00001234.cortado" -> 1234); -1 for
+// any other name.
+int64_t IterationOfName(const std::string& name) {
+  constexpr std::string_view kPrefix = "ckpt-", kSuffix = ".cortado";
+  if (name.size() <= kPrefix.size() + kSuffix.size() || name.rfind(kPrefix, 0) != 0 ||
+      name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0) {
+    return -1;
   }
-  // Zero-padded iteration numbers sort as text; newest first.
-  std::sort(out.rbegin(), out.rend());
+  const char* first = name.data() + kPrefix.size();
+  const char* last = name.data() + name.size() - kSuffix.size();
+  int64_t iteration = -1;
+  const auto [end, ec] = std::from_chars(first, last, iteration);
+  return ec == std::errc() && end == last && iteration >= 0 ? iteration : -1;
+}
+
+}  // namespace
+
+std::vector<std::string> ListCheckpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return {};
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const int64_t iteration = IterationOfName(entry.path().filename().string());
+    if (iteration >= 0) found.emplace_back(iteration, entry.path().string());
+  }
+  // By the number, newest first: past 10^8 iterations the zero padding no longer makes text
+  // order the number's order.
+  std::sort(found.rbegin(), found.rend());
+  std::vector<std::string> out;
+  for (auto& [iteration, path] : found) out.push_back(std::move(path));
   return out;
 }
 

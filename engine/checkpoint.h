@@ -59,7 +59,8 @@ class CheckpointState {
   virtual void LoadState(const Checkpoint& checkpoint, const std::string& path) = 0;
 };
 
-// Checkpoint files in dir, named by CheckpointFileName, newest (highest iteration) first.
+// Checkpoint files in dir, named by CheckpointFileName, newest (highest iteration, as a number)
+// first; other files are not listed.
 std::vector<std::string> ListCheckpoints(const std::string& dir);
 std::string CheckpointFileName(int64_t iteration);  // "ckpt-00001234.cortado"
 // The newest checkpoint in dir that loads (corrupt or truncated ones are skipped with a

@@ -217,6 +217,7 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
   if (options_.error_feedback) {
     residual_ = Tensor({buckets_.back().end}, DType::kF32);
     residual_.Zero();
+    residual_kept_ = residual_.Clone();
   }
   for (size_t i = 0; i < order.size(); ++i) {
     order[i]->grad = block_.View(order[i]->grad.shape(), offset[i]);
@@ -298,6 +299,22 @@ void DataParallel::BeginStep(int64_t step) {
   next_issue_ = 0;
   SetControlWord(0, 0.0);
   SetControlWord(1, 0.0);
+  // Kept for DiscardStep: the residual changes as each compressed bucket is encoded.
+  if (options_.error_feedback) CopyCompressedRanges(residual_, residual_kept_);
+}
+
+void DataParallel::CopyCompressedRanges(const Tensor& from, Tensor& to) const {
+  const float* src = from.data<float>();
+  float* dst = to.data<float>();
+  for (const Bucket& b : buckets_) {
+    if (b.codec == dist::CodecKind::kF32) continue;  // f32 buckets never touch the residual
+    std::memcpy(dst + b.begin, src + b.begin, static_cast<size_t>(b.end - b.begin) * 4);
+  }
+}
+
+void DataParallel::DiscardStep() {
+  WaitAll(true);
+  if (options_.error_feedback) CopyCompressedRanges(residual_kept_, residual_);
 }
 
 void DataParallel::SetControl(double loss, bool stop_vote) {

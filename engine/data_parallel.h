@@ -28,7 +28,8 @@
 // Communicator::AllReduceCompressed (scaled by 1/W, then encoded at every hop). With error
 // feedback each rank keeps a residual block beside the gradient block: what its encodings lost
 // in one step is added to the next step's gradient before encoding (checkpoints keep it, per
-// rank). Stochastic rounding draws from (seed, step, bucket), so runs are reproducible.
+// rank); a step that is skipped (DiscardStep) leaves it as it was. Stochastic rounding draws from
+// (seed, step, bucket), so runs are reproducible.
 //
 // Control words. Two elements after the last parameter ride in the last bucket, so every rank
 // learns two things about the step without an extra round trip: the stop vote (a job must stop
@@ -106,6 +107,11 @@ class DataParallel {
   // Multiplies the residual by factor: a loss scaler changed the scale the gradients carry, and
   // what quantization lost must carry the new one (mixed precision with error feedback).
   void ScaleResidual(double factor);
+  // The step's gradients are not applied (an overflow skipped it): the residual goes back,
+  // bitwise, to what it was at BeginStep. Encoding folded the old residual into gradients that
+  // are now discarded and kept what it lost of them; without this the true residual would be
+  // lost and the error of a discarded step would feed the next one.
+  void DiscardStep();
 
   // Collective check that this rank runs the same job as rank 0: rank 0's `description` (text,
   // one item per line, e.g. the resolved config and the model's parameter shapes) is compared
@@ -136,6 +142,8 @@ class DataParallel {
   void Issue(size_t bucket);
   void WaitAll(bool rethrow);
   void SetControlWord(int i, double value);
+  // Copies the compressed buckets' ranges of one residual block to another.
+  void CopyCompressedRanges(const Tensor& from, Tensor& to) const;
   double ControlWord(int i) const;
 
   Net& net_;
@@ -144,7 +152,8 @@ class DataParallel {
   dist::DataType wire_type_ = dist::DataType::kF32;
   std::shared_ptr<RegisteredAllocator> allocator_ = std::make_shared<RegisteredAllocator>(comm_);
   Tensor block_;
-  Tensor residual_;  // error feedback; empty when off
+  Tensor residual_;       // error feedback; empty when off
+  Tensor residual_kept_;  // the residual as BeginStep found it (compressed buckets' ranges)
   int64_t step_ = 0;
   int64_t control_index_ = 0;  // [stop vote, loss]
   std::vector<Bucket> buckets_;

@@ -4,11 +4,13 @@
 // small values, so the loss is multiplied by `scale` before backward and every gradient carries
 // that factor; the solver divides it out (SgdSolver::Step's grad_scale) while updating the f32
 // master weights. After the gradients are complete (all-reduced, on every rank alike), a
-// non-finite value anywhere means the scale was too large for this step: the step is skipped
-// (no weight, momentum or decay change) and the scale shrinks by backoff_factor. After
-// growth_interval clean steps in a row it grows by growth_factor (PyTorch's GradScaler rule,
-// with its defaults). A static scale (dynamic = false) never changes; the trainer stops the
-// run, naming the iteration, at a step whose gradients are not finite under a static scale.
+// non-finite loss or gradient value anywhere means the step overflowed (a forward pass beyond
+// f16's range, or a scale too large): the step is skipped (no weight, momentum or decay change;
+// the trainer also puts back the batch-norm statistics and error-feedback residuals) and the
+// scale shrinks by backoff_factor. After growth_interval clean steps in a row it grows by
+// growth_factor (PyTorch's GradScaler rule, with its defaults). A static scale (dynamic =
+// false) never changes; the trainer stops the run, naming the iteration, at a step whose loss
+// or gradients are not finite under a static scale (and without a scaler, in fp16 and bf16).
 //
 // Checkpoint state: "loss_scaler/state" = f64 [scale, clean steps in a row, skipped steps], so
 // a resumed run scales exactly as an uninterrupted one.

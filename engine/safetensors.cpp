@@ -134,12 +134,16 @@ Safetensors ParseSafetensors(const std::string& bytes, const std::string& path) 
     e.dtype = value["dtype"].get<std::string>();
     const size_t element = SafetensorsDTypeSize(e.dtype);
     if (element == 0) bad("tensor '", name, "' has the unknown dtype '", e.dtype, "'");
-    uint64_t count = 1;
+    // The size in bytes, checked at every product: a shape whose size wraps (2^61 F64 values
+    // are 2^64 bytes, 0 in 64 bits) would match empty data_offsets.
+    uint64_t count = 1, size = element;
     for (const auto& d : value["shape"]) {
       if (!d.is_number_unsigned()) bad("tensor '", name, "' has a shape entry that is not a size");
       const uint64_t n = d.get<uint64_t>();
-      if (n != 0 && count > (uint64_t{1} << 62) / n) bad("tensor '", name, "' is too large");
-      count *= n;
+      if (n > (uint64_t{1} << 62) || __builtin_mul_overflow(count, n, &count) ||
+          __builtin_mul_overflow(size, n, &size) || size > (uint64_t{1} << 62)) {
+        bad("tensor '", name, "' is too large");
+      }
       e.shape.push_back(static_cast<int64_t>(n));
     }
     const auto& off = value["data_offsets"];
@@ -151,7 +155,7 @@ Safetensors ParseSafetensors(const std::string& bytes, const std::string& path) 
       bad("tensor '", name, "' lies at [", begin, ", ", end, ") outside the ", data_bytes,
           " bytes of data");
     }
-    if (end - begin != count * element) {
+    if (end - begin != size) {
       bad("tensor '", name, "' has ", end - begin, " bytes for ", count, " ", e.dtype, " values");
     }
     e.bytes.assign(bytes, data_begin + begin, end - begin);

@@ -136,6 +136,11 @@ YAML::Node YamlSection::Node(const std::string& key) const { return Get(key); }
 void YamlSection::Finish() const {
   if (!node_.IsMap()) return;
   for (const auto& item : node_) {
+    if (!item.first.IsScalar()) {
+      const std::string where = config_->WhereOf(item.first, path_);
+      Fail(where.empty() ? "" : where + ": ", "a key ", path_.empty() ? "" : "in " + path_ + " ",
+           "is not a name (a list or mapping where a key belongs)");
+    }
     std::string key = item.first.as<std::string>();
     if (asked_.count(key)) continue;
     std::string where = config_->WhereOf(item.first, Path(key));

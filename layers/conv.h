@@ -22,8 +22,10 @@
 // accumulates the weight and bias gradients into per-thread buffers that are summed in thread
 // order afterwards: results are deterministic for a given thread count. The input gradient is
 // W^T * dY followed by col2im.
-// Workspaces (columns, phase planes, gathered outputs, gradient partials) belong to the layer, one
-// set per thread, and are kept across calls, so steady-state steps allocate nothing.
+// Workspaces (columns, phase planes, gathered outputs, gradient partials), one set per thread,
+// are the net's shared scratch (LayerContext::scratch: the layers of a net run one at a time, so
+// every convolution uses the same buffers); only a layer outside a net keeps its own. They are
+// kept across calls, so steady-state steps allocate nothing.
 #pragma once
 
 #include <array>

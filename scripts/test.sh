@@ -5,7 +5,8 @@
 #      (build/distributed-alone/, which proves it links alone): every test, including the
 #      bounded runs of the fuzz targets (tests/fuzz/);
 #   3. ASan + UBSan (build/asan/, -O1): every test again, any report fatal;
-#   4. TSan (build/tsan/, -O1): the thread pool, the batch loader and LMDB sources, and the
+#   4. TSan (build/tsan/, -O1): the thread pool, the batch loader and LMDB sources, two
+#      data-parallel ranks training as threads (overlap and synchronized batch norm), and the
 #      communication library (its MPI backend aside: Open MPI is not instrumented).
 # Warnings are errors in every build (CORTADO_WERROR).
 #   scripts/test.sh [--no-sanitize]     --no-sanitize: stages 1 and 2 only (a quick local run)
@@ -16,7 +17,7 @@ sanitize=1
 for arg in "$@"; do
   case "$arg" in
     --no-sanitize) sanitize=0 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown option '$arg' (known: --no-sanitize)" >&2; exit 2 ;;
   esac
 done
@@ -91,7 +92,8 @@ if ((sanitize)); then
   # inherit it) the UCX cases run under TSan with no report; its registration cache only
   # matters for RDMA memory, which these tests do not use.
   export UCX_MEM_EVENTS=no
-  build/tsan/tests/test_concurrency --gtest_filter='ThreadPool.*:Loader.*:LmdbSourceTest.*'
+  build/tsan/tests/test_concurrency \
+    --gtest_filter='ThreadPool.*:Loader.*:LmdbSourceTest.*:CorruptRecordsTest.*:DataParallelThreads.*'
   # Without the MPI backend's tests: inside Open MPI, whose threads TSan cannot see, it
   # reports lock-order inversions of Open MPI's own (mca_btl_tcp_add_procs).
   # Also without the single-threaded codec kernel sweep (nothing for TSan to see, and past its

@@ -104,17 +104,27 @@ void AddEvalCommand(CLI::App& app) {
     const std::string source =
         args->weights.empty() ? "checkpoint " + ckpt_path : "weights " + args->weights;
     EvalResult r = Evaluate(net, *val, world.comm.get());
+    CORTADO_CHECK(r.images > 0, "no record of ", config.data.val,
+                  " could be read; there is nothing to evaluate");
     if (world.rank != 0) return SetExitCode(0);
+    if (r.skipped > 0) {
+      LogWarning(r.skipped, " unreadable record(s) of ", config.data.val,
+                 " were left out of the evaluation (the first are named above)");
+    }
     if (args->json) {
       nlohmann::ordered_json j;
       j["top1"] = r.top1;
       j["top5"] = r.top5;
       j["loss"] = r.loss;
       j["images"] = r.images;
+      j["skipped"] = r.skipped;
       std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
-      std::printf("top1 %.2f%%  top5 %.2f%%  loss %.4f  (%lld images, %s)\n", r.top1 * 100,
-                  r.top5 * 100, r.loss, static_cast<long long>(r.images), source.c_str());
+      const std::string skipped =
+          r.skipped > 0 ? StrCat(r.skipped, " unreadable record(s) skipped, ") : std::string();
+      std::printf("top1 %.2f%%  top5 %.2f%%  loss %.4f  (%lld images, %s%s)\n", r.top1 * 100,
+                  r.top5 * 100, r.loss, static_cast<long long>(r.images), skipped.c_str(),
+                  source.c_str());
     }
     SetExitCode(0);
   });

@@ -22,6 +22,7 @@ LayerSpec ParseLayer(const YamlConfig& yaml, const YAML::Node& node, size_t inde
   LayerSpec spec;
   spec.where = where;
   for (const auto& item : node) {
+    CORTADO_CHECK(item.first.IsScalar(), where, ": ", path, ": a key is not a setting name");
     std::string key = item.first.as<std::string>();
     const YAML::Node& value = item.second;
     std::string at = yaml.WhereOf(value, "");
@@ -74,7 +75,7 @@ void Require(bool ok, const YamlSection& s, const std::string& key, const std::s
 }  // namespace
 
 RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides,
-                        bool need_train) {
+                        bool need_train, bool check_data) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
@@ -109,10 +110,10 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
                 "data and solver sections (see configs/)");
   YamlConfig yaml = YamlConfig::FromString(text.str(), path);
   for (const std::string& o : overrides) yaml.Set(o);
-  return ParseRunConfig(yaml, need_train);
+  return ParseRunConfig(yaml, need_train, check_data);
 }
 
-RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train) {
+RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
   RunConfig c;
   c.file = yaml.file();
   YamlSection root = yaml.Root();
@@ -156,9 +157,10 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train) {
   o.val = d.String("val", "");
   if (o.type != "synthetic" && need_train) {
     Require(!o.train.empty(), d, "train", "is required (path to the training data)");
-    Require(std::filesystem::exists(o.train), d, "train", "'" + o.train + "' does not exist");
+    Require(!check_data || std::filesystem::exists(o.train), d, "train",
+            "'" + o.train + "' does not exist");
   }
-  if (o.type != "synthetic") {
+  if (o.type != "synthetic" && check_data) {
     Require(o.val.empty() || std::filesystem::exists(o.val), d, "val",
             "'" + o.val + "' does not exist");
   }
@@ -321,6 +323,11 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train) {
                "must map parameter-name patterns to codecs, e.g. {\"fc.*\": f32}");
     }
     for (const auto& item : overrides) {
+      if (!item.first.IsScalar()) {
+        dd.Error("codec_overrides",
+                 "a key is not a name pattern (write patterns as strings, "
+                 "e.g. {\"fc.*\": f32})");
+      }
       const std::string pattern = item.first.as<std::string>();
       const std::string codec = item.second.IsScalar() ? item.second.as<std::string>() : "";
       try {

@@ -90,8 +90,10 @@ struct RunConfig {
 // Parses `path` with the `--set` overrides applied in order. A missing file, a folder, or a
 // file with no YAML in it (/dev/null) is refused naming the path and what was expected.
 // need_train false (evaluation): data.train may be absent or missing on this machine.
+// check_data false (inspect, a dry run's net): the data paths are taken as written, whether
+// they exist here or not.
 RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides,
-                        bool need_train = true);
-RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train = true);
+                        bool need_train = true, bool check_data = true);
+RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train = true, bool check_data = true);
 
 }  // namespace cortado

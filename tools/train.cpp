@@ -168,7 +168,22 @@ void AddTrainCommand(CLI::App& app) {
     options.argv = CommandLine();
     if (args->dry_run) {
       ApplyThreadBudget(args->threads);
-      return SetExitCode(DryRun(LoadRunConfig(args->config, args->sets), options));
+      RunConfig config;
+      try {
+        config = LoadRunConfig(args->config, args->sets);
+      } catch (const Error&) {
+        // Data that is not on this machine fails the dry run as it would fail training, but
+        // the net is still shown where the config alone says what it is.
+        try {
+          std::printf("%s", NetTableWithoutData(LoadRunConfig(args->config, args->sets,
+                                                              /*need_train=*/true,
+                                                              /*check_data=*/false))
+                                .c_str());
+        } catch (const Error&) {
+        }
+        throw;
+      }
+      return SetExitCode(DryRun(std::move(config), options));
     }
     // SIGINT/SIGTERM finish the current step, save a checkpoint and exit non-zero. Set up
     // first: the threads started below must inherit the blocked signals (stop_signals.h).

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "data/lmdb_source.h"
 #include "engine/error.h"
 #include "engine/gemm_lowp.h"
 #include "engine/log.h"
@@ -94,11 +95,13 @@ EvalResult Evaluate(Net& net, BatchSource& source, dist::Communicator* comm) {
   Phase previous = net.phase();
   net.set_phase(Phase::kTest);
   // Sums: correct top-1 and top-5 images (whole numbers: the accuracy layers give fractions of
-  // the batch), loss times images, images.
-  double sums[4] = {0, 0, 0, 0};
+  // the batch), loss times images, images, records skipped.
+  double sums[5] = {0, 0, 0, 0, 0};
   Batch batch;
+  const int64_t skipped_before = source.stats().skipped_records;
   source.Start(0, 0);
   while (source.Next(batch)) {
+    if (batch.size == 0) continue;  // every record of the batch was unreadable
     FeedBatch(net, batch);
     const double loss = net.Forward();
     const double n = static_cast<double>(batch.size);
@@ -107,12 +110,14 @@ EvalResult Evaluate(Net& net, BatchSource& source, dist::Communicator* comm) {
     sums[2] += loss * n;
     sums[3] += n;
   }
+  sums[4] = static_cast<double>(source.stats().skipped_records - skipped_before);
   net.set_phase(previous);
   if (comm != nullptr && comm->size() > 1) {
-    comm->AllReduce(sums, 4, dist::DataType::kF64, dist::ReduceOp::kSum);
+    comm->AllReduce(sums, 5, dist::DataType::kF64, dist::ReduceOp::kSum);
   }
   EvalResult r;
   r.images = static_cast<int64_t>(sums[3]);
+  r.skipped = static_cast<int64_t>(sums[4]);
   if (r.images > 0) {
     r.top1 = sums[0] / sums[3];
     r.top5 = sums[1] / sums[3];
@@ -148,6 +153,22 @@ std::string NetTable(Net& net) {
   }
   out << "total parameters: " << net.num_parameters() << "\n";
   return out.str();
+}
+
+std::string NetTableWithoutData(const RunConfig& config) {
+  const DataOptions& d = config.data;
+  CORTADO_CHECK(d.type != "idx", "the input size of an IDX net comes from its files");
+  CORTADO_CHECK(config.model.num_classes > 0 || d.type == "synthetic",
+                "model.num_classes is not set, and only the data could say how many classes");
+  const Shape sample = d.type == "synthetic"
+                           ? Shape(d.synthetic_shape.begin(), d.synthetic_shape.end())
+                           : LmdbSampleShape(d);
+  const int64_t classes = d.type == "synthetic" ? d.synthetic_classes : -1;
+  Net net(MakeNetSpec(config, sample, classes, d.batch_size), config.seed,
+          config.precision.compute);
+  return StrCat(NetTable(net), "(built from the config alone: ",
+                config.model.num_classes > 0 ? config.model.num_classes : classes,
+                " classes, input ", ShapeString(sample), ")\n");
 }
 
 namespace {
@@ -483,17 +504,21 @@ StepTimes Trainer::Step(const std::atomic<bool>* stop) {
   net_->set_phase(Phase::kTrain);
   net_->set_iteration(iteration_);
   if (dp_) dp_->BeginStep(iteration_);
+  // With a dynamic scale an overflow skips the step, forward's too: the batch-norm statistics
+  // it moves are kept from before it.
+  const bool may_skip = scaler_ && scaler_->options().dynamic;
+  if (may_skip) KeepBuffers();
   double loss = net_->Forward();
   if (dp_) {
     // A signal that arrived by now stops the job after this very step.
     dp_->SetControl(loss, stop != nullptr && stop->load());
-  } else {
+  } else if (!may_skip) {
     CORTADO_CHECK(std::isfinite(loss), "the loss became ", loss, " at iteration ", iteration_,
                   " (try a lower solver.base_lr or a warmup)");
   }
   const double scale = scaler_ ? scaler_->scale() : 1.0;
   net_->Backward(scale);
-  InjectTestFault();
+  InjectTestFault(/*reduced=*/false);
   const auto t2 = Clock::now();
   if (dp_) {
     DataParallel::StepResult r = dp_->FinishStep();
@@ -501,15 +526,16 @@ StepTimes Trainer::Step(const std::atomic<bool>* stop) {
     stop_agreed_ = r.stop;
     loss = r.loss;
     // Every rank sees the same mean loss, so all of them stop here together.
-    CORTADO_CHECK(std::isfinite(loss), "the loss became ", loss, " at iteration ", iteration_,
-                  " (averaged over ", world_.size,
+    CORTADO_CHECK(may_skip || std::isfinite(loss), "the loss became ", loss, " at iteration ",
+                  iteration_, " (averaged over ", world_.size,
                   " ranks; try a lower solver.base_lr or a warmup)");
   }
+  InjectTestFault(/*reduced=*/true);
   const auto t3 = Clock::now();
   last_loss_ = loss;
   last_lr_ = schedule_->At(Progress(iteration_));
-  if (scaler_) {
-    UpdateScaled(scale);
+  if (scaler_ || IsLowPrecision(config_.precision.compute)) {
+    UpdateScaled(scale, loss);
   } else {
     solver_->Step(last_lr_);
   }
@@ -522,39 +548,69 @@ StepTimes Trainer::Step(const std::atomic<bool>* stop) {
   return times;
 }
 
-// CORTADO_TEST_INF_GRADIENT=<rank>:<iteration> (tests of the loss scaler): that rank's first
-// gradient element becomes inf after that iteration's backward, before the all-reduce (so with
-// several ranks, use distributed.overlap: false, where nothing is sent during backward).
-void Trainer::InjectTestFault() {
+// CORTADO_TEST_INF_GRADIENT=<rank>:<iteration>[:reduced] (tests of the overflow checks): that
+// rank's first gradient element becomes inf in that iteration, after backward and before the
+// all-reduce (so with several ranks, use distributed.overlap: false, where nothing is sent
+// during backward, and every rank receives the inf), or with ":reduced" after the all-reduce, on
+// that rank alone: only the vote can tell the others.
+void Trainer::InjectTestFault(bool reduced) {
   const char* spec = std::getenv("CORTADO_TEST_INF_GRADIENT");
   if (spec == nullptr) return;
   long rank = -1, iteration = -1;
-  if (std::sscanf(spec, "%ld:%ld", &rank, &iteration) != 2) {
-    Fail("CORTADO_TEST_INF_GRADIENT='", spec, "': expected <rank>:<iteration>");
+  char when[16] = "";
+  const int fields = std::sscanf(spec, "%ld:%ld:%15s", &rank, &iteration, when);
+  const bool after = fields == 3 && std::string(when) == "reduced";
+  if (fields < 2 || (fields == 3 && !after)) {
+    Fail("CORTADO_TEST_INF_GRADIENT='", spec, "': expected <rank>:<iteration>[:reduced]");
   }
-  if (rank != world_.rank || iteration != iteration_) return;
+  if (after != reduced || rank != world_.rank || iteration != iteration_) return;
   Param& p = *net_->params().front();
   if (p.grad.dtype() == DType::kF32) p.grad.data<float>()[0] = INFINITY;
   if (p.grad.dtype() == DType::kF64) p.grad.data<double>()[0] = INFINITY;
 }
 
-void Trainer::UpdateScaled(double scale) {
-  // Every rank holds the same reduced gradients; the vote makes the decision collective even
-  // where a backend's all-reduce might differ in the last bit between ranks.
-  double overflowed = LossScaler::AllFinite(net_->params()) ? 0.0 : 1.0;
+void Trainer::KeepBuffers() {
+  const std::vector<Buffer*> buffers = net_->buffers();
+  kept_buffers_.resize(buffers.size());
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (!kept_buffers_[i].defined()) kept_buffers_[i] = buffers[i]->value.Clone();
+    kept_buffers_[i].CopyFrom(buffers[i]->value);
+  }
+}
+
+void Trainer::UpdateScaled(double scale, double loss) {
+  // The one-word vote: every rank holds the same reduced gradients and loss, and the vote makes
+  // the decision collective even where a rank's gradients differ from the others' (a backend's
+  // all-reduce that differs in the last bit, memory corrupted on one rank).
+  double overflowed = std::isfinite(loss) && LossScaler::AllFinite(net_->params()) ? 0.0 : 1.0;
   if (dp_) world_.comm->AllReduce(&overflowed, 1, dist::DataType::kF64, dist::ReduceOp::kMax);
   const bool finite = overflowed == 0.0;
-  if (!finite && !scaler_->options().dynamic) {
-    Fail("the gradients are not finite at iteration ", iteration_, " with the static loss scale ",
-         scale, " (precision.loss_scale: try dynamic, or a smaller scale)");
+  if (!finite && !(scaler_ && scaler_->options().dynamic)) {
+    Fail(std::isfinite(loss) ? "the gradients are" : StrCat("the loss (", loss, ") is"),
+         " not finite at iteration ", iteration_,
+         scaler_ ? StrCat(" with the static loss scale ", scale,
+                          " (precision.loss_scale: try dynamic, or a smaller scale)")
+                 : std::string(" without loss scaling (try precision.loss_scale: dynamic, a "
+                               "lower solver.base_lr or a warmup)"));
+  }
+  if (!scaler_) {
+    solver_->Step(last_lr_);
+    return;
+  }
+  if (!finite) {
+    // Nothing of the step remains: weights and momentum are not updated, and the batch-norm
+    // statistics and error-feedback residuals go back to where they were.
+    const std::vector<Buffer*> buffers = net_->buffers();
+    for (size_t i = 0; i < buffers.size(); ++i) buffers[i]->value.CopyFrom(kept_buffers_[i]);
+    if (dp_) dp_->DiscardStep();
   }
   const double change = scaler_->Update(finite);
   if (finite) {
     solver_->Step(last_lr_, 1.0 / scale);
   } else if (is_root()) {
     progress_.Clear();
-    LogInfo("iteration ", iteration_, ": gradients overflowed at loss scale ", scale,
-            "; step skipped, scale now ", scaler_->scale());
+    LogInfo("iteration ", iteration_, ": ", std::isfinite(loss) ? "gradients" : "the loss",
+            " overflowed at loss scale ", scale, "; step skipped, scale now ", scaler_->scale());
   }
   // Error-feedback residuals hold what quantization lost of the scaled gradients.
   if (change != 1.0 && dp_ && dp_->options().error_feedback) dp_->ScaleResidual(change);
@@ -608,6 +664,8 @@ void Trainer::RunEval() {
   LogInfo("eval  iter ", iteration_, "  epoch ", Fixed(epoch, 2), "  top1 ",
           Fixed(last_eval_.top1 * 100, 2), "%  top5 ", Fixed(last_eval_.top5 * 100, 2), "%  loss ",
           Fixed(last_eval_.loss, 4), "  (", last_eval_.images, " images, ",
+          last_eval_.skipped > 0 ? StrCat(last_eval_.skipped, " unreadable record(s) skipped, ")
+                                 : std::string(),
           Fixed(Seconds(t0, Clock::now()), 1), " s)");
   nlohmann::ordered_json m;
   m["event"] = "eval";
@@ -617,10 +675,19 @@ void Trainer::RunEval() {
   m["top5"] = last_eval_.top5;
   m["loss"] = last_eval_.loss;
   m["images"] = last_eval_.images;
+  m["skipped"] = last_eval_.skipped;
   metrics_.Write(m);
 }
 
-void Trainer::LogInterval() {
+int64_t Trainer::ReplacedRecords() const {
+  double replaced = static_cast<double>(train_source_->stats().skipped_records);
+  if (world_.comm && world_.size > 1) {
+    world_.comm->AllReduce(&replaced, 1, dist::DataType::kF64, dist::ReduceOp::kSum);
+  }
+  return static_cast<int64_t>(replaced);
+}
+
+void Trainer::LogInterval(int64_t replaced_records) {
   const IntervalStats& s = interval_;
   const double seconds = s.Seconds();
   const double steps = static_cast<double>(s.steps);
@@ -643,11 +710,15 @@ void Trainer::LogInterval() {
     if (scaler_->skipped_steps() > 0)
       scaling += StrCat(" (", scaler_->skipped_steps(), " skipped)");
   }
+  // Training replaces a corrupt record by the next one (data/lmdb_source.h): say how often.
+  const std::string replaced = replaced_records > 0
+                                   ? StrCat("  (", replaced_records, " corrupt record(s) replaced)")
+                                   : std::string();
   LogInfo("train iter ", iteration_, "/", max_iter_, "  epoch ", Fixed(epoch, 2), "  loss ",
           Fixed(loss, 4), "  lr ", last_lr_, scaling, "  ",
           Fixed(img_per_s, img_per_s < 100 ? 1 : 0), " img/s  ms/step: compute ",
           Fixed(1000 * s.time.compute / steps, 1), comm, ", data ",
-          Fixed(1000 * s.time.data_wait / steps, 1), "  ETA ", FormatDuration(eta));
+          Fixed(1000 * s.time.data_wait / steps, 1), "  ETA ", FormatDuration(eta), replaced);
   nlohmann::ordered_json m;
   m["event"] = "train";
   m["iter"] = iteration_;
@@ -659,6 +730,7 @@ void Trainer::LogInterval() {
   m["compute_s"] = s.time.compute;
   m["comm_wait_s"] = s.time.comm_wait;
   m["sync_bn_s"] = s.time.sync_bn;
+  m["replaced_records"] = replaced_records;
   if (dp_) m["wire_bytes_per_step"] = dp_->wire_bytes_per_step();
   if (scaler_) {
     m["loss_scale"] = scaler_->scale();
@@ -762,9 +834,12 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
     LogInfo("data-parallel: ", world_.size, " ranks (", world_.backend, "), global batch ",
             global_batch(), " (", world_.size, " x ", config_.data.batch_size, "), learning rate ",
             config_.solver.schedule.base_lr, " (solver.base_lr, not scaled with the global batch)");
+    // Each codec once, in bucket order (compared as names: "f16" is part of "bf16").
+    std::vector<dist::CodecKind> kinds;
     std::string codecs;
     for (const auto& b : buckets) {
-      if (codecs.find(dist::CodecName(b.codec)) == std::string::npos) {
+      if (std::find(kinds.begin(), kinds.end(), b.codec) == kinds.end()) {
+        kinds.push_back(b.codec);
         codecs += StrCat(codecs.empty() ? "" : ", ", dist::CodecName(b.codec));
       }
     }
@@ -807,7 +882,8 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
     interval_.Add(last_loss_, times);
     const bool last = iteration_ == max_iter_;
     if (iteration_ % config_.log_interval == 0 || last) {
-      if (is_root()) LogInterval();
+      const int64_t replaced = ReplacedRecords();
+      if (is_root()) LogInterval(replaced);
       interval_.Reset();
     }
     if (is_root()) progress_.Update(iteration_, max_iter_, first_iteration_, last_loss_);

@@ -38,16 +38,24 @@ NetSpec MakeNetSpec(const RunConfig& config, const Shape& sample_shape, int64_t 
 struct EvalResult {
   double top1 = 0, top5 = 0, loss = 0;  // fractions in [0, 1]; mean loss per image
   int64_t images = 0;
+  int64_t skipped = 0;  // unreadable records left out (the source names them in warnings)
 };
 
 // Runs the net in test phase over one pass of `source` and restores the previous phase. With a
 // communicator, every rank passes its own shard and all get the totals of all shards (counts
-// of correct images are integers, so they equal a one-process evaluation exactly).
+// of correct images are integers, so they equal a one-process evaluation exactly), skipped
+// records included.
 EvalResult Evaluate(Net& net, BatchSource& source, dist::Communicator* comm = nullptr);
 
 // The net as a table (layer, type, output shape, parameters), columns as wide as their
 // longest entry, and the total.
 std::string NetTable(Net& net);
+
+// NetTable of a config whose data is not on this machine (inspect, a dry run): the net built
+// from the model section's num_classes and the input the data section describes (LMDB: 3 x
+// crop x crop; synthetic: its shape), and a line that says so. Throws when they do not say
+// enough (no num_classes; IDX files, whose header holds the image size).
+std::string NetTableWithoutData(const RunConfig& config);
 
 // What the data section yields: records in data.train and data.val, and how an epoch of this
 // rank's `train` source is made of them ("47 records; an epoch is 5 batches of 8 = 40 samples,
@@ -121,12 +129,18 @@ class Trainer : public CheckpointState {
   std::string SaveCheckpointNow();
   void LoadFeedback(const Checkpoint& checkpoint, const std::string& path);
   void StopHere(const char* why, const std::vector<std::string>& argv);
-  void LogInterval();
+  void LogInterval(int64_t replaced_records);
+  // Corrupt training records replaced so far, summed over the ranks (collective).
+  int64_t ReplacedRecords() const;
   void RunEval();
-  // The update of a step whose loss was multiplied by `scale`: skipped (and the scale backed
-  // off) on every rank when any gradient is not finite, else SGD on the unscaled gradients.
-  void UpdateScaled(double scale);
-  void InjectTestFault();
+  // The update of a mixed-precision step (or one with a loss scale) whose loss was multiplied by
+  // `scale` (1 without a scaler): when the loss or any gradient is not finite on any rank (a
+  // vote), skipped on every rank with the scale backed off under a dynamic scale, else the run
+  // stops naming the iteration; otherwise SGD on the unscaled gradients.
+  void UpdateScaled(double scale, double loss);
+  // Keeps the batch-norm statistics before forward, for a step that overflows.
+  void KeepBuffers();
+  void InjectTestFault(bool reduced);
   void TraceStep(const StepTimes& times, Trace::Clock::time_point t0,
                  Trace::Clock::time_point t_update0, Trace::Clock::time_point t_update1);
   void FinishTrace();
@@ -148,6 +162,8 @@ class Trainer : public CheckpointState {
   std::unique_ptr<LossScaler> scaler_;
   // Error feedback: every rank's residual block, as last gathered or loaded (rank r's at r).
   std::vector<Tensor> feedback_;
+  // The net's buffers as they were before this step's forward (with a dynamic loss scale).
+  std::vector<Tensor> kept_buffers_;
   Batch batch_;
   int64_t iteration_ = 0;
   int64_t max_iter_ = 0;

@@ -1,8 +1,9 @@
 // The collective test matrix shared by the thread tests (collectives_test.cpp) and the process
 // tests (dist_test_worker matrix): every collective and algorithm, element types and reductions,
 // for the given counts, checked against exact expected values and for bitwise agreement between
-// ranks. Inputs are small integers so sums are exact in f32, f16 and bf16; f64 inputs add
-// fine bits below f32's precision (still exact in every order), so f64 must stay f64 end to end.
+// ranks; the compressed all-reduce bitwise against a one-process simulation of its ring. Inputs are
+// small integers so sums are exact in f32, f16 and bf16; f64 inputs add fine bits below f32's
+// precision (still exact in every order), so f64 must stay f64 end to end.
 #pragma once
 
 #include <cstddef>

@@ -15,11 +15,10 @@
 #   scripts/bench/comm.sh [--sizes 4K:128M] [--build DIR] [--rounds 3]
 # Needs: cmake and a C++ toolchain (it builds `cortado` in DIR, default build/), mpicc/mpirun,
 # and /usr/bin/python3 with torch (scripts/setup.sh --bench installs them).
-set -euo pipefail
+# shellcheck source=common.sh
+source "$(dirname "$0")/common.sh"
 
-root=$(cd "$(dirname "$0")/../.." && pwd)
 sizes=4K:128M
-build=""
 rounds=3
 while (($#)); do
   case "$1" in
@@ -43,27 +42,14 @@ to_bytes() {  # 4K -> 4096 (K = 1024)
 lo=$(to_bytes "${sizes%%:*}")
 hi=$(to_bytes "${sizes##*:}")
 
-for tool in mpicc mpirun cc /usr/bin/python3; do
+for tool in mpicc mpirun cc "$py"; do
   command -v "$tool" >/dev/null || { echo "comm.sh: '$tool' not found; run scripts/setup.sh --bench" >&2; exit 1; }
 done
-/usr/bin/python3 -c 'import torch.distributed' 2>/dev/null ||
-  { echo "comm.sh: /usr/bin/python3 cannot import torch; run scripts/setup.sh --bench" >&2; exit 1; }
+"$py" -c 'import torch.distributed' 2>/dev/null ||
+  { echo "comm.sh: $py cannot import torch; run scripts/setup.sh --bench" >&2; exit 1; }
 
-# The cortado binary: built (incrementally) in --build DIR, default build/, so the figures are
-# for the current source. If that build fails, an existing binary there is used, with a warning.
-build=${build:-$root/build}
-if [[ ! -f "$build/CMakeCache.txt" ]]; then
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-fi
-echo "comm.sh: building cortado in $build" >&2
-if ! cmake --build "$build" -j "$(nproc)" --target cortado >"$build/comm-bench-build.log" 2>&1; then
-  echo "comm.sh: warning: building cortado failed (see $build/comm-bench-build.log)" >&2
-fi
-cortado="$build/tools/cortado"
-if ! [[ -x "$cortado" ]] || ! "$cortado" bench comm --help >/dev/null 2>&1; then
-  echo "comm.sh: no usable $cortado" >&2
-  exit 1
-fi
+# The cortado binary, built (incrementally) in --build DIR, default build/.
+bench_cortado --build
 
 out="$root/runs/bench-comm-$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$out"
@@ -71,16 +57,16 @@ work=$(mktemp -d)
 cleanup() { kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 mpi=(mpirun --allow-run-as-root --oversubscribe -np 2)
 shm_btl=vader
 ompi_info 2>/dev/null | grep -q "btl: vader" || shm_btl=sm
 
 {
   echo "# $(date -Is) $(uname -srm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
-  echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "# cortado: $cortado; $(mpirun --version 2>&1 | head -1); torch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)')"
+  echo "# cortado: $cortado; $(mpirun --version 2>&1 | head -1); torch $("$py" -c 'import torch; print(torch.__version__)')"
 } | tee "$out/info.txt"
+bench_load before "$out/info.txt"
 
 mpicc -O2 -o "$work/mpi_allreduce" "$root/scripts/bench/comm/mpi_allreduce.c"
 
@@ -97,7 +83,7 @@ for round in $(seq 1 "$rounds"); do
   port=$(free_port)
   for r in 0 1; do
     RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port OMP_NUM_THREADS=1 \
-      /usr/bin/python3 "$root/scripts/bench/comm/gloo_allreduce.py" "$lo" "$hi" > "$work/gloo.$r" &
+      "$py" "$root/scripts/bench/comm/gloo_allreduce.py" "$lo" "$hi" > "$work/gloo.$r" &
   done
   wait
   grep '^{' "$work/gloo.0" | tee "$out/gloo.$round.jsonl" >&2
@@ -111,6 +97,6 @@ for round in $(seq 1 "$rounds"); do
   echo "== round $round: TCP baseline, one loopback connection, both directions at once" >&2
   "$work/duplex_baseline" "$lo" "$hi" | tee "$out/baseline.$round.jsonl" >&2
 done
-echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/info.txt"
+bench_load after "$out/info.txt"
 
-/usr/bin/python3 "$root/scripts/bench/comm/summarize.py" "$out" | tee "$out/summary.txt"
+"$py" "$root/scripts/bench/comm/summarize.py" "$out" | tee "$out/summary.txt"

@@ -10,18 +10,15 @@
 #
 # Usage: scripts/bench/convert.sh     Environment: COUNT (2000), ROUNDS (3), CORTADO_BUILD_DIR
 #        (build), BENCH_DIR (data-cache/bench_convert), PHOTOS (/usr/share/doc/opencv-doc/examples/data)
-set -euo pipefail
-cd "$(dirname "$0")/../.."
+# shellcheck source=common.sh
+source "$(dirname "$0")/common.sh"
 
 count=${COUNT:-2000}
 rounds=${ROUNDS:-3}
-build=${CORTADO_BUILD_DIR:-build}
 work=${BENCH_DIR:-data-cache/bench_convert}
 photos=${PHOTOS:-/usr/share/doc/opencv-doc/examples/data}
-py=/usr/bin/python3  # Debian's: sees python3-pil
 helper=scripts/bench/convert/convert_bench.py
-cortado=$build/tools/cortado
-[[ -x $cortado ]] || { echo "convert.sh: build first: cmake --build $build --target cortado" >&2; exit 1; }
+bench_cortado
 
 mkdir -p "$work"
 opencv=$work/opencv_convert
@@ -31,5 +28,7 @@ if [[ ! -x $opencv || scripts/bench/convert/opencv_convert.cpp -nt $opencv ]]; t
 fi
 echo "== making $count photos in $work/images" >&2
 "$py" "$helper" make --src "$photos" --out "$work/images" --count "$count"
+bench_load before
 "$py" "$helper" run --root "$work/images" --cortado "$cortado" --opencv "$opencv" \
   --rounds "$rounds" --work "$work/work"
+bench_load after

@@ -16,19 +16,16 @@
 # Usage: scripts/bench/data.sh            Environment: THREADS (default: nproc), SECONDS_PER_RUN
 #        (10), ROUNDS (3), CORTADO_BUILD_DIR (build), BENCH_DIR (data-cache/bench_data),
 #        PHOTOS (/usr/share/doc/opencv-doc/examples/data)
-set -euo pipefail
-cd "$(dirname "$0")/../.."
+# shellcheck source=common.sh
+source "$(dirname "$0")/common.sh"
 
 threads=${THREADS:-$(nproc)}
 seconds=${SECONDS_PER_RUN:-10}
 rounds=${ROUNDS:-3}
-build=${CORTADO_BUILD_DIR:-build}
 work=${BENCH_DIR:-data-cache/bench_data}
 photos=${PHOTOS:-/usr/share/doc/opencv-doc/examples/data}
-py=/usr/bin/python3  # Debian's: sees python3-pil, python3-torch, python3-torchvision
 helper=scripts/bench/data/pil_torchvision.py
-cortado=$build/tools/cortado
-[[ -x $cortado ]] || { echo "data.sh: build first: cmake --build $build --target cortado" >&2; exit 1; }
+bench_cortado
 
 mkdir -p "$work"
 "$py" "$helper" make --src "$photos" --out "$work/images/photos" >/dev/null
@@ -39,6 +36,7 @@ median() {  # the median round (by images_per_s) of the given files, with the ro
   "$py" -c 'import json,sys; rows=sorted((json.loads(open(f).read().strip().splitlines()[-1]) for f in sys.argv[1:]), key=lambda r: r["images_per_s"]); m=dict(rows[(len(rows)-1)//2]); m["min_images_per_s"]=rows[0]["images_per_s"]; m["max_images_per_s"]=rows[-1]["images_per_s"]; m["rounds"]=len(rows); print(json.dumps(m))' "$@"
 }
 
+bench_load before
 for mode in train val; do
   flag=""; [[ $mode == val ]] && flag="--val"
   for r in $(seq "$rounds"); do
@@ -51,6 +49,7 @@ for mode in train val; do
   median "$work"/cortado_${mode}_*.json > "$work/cortado_$mode.json"
   median "$work"/torch_${mode}_*.json > "$work/torch_$mode.json"
 done
+bench_load after
 
 "$py" "$helper" report --images "$count" --cortado "$work/cortado_train.json" --torch "$work/torch_train.json" \
   --cortado-val "$work/cortado_val.json" --torch-val "$work/torch_val.json"

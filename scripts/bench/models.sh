@@ -9,21 +9,19 @@
 #
 # Usage: scripts/bench/models.sh      Environment: MODELS ("resnet50 resnet18 vgg16"), ROUNDS
 #        (3), ITERS (2, after WARMUP 1), THREADS (2), CORTADO_BUILD_DIR (build)
-set -euo pipefail
-cd "$(dirname "$0")/../.."
+# shellcheck source=common.sh
+source "$(dirname "$0")/common.sh"
 
 models=${MODELS:-resnet50 resnet18 vgg16}
 rounds=${ROUNDS:-3}
 iters=${ITERS:-2}
 warmup=${WARMUP:-1}
 threads=${THREADS:-2}
-build=${CORTADO_BUILD_DIR:-build}
-py=/usr/bin/python3  # Debian's: sees python3-torch and python3-torchvision
-cortado=$build/tools/cortado
-[[ -x $cortado ]] || { echo "models.sh: build first: cmake --build $build --target cortado" >&2; exit 1; }
+bench_cortado
 out=runs/bench-models-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$out"
-echo "# $(date -Is) $(git rev-parse --short HEAD 2>/dev/null || echo '?'); load: $(cut -d' ' -f1-3 /proc/loadavg)" > "$out/info.txt"
+echo "# $(date -Is) $(git rev-parse --short HEAD 2>/dev/null || echo '?')" > "$out/info.txt"
+bench_load before "$out/info.txt"
 
 for r in $(seq "$rounds"); do
   for model in $models; do
@@ -43,6 +41,6 @@ for r in $(seq "$rounds"); do
     done
   done
 done
-echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/info.txt"
+bench_load after "$out/info.txt"
 "$py" scripts/bench/models/summarize.py "$out/results.jsonl" | tee "$out/summary.md"
 echo "Raw results: $out" >&2

@@ -9,21 +9,19 @@
 #
 # Usage: scripts/bench/precision.sh   Environment: MODEL (resnet50), ROUNDS (3), ITERS (2,
 #        after WARMUP 1), THREADS (2), CORTADO_BUILD_DIR (build)
-set -euo pipefail
-cd "$(dirname "$0")/../.."
+# shellcheck source=common.sh
+source "$(dirname "$0")/common.sh"
 
 model=${MODEL:-resnet50}
 rounds=${ROUNDS:-3}
 iters=${ITERS:-2}
 warmup=${WARMUP:-1}
 threads=${THREADS:-2}
-build=${CORTADO_BUILD_DIR:-build}
-py=/usr/bin/python3  # Debian's: sees python3-torch and python3-torchvision
-cortado=$build/tools/cortado
-[[ -x $cortado ]] || { echo "precision.sh: build first: cmake --build $build --target cortado" >&2; exit 1; }
+bench_cortado
 out=runs/bench-precision-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$out"
-echo "# $(date -Is) $(git rev-parse --short HEAD 2>/dev/null || echo '?'); load: $(cut -d' ' -f1-3 /proc/loadavg)" > "$out/info.txt"
+echo "# $(date -Is) $(git rev-parse --short HEAD 2>/dev/null || echo '?')" > "$out/info.txt"
+bench_load before "$out/info.txt"
 config=$out/$model.yaml
 printf 'model: {builder: %s, num_classes: 1000}\ndata: {type: synthetic, batch_size: 16, crop: 224}\nsolver: {base_lr: 0.01, momentum: 0.9, max_iter: 1000}\n' "$model" > "$config"
 
@@ -41,6 +39,6 @@ for r in $(seq "$rounds"); do
       "$py" -c "import json,sys; j=json.load(sys.stdin); print(json.dumps({'round': $r, 'side': 'pytorch', 'mode': '$mode', 'img_per_s': j['img_per_s'], 'peak_rss_mb': j['peak_rss_mb']}))" >> "$out/results.jsonl"
   done
 done
-echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/info.txt"
+bench_load after "$out/info.txt"
 "$py" scripts/bench/precision/summarize.py "$out/results.jsonl" | tee "$out/summary.md"
 echo "Raw results: $out" >&2

@@ -35,10 +35,10 @@
 # `cortado` in DIR, default build/), and for the peer /usr/bin/python3 with torch and
 # torchvision (scripts/setup.sh --bench). Uses about 7 GB of memory per ResNet-50 rank. The
 # namespaces are removed at the end, also on failure or Ctrl-C.
-set -euo pipefail
+# shellcheck source=common.sh
+source "$(dirname "$0")/common.sh"
 
 me=scaling.sh
-root=$(cd "$(dirname "$0")/../.." && pwd)
 models=resnet20,resnet50
 rates=100mbit,1gbit,10gbit
 rounds=3
@@ -49,7 +49,6 @@ codecs=f32
 overlaps=false,true
 torch=1
 alone=1
-build=""
 prefix=cortado-scale
 subnet=10.232.0
 port=29611
@@ -109,20 +108,13 @@ done
 
 ((EUID == 0)) || { echo "$me: must run as root (network namespaces and tc need it)" >&2; exit 1; }
 if ((torch)); then
-  /usr/bin/python3 -c 'import torch.distributed, torchvision' 2>/dev/null ||
-    { echo "$me: /usr/bin/python3 cannot import torch and torchvision; run scripts/setup.sh" \
+  "$py" -c 'import torch.distributed, torchvision' 2>/dev/null ||
+    { echo "$me: $py cannot import torch and torchvision; run scripts/setup.sh" \
         "--bench, or pass --no-torch" >&2; exit 1; }
 fi
 
 # The cortado binary, built (incrementally) from the current source.
-build=${build:-$root/build}
-if [[ ! -f "$build/CMakeCache.txt" ]]; then
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-fi
-echo "$me: building cortado in $build" >&2
-cmake --build "$build" -j "$(nproc)" --target cortado >"$build/scaling-bench-build.log" 2>&1 ||
-  { echo "$me: building cortado failed (see $build/scaling-bench-build.log)" >&2; exit 1; }
-cortado=$build/tools/cortado
+bench_cortado --build
 
 out=$root/runs/bench-scaling-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$out"
@@ -142,9 +134,9 @@ trap 'exit 143' TERM
   echo "# $(date -Is) $(uname -srm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(free -g | awk '/Mem:/ {print $2}') GiB"
   echo "# commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
   echo "# models $models; rates $rates; rounds $rounds; steps $steps_spec; warmup $warmup_spec; batch $batch_spec; codecs $codecs; overlap $overlaps"
-  ((torch)) && echo "# peer: torch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') DistributedDataParallel, gloo"
-  echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+  ((torch)) && echo "# peer: torch $("$py" -c 'import torch; print(torch.__version__)') DistributedDataParallel, gloo"
 } | tee "$out/info.txt"
+bench_load before "$out/info.txt"
 
 # config MODEL WORLD: a synthetic-data training config for the model at its per-rank batch, with
 # one metrics record per step and as many samples as one global batch (so the final evaluation
@@ -260,7 +252,7 @@ run_torch() {  # MODEL RATE|single ROUND
   local args=(--model "$model" --batch "$batch" --steps "$steps" --warmup "$warmup")
   echo "== round $round: $model, PyTorch DDP ${rate/single/1 rank alone}" >&2
   if [[ $rate == single ]]; then
-    OMP_NUM_THREADS=1 /usr/bin/python3 "$root/scripts/bench/scaling/ddp_torch.py" "${args[@]}" \
+    OMP_NUM_THREADS=1 "$py" "$root/scripts/bench/scaling/ddp_torch.py" "${args[@]}" \
       >"$out/$tag.jsonl" 2>"$out/$tag.log" ||
       { echo "$me: $tag failed:" >&2; tail -5 "$out/$tag.log" >&2; exit 1; }
     return
@@ -270,7 +262,7 @@ run_torch() {  # MODEL RATE|single ROUND
     rank=$([[ $side == a ]] && echo 0 || echo 1)
     RANK=$rank WORLD_SIZE=2 MASTER_ADDR=$subnet.1 MASTER_PORT=$((port + 1)) OMP_NUM_THREADS=1 \
       GLOO_SOCKET_IFNAME=veth-$side "$netem/exec.sh" "$side" --prefix "$prefix" -- \
-      /usr/bin/python3 "$root/scripts/bench/scaling/ddp_torch.py" "${args[@]}" \
+      "$py" "$root/scripts/bench/scaling/ddp_torch.py" "${args[@]}" \
       >"$out/$tag.rank$rank.jsonl" 2>"$out/$tag.rank$rank.log" &
     pids+=($!)
   done
@@ -297,8 +289,8 @@ for round in $(seq 1 "$rounds"); do
   done
   "$netem/down.sh" --prefix "$prefix"
 done
-echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/info.txt"
+bench_load after "$out/info.txt"
 
-/usr/bin/python3 "$root/scripts/bench/scaling/summarize.py" "$out" --warmup "$warmup_spec" \
+"$py" "$root/scripts/bench/scaling/summarize.py" "$out" --warmup "$warmup_spec" \
   --batch "$batch_spec" | tee "$out/summary.md"
 echo "$me: raw metrics and summary in $out" >&2

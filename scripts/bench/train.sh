@@ -5,8 +5,8 @@
 # The two alternate for --rounds rounds; each cell is the median round with [min, max], and the
 # ratio is of the medians. --profile adds Cortado's per-layer breakdown.
 #   scripts/bench/train.sh [--threads 2] [--iters 40] [--rounds 3] [--profile]
-set -euo pipefail
-cd "$(dirname "$0")/../.."
+# shellcheck source=common.sh
+source "$(dirname "$0")/common.sh"
 
 threads=2 iters=40 rounds=3 profile=""
 while [[ $# -gt 0 ]]; do
@@ -20,27 +20,28 @@ while [[ $# -gt 0 ]]; do
 done
 
 scripts/setup.sh --bench >/dev/null
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j2 --target cortado >/dev/null
+bench_cortado --build
+bench_load before
 
 printf '%-10s %6s %8s %26s %26s %8s\n' model batch threads "cortado img/s" "pytorch img/s" ratio
 summary() {  # "median [min, max]" of the numbers given
-  /usr/bin/python3 -c 'import sys, statistics as s; v = [float(x) for x in sys.argv[1:]]; print("%.1f [%.1f, %.1f]" % (s.median(v), min(v), max(v)))' "$@"
+  "$py" -c 'import sys, statistics as s; v = [float(x) for x in sys.argv[1:]]; print("%.1f [%.1f, %.1f]" % (s.median(v), min(v), max(v)))' "$@"
 }
-median() { /usr/bin/python3 -c 'import sys, statistics as s; print(s.median(float(x) for x in sys.argv[1:]))' "$@"; }
+median() { "$py" -c 'import sys, statistics as s; print(s.median(float(x) for x in sys.argv[1:]))' "$@"; }
 for model in lenet resnet20; do
   # Alternate the two frameworks, so that a burst of load on the shared machine hits both.
   cs=() ts=()
   for ((r = 0; r < rounds; r++)); do
-    cs+=("$(./build/tools/cortado bench train --config "configs/fashion_$model.yaml" \
-          --iters "$iters" --threads "$threads" --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["img_per_s"])')")
-    ts+=("$(/usr/bin/python3 scripts/bench/train_torch.py --model "$model" --iters "$iters" \
-          --threads "$threads" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["img_per_s"])')")
+    cs+=("$("$cortado" bench train --config "configs/fashion_$model.yaml" \
+          --iters "$iters" --threads "$threads" --json | "$py" -c 'import json,sys; print(json.load(sys.stdin)["img_per_s"])')")
+    ts+=("$("$py" scripts/bench/train_torch.py --model "$model" --iters "$iters" \
+          --threads "$threads" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["img_per_s"])')")
   done
   printf '%-10s %6d %8d %26s %26s %7.2fx\n' "$model" 128 "$threads" "$(summary "${cs[@]}")" \
-    "$(summary "${ts[@]}")" "$(/usr/bin/python3 -c "print($(median "${cs[@]}") / $(median "${ts[@]}"))")"
+    "$(summary "${ts[@]}")" "$("$py" -c "print($(median "${cs[@]}") / $(median "${ts[@]}"))")"
   if [[ -n $profile ]]; then
-    ./build/tools/cortado bench train --config "configs/fashion_$model.yaml" --iters "$iters" \
+    "$cortado" bench train --config "configs/fashion_$model.yaml" --iters "$iters" \
       --threads "$threads" --profile
   fi
 done
+bench_load after

@@ -21,15 +21,14 @@
 #                        [--lat-iters 20000] [--build DIR] [--no-gloo]
 # Needs: a build with the UCX transport (libucx-dev), ucx-utils (ucx_perftest), mpicc/mpirun,
 # and /usr/bin/python3 with torch for Gloo (scripts/setup.sh --bench).
-set -euo pipefail
+# shellcheck source=common.sh
+source "$(dirname "$0")/common.sh"
 
-root=$(cd "$(dirname "$0")/../.." && pwd)
 sizes=4K:128M
 ranks_list=2,4
 rounds=3
 lat_rounds=9
 lat_iters=20000
-build=""
 gloo=1
 while (($#)); do
   case "$1" in
@@ -60,19 +59,12 @@ hi=$(to_bytes "${sizes##*:}")
 for tool in mpicc mpirun ucx_perftest ucx_info; do
   command -v "$tool" >/dev/null || { echo "ucx.sh: '$tool' not found; run scripts/setup.sh --bench" >&2; exit 1; }
 done
-if ((gloo)) && ! /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
-  echo "ucx.sh: /usr/bin/python3 cannot import torch (Gloo); run scripts/setup.sh --bench or pass --no-gloo" >&2
+if ((gloo)) && ! "$py" -c 'import torch.distributed' 2>/dev/null; then
+  echo "ucx.sh: $py cannot import torch (Gloo); run scripts/setup.sh --bench or pass --no-gloo" >&2
   exit 1
 fi
 
-build=${build:-$root/build}
-if [[ ! -f "$build/CMakeCache.txt" ]]; then
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-fi
-echo "ucx.sh: building cortado in $build" >&2
-cmake --build "$build" -j "$(nproc)" --target cortado >"$build/ucx-bench-build.log" 2>&1 ||
-  echo "ucx.sh: warning: building cortado failed (see $build/ucx-bench-build.log)" >&2
-cortado="$build/tools/cortado"
+bench_cortado --build
 "$cortado" bench comm --help 2>/dev/null | grep -q -- --transport ||
   { echo "ucx.sh: $cortado has no bench comm --transport" >&2; exit 1; }
 
@@ -81,14 +73,14 @@ mkdir -p "$out"
 work=$(mktemp -d)
 cleanup() { kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 {
   echo "# $(date -Is) $(uname -srm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
-  echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "# cortado: $cortado ($(git -C "$root" rev-parse --short HEAD)); $(mpirun --version 2>&1 | head -1); $(ucx_info -v | head -1 | sed 's/^# //')"
   echo "# UCX transports here: $(ucx_info -d | awk '/Transport:/ {print $3}' | sort -u | tr '\n' ' ')"
 } | tee "$out/info.txt"
+bench_load before "$out/info.txt"
 
 mpicc -O2 -o "$work/mpi_allreduce" "$root/scripts/bench/comm/mpi_allreduce.c"
 mpi_flags=(--allow-run-as-root --oversubscribe)
@@ -120,7 +112,7 @@ for round in $(seq 1 "$rounds"); do
       port=$(free_port)
       for r in $(seq 0 $((n - 1))); do
         RANK=$r WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port OMP_NUM_THREADS=1 \
-          /usr/bin/python3 "$root/scripts/bench/comm/gloo_allreduce.py" "$lo" "$hi" > "$work/gloo.$r" &
+          "$py" "$root/scripts/bench/comm/gloo_allreduce.py" "$lo" "$hi" > "$work/gloo.$r" &
       done
       wait
       grep '^{' "$work/gloo.0" | sed 's/^{/{"contender":"Gloo",/' | tee -a "$out/runs.jsonl" >&2
@@ -160,6 +152,6 @@ for round in $(seq 1 "$lat_rounds"); do
       | grep '^{' | sed "s/^{/{\"contender\":\"Open MPI\",$tag/" | tee -a "$out/runs.jsonl" >&2
   done
 done
-echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/info.txt"
+bench_load after "$out/info.txt"
 
-/usr/bin/python3 "$root/scripts/bench/ucx/summarize.py" "$out/runs.jsonl" | tee "$out/summary.md"
+"$py" "$root/scripts/bench/ucx/summarize.py" "$out/runs.jsonl" | tee "$out/summary.md"

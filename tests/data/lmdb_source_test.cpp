@@ -1,7 +1,8 @@
 // LMDB sources end to end: convert a folder, then train and evaluate from it. Checks shapes,
 // labels, determinism across thread counts, resume, rank sharding, the short last evaluation
-// batch, corrupt records (skipped, counted, replaced), Caffe's raw BGR records, labels outside
-// the class list, and databases that a conversion did not finish (refused).
+// batch, corrupt records (training: counted and replaced; evaluation: counted and left out),
+// Caffe's raw BGR records, labels outside the class list, and databases that a conversion did
+// not finish (refused).
 #include "data/lmdb_source.h"
 
 #include <gtest/gtest.h>
@@ -208,12 +209,13 @@ TEST_F(LmdbSourceTest, EvaluationIsOnePassWithAShortLastBatch) {
   for (int c = 0; c < 3; ++c) EXPECT_EQ(per_class[c], 20);
 }
 
-// A database written record by record: good JPEGs with corrupt ones at 3 and 6, then checks
-// that they are skipped, counted and replaced by the next record.
-TEST_F(LmdbSourceTest, CorruptRecordsAreSkippedAndReplaced) {
-  const std::string db = *dir_ / "db_corrupt";
-  std::filesystem::create_directories(db);
-  {
+// A database written record by record: good JPEGs with corrupt ones at 3 and 6.
+class CorruptRecordsTest : public LmdbSourceTest {
+ protected:
+  static std::string Database() {
+    const std::string db = *dir_ / "db_corrupt";
+    if (std::filesystem::exists(db)) return db;
+    std::filesystem::create_directories(db);
     LmdbWriter writer(db);
     for (int i = 0; i < 10; ++i) {
       DatumFields f;
@@ -234,32 +236,97 @@ TEST_F(LmdbSourceTest, CorruptRecordsAreSkippedAndReplaced) {
       writer.Put(key, value);
     }
     writer.Close();
+    return db;
   }
-  DataOptions o = Options();
-  o.train = o.val = db;
-  o.batch_size = 5;
-  o.shuffle = false;
-  auto train = MakeTrainSource(o, ShardSpec{}, 1);
+  static DataOptions CorruptOptions() {
+    DataOptions o = Options();
+    o.train = o.val = Database();
+    o.batch_size = 5;
+    o.shuffle = false;
+    return o;
+  }
+};
+
+// Training keeps its batch size and step count: a corrupt record is replaced by the next one,
+// and counted.
+TEST_F(CorruptRecordsTest, TrainingReplacesThemAndCountsThem) {
+  auto train = MakeTrainSource(CorruptOptions(), ShardSpec{}, 1);
   EXPECT_EQ(train->num_classes(), -1);  // no classes.txt
   Batch batch;
   for (int b = 0; b < 4; ++b) {
     ASSERT_TRUE(train->Next(batch));
     EXPECT_EQ(batch.size, 5);
+    // Record 3 (label 1, position 3 of the first batch of each epoch) was replaced by record 4
+    // (label 0).
+    if (b % 2 == 0) {
+      EXPECT_EQ(Labels(batch), (std::vector<int32_t>{0, 1, 0, 0, 0}));
+    }
   }
   EXPECT_EQ(train->stats().skipped_records, 4);  // two per epoch, two epochs
-  auto eval = MakeEvalSource(o, ShardSpec{});
-  ASSERT_TRUE(eval->Next(batch));
+}
+
+// Evaluation scores every readable record exactly once and leaves the corrupt ones out (a
+// substitute would be scored twice, on several ranks often a record of another rank's shard);
+// they are counted and their keys named in a warning.
+TEST_F(CorruptRecordsTest, EvaluationLeavesThemOutAndNamesThem) {
+  // The labels of the records a pass must score, record by record: 0 1 2 4 5 7 8 9.
+  const std::vector<int32_t> readable = {0, 1, 0, 0, 1, 1, 0, 1};
+  ::testing::internal::CaptureStderr();
+  auto eval = MakeEvalSource(CorruptOptions(), ShardSpec{});
+  std::vector<int64_t> sizes;
+  std::vector<int32_t> labels;
+  std::vector<std::vector<float>> images;
+  Batch batch;
   const int plane = 3 * 32 * 32;
-  const std::vector<float> v = Floats(batch.images);
-  // Record 3 was replaced by record 4: same image, same label, in both slots.
-  EXPECT_TRUE(std::equal(v.begin() + 3 * plane, v.begin() + 4 * plane, v.begin() + 4 * plane));
-  EXPECT_EQ(Labels(batch)[3], Labels(batch)[4]);
-  ASSERT_TRUE(eval->Next(batch));
-  const std::vector<float> w = Floats(batch.images);
-  // Record 6 (position 1 of the second batch) was replaced by record 7.
-  EXPECT_TRUE(std::equal(w.begin() + plane, w.begin() + 2 * plane, w.begin() + 2 * plane));
-  EXPECT_FALSE(eval->Next(batch));
+  while (eval->Next(batch)) {
+    sizes.push_back(batch.size);
+    EXPECT_EQ(batch.images.dim(0), batch.size);
+    for (int32_t l : Labels(batch)) labels.push_back(l);
+    const std::vector<float> v = Floats(batch.images);
+    for (int64_t i = 0; i < batch.size; ++i) {
+      images.emplace_back(v.begin() + i * plane, v.begin() + (i + 1) * plane);
+    }
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(sizes, (std::vector<int64_t>{4, 4}));
+  EXPECT_EQ(labels, readable);
+  EXPECT_EQ(std::set<std::vector<float>>(images.begin(), images.end()).size(), images.size())
+      << "a record was scored twice";
   EXPECT_EQ(eval->stats().skipped_records, 2);
+  EXPECT_NE(log.find("'00000003_x'"), std::string::npos) << log;
+  EXPECT_NE(log.find("'00000006_x'"), std::string::npos) << log;
+  EXPECT_NE(log.find("left out of the evaluation"), std::string::npos) << log;
+  // A second pass counts them again, without repeating the warnings.
+  ::testing::internal::CaptureStderr();
+  eval->Start(0, 0);
+  int64_t images_again = 0;
+  while (eval->Next(batch)) images_again += batch.size;
+  EXPECT_EQ(::testing::internal::GetCapturedStderr().find("00000003_x"), std::string::npos);
+  EXPECT_EQ(images_again, 8);
+  EXPECT_EQ(eval->stats().skipped_records, 4);
+
+  // Two ranks: rank 0 has records 0 2 4 6 8, rank 1 has 1 3 5 7 9; each scores its own
+  // readable ones, and together they score the eight once.
+  int64_t total = 0, skipped = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    auto shard = MakeEvalSource(CorruptOptions(), ShardSpec{rank, 2});
+    while (shard->Next(batch)) total += batch.size;
+    EXPECT_EQ(shard->stats().skipped_records, 1) << "rank " << rank;
+    skipped += shard->stats().skipped_records;
+  }
+  EXPECT_EQ(total, 8);
+  EXPECT_EQ(skipped, 2);
+}
+
+// A batch whose records are all unreadable comes out empty, and the pass goes on.
+TEST_F(CorruptRecordsTest, AnEvaluationBatchOfUnreadableRecordsIsEmpty) {
+  DataOptions o = CorruptOptions();
+  o.val_batch_size = 1;
+  auto eval = MakeEvalSource(o, ShardSpec{});
+  std::vector<int64_t> sizes;
+  Batch batch;
+  while (eval->Next(batch)) sizes.push_back(batch.size);
+  EXPECT_EQ(sizes, (std::vector<int64_t>{1, 1, 1, 0, 1, 1, 0, 1, 1, 1}));
 }
 
 // Caffe's own records: raw uint8 BGR planes (encoded=false). They must give exactly what the

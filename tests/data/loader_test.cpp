@@ -1,5 +1,6 @@
 // BatchLoader: batches come out complete and in order whatever the thread timing; a short last
-// batch, the end of the stream, restarts and worker exceptions reach the consumer.
+// batch, the end of the stream, restarts, positions left out, and worker exceptions reach the
+// consumer.
 #include "data/loader.h"
 
 #include <gtest/gtest.h>
@@ -33,7 +34,7 @@ BatchLoader MakeLoader(int threads, int prefetch, int64_t batch_size, int64_t ba
     image[1] = static_cast<float>(b);
     *label = static_cast<int32_t>(pos);
     produced->fetch_add(1);
-    return int64_t{0};
+    return BatchLoader::Produced{};
   };
   return BatchLoader(threads, prefetch, batch_size, Shape{2}, plan, produce);
 }
@@ -100,6 +101,47 @@ TEST(Loader, WorkerErrorsReachTheConsumer) {
   // Start clears the error (the plan is the same, so it fails again at the same place).
   loader.Start();
   ASSERT_TRUE(loader.Next(batch, nullptr));
+}
+
+// Positions left out (unreadable records in evaluation) are removed from their batch, the
+// samples after them moved up in order; a batch of nothing but such positions comes out empty,
+// and the next batch in the same buffer is whole again.
+TEST(Loader, LeftOutPositionsAreRemovedFromTheirBatch) {
+  // Batch b holds samples 10 b + p for p < 4; odd samples of batch 0 and all of batch 1 are
+  // left out.
+  auto plan = [](int64_t b, std::vector<int64_t>* samples) {
+    if (b >= 6) return;
+    for (int64_t p = 0; p < 4; ++p) samples->push_back(10 * b + p);
+  };
+  auto produce = [](int, int64_t b, int64_t, int64_t sample, float* image, int32_t* label) {
+    image[0] = static_cast<float>(sample);
+    image[1] = -static_cast<float>(sample);
+    *label = static_cast<int32_t>(sample);
+    const bool out = b == 1 || (b == 0 && sample % 2 == 1);
+    return BatchLoader::Produced{out ? 1 : 0, out};
+  };
+  for (int threads : {1, 3}) {
+    BatchLoader loader(threads, 1, 4, Shape{2}, plan, produce);
+    loader.Start();
+    Batch batch;
+    int64_t skipped = 0;
+    std::vector<std::vector<int32_t>> labels;
+    while (loader.Next(batch, nullptr, &skipped)) {
+      ASSERT_EQ(batch.images.dim(0), batch.size);
+      ASSERT_EQ(batch.labels.dim(0), batch.size);
+      std::vector<int32_t> l(batch.labels.data<int32_t>(),
+                             batch.labels.data<int32_t>() + batch.size);
+      for (int64_t i = 0; i < batch.size; ++i) {
+        EXPECT_EQ(batch.images.data<float>()[2 * i], static_cast<float>(l[i]));
+        EXPECT_EQ(batch.images.data<float>()[2 * i + 1], -static_cast<float>(l[i]));
+      }
+      labels.push_back(l);
+    }
+    const std::vector<std::vector<int32_t>> want = {
+        {0, 2}, {}, {20, 21, 22, 23}, {30, 31, 32, 33}, {40, 41, 42, 43}, {50, 51, 52, 53}};
+    EXPECT_EQ(labels, want) << threads << " thread(s)";
+    EXPECT_EQ(skipped, 6);
+  }
 }
 
 TEST(Loader, StopsCleanlyWhileWorkersWait) {

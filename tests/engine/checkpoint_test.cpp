@@ -137,6 +137,30 @@ TEST_F(CheckpointTest, ListNewestFirstAndPruneOnlyThisRun) {
   }
 }
 
+// Past 10^8 iterations the names grow a digit ("ckpt-100000000" sorts before "ckpt-99999999"
+// as text): the order, what --resume auto takes and what pruning keeps follow the number.
+TEST_F(CheckpointTest, NamesPastTenToTheEighthSortByIteration) {
+  for (int64_t it : {99999999LL, 100000000LL, 100000010LL, 7LL}) {
+    SaveCheckpoint(OfRun(Sample(), "ours"), (dir_ / CheckpointFileName(it)).string());
+  }
+  // Not a checkpoint name, though it starts like one: never listed.
+  std::ofstream(dir_ / "ckpt-latest.cortado") << "x";
+  std::vector<std::string> all = ListCheckpoints(dir_.string());
+  ASSERT_EQ(all.size(), 4u);
+  EXPECT_EQ(fs::path(all[0]).filename(), CheckpointFileName(100000010));
+  EXPECT_EQ(fs::path(all[1]).filename(), CheckpointFileName(100000000));
+  EXPECT_EQ(fs::path(all[2]).filename(), CheckpointFileName(99999999));
+  EXPECT_EQ(fs::path(all[3]).filename(), CheckpointFileName(7));
+  Checkpoint newest;
+  EXPECT_EQ(fs::path(NewestLoadableCheckpoint(dir_.string(), &newest)).filename(),
+            CheckpointFileName(100000010));
+  PruneCheckpoints(dir_.string(), 2, "ours");
+  EXPECT_TRUE(fs::exists(dir_ / CheckpointFileName(100000010)));
+  EXPECT_TRUE(fs::exists(dir_ / CheckpointFileName(100000000)));
+  EXPECT_FALSE(fs::exists(dir_ / CheckpointFileName(99999999)));
+  EXPECT_FALSE(fs::exists(dir_ / CheckpointFileName(7)));
+}
+
 TEST_F(CheckpointTest, MetaIsReadWithoutTheTensors) {
   Checkpoint c = OfRun(Sample(), "abc");
   c.meta["config"] = std::string(300000, 'y');  // metadata longer than the first read

@@ -1,7 +1,8 @@
 // DataParallel's layout and single-rank behaviour: gradients seated as views in one block in
 // reverse layer order, buckets of whole parameters with a small first and last bucket, and a
 // step with one rank that leaves the gradients exactly as backward wrote them. (Several ranks:
-// tests/tools/data_parallel_test.cpp, as processes.)
+// tests/tools/data_parallel_test.cpp, as processes.) A discarded step leaves the error-feedback
+// residual as it was.
 #include "engine/data_parallel.h"
 
 #include <gtest/gtest.h>
@@ -26,6 +27,13 @@ NetSpec Model(const std::string& name, int64_t side, int64_t channels, int64_t b
   o.height = o.width = side;
   o.batch_size = batch;
   return BuildModel(name, o);
+}
+
+// Every weight's gradient in `codec` (batch-norm parameters and biases stay f32).
+void UseCodec(Net& net, const std::string& codec) {
+  CodecPolicy policy;
+  policy.codec = codec;
+  ApplyCodecPolicy(net, policy);
 }
 
 // Checks the invariants of a layout and returns the bucket sizes in bytes.
@@ -179,6 +187,48 @@ TEST(DataParallel, OneRankLeavesGradientsAsBackwardWroteThem) {
   }
 }
 
+// Error feedback through a step that is not applied: encoding folds the residual into the
+// gradients (with one rank the whole residual goes into them), so a skipped step must put it
+// back bitwise; an applied step keeps what the encoding left.
+TEST(DataParallel, DiscardStepPutsTheResidualBackBitwise) {
+  auto comm = OneRank();
+  Net net(Model("resnet20", 12, 1, 2), 7);
+  UseCodec(net, "epgc8");
+  DataParallelOptions o;
+  o.error_feedback = true;
+  DataParallel dp(net, *comm, o);
+  Tensor residual = dp.residual().Clone();
+  Rng rng(3);
+  for (int64_t i = 0; i < residual.numel(); ++i) {
+    residual.data<float>()[i] = static_cast<float>(rng.Normal(0, 1e-3));
+  }
+  dp.SetResidual(residual);
+  auto step = [&] {
+    Rng data(5);
+    Tensor& x = net.input("data");
+    for (int64_t i = 0; i < x.numel(); ++i)
+      x.data<float>()[i] = static_cast<float>(data.Normal(0, 1));
+    for (int64_t i = 0; i < 2; ++i) net.input("label").data<int32_t>()[i] = static_cast<int32_t>(i);
+    dp.BeginStep(1);
+    dp.SetControl(net.Forward(), false);
+    net.Backward();
+    dp.FinishStep();
+  };
+  auto same = [&](const Tensor& a) {
+    return std::memcmp(a.raw_data(), dp.residual().raw_data(), a.nbytes()) == 0;
+  };
+  step();
+  EXPECT_FALSE(same(residual)) << "the step did not use the residual";
+  dp.DiscardStep();
+  EXPECT_TRUE(same(residual));
+  step();
+  const Tensor applied = dp.residual().Clone();
+  EXPECT_FALSE(same(residual));
+  step();  // BeginStep keeps the residual the applied step left, not the first one
+  dp.DiscardStep();
+  EXPECT_TRUE(same(applied));
+}
+
 // The codec policy: batch-norm parameters and biases stay f32 by default, overrides by name
 // pattern win (the first that matches), and a pattern that matches nothing is an error.
 TEST(DataParallel, CodecPolicyKeepsNormAndBiasInF32AndAppliesOverrides) {
@@ -222,9 +272,7 @@ TEST(DataParallel, CodecPolicyKeepsNormAndBiasInF32AndAppliesOverrides) {
 TEST(DataParallel, BucketsNeverMixCodecsAndTheControlWordsStayF32) {
   auto comm = OneRank();
   Net net(Model("resnet20", 28, 1, 1), 1);
-  CodecPolicy policy;
-  policy.codec = "epgc11";
-  ApplyCodecPolicy(net, policy);
+  UseCodec(net, "epgc11");
   DataParallelOptions o;
   DataParallel dp(net, *comm, o);
   CheckLayout(net, dp, o);

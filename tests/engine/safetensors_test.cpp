@@ -100,6 +100,14 @@ TEST(Safetensors, DamagedFilesAreRefusedNamingFileAndTensor) {
       {Raw(R"({"__metadata__":{"k":1}})", ""), "'k' is not a string"},
       {Raw(R"({"a":{"dtype":"F32","shape":[4611686018427387904,8],"data_offsets":[0,4]}})", four),
        "too large"},
+      // Counts whose size in bytes wraps to 0 in 64 bits: 2^61 F64 values, 2^62 F32 values.
+      {Raw(R"({"a":{"dtype":"F64","shape":[2305843009213693952],"data_offsets":[0,0]}})", ""),
+       "too large"},
+      {Raw(R"({"a":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})", ""),
+       "too large"},
+      // A dimension beyond int64 behind a zero one (0 values, but no shape a tensor can take).
+      {Raw(R"({"a":{"dtype":"F32","shape":[0,9223372036854775808],"data_offsets":[0,0]}})", ""),
+       "too large"},
   };
   for (const Case& c : cases) {
     const std::string e = ErrorOf([&] { ParseSafetensors(c.bytes, "m.safetensors"); });

@@ -87,7 +87,7 @@ Bytes ReadFile(const fs::path& path) {
 }
 
 // Tokens that mean something to one of the parsers (YAML syntax and keys, numbers at the
-// edges of their types, JPEG markers).
+// edges of their types, JPEG markers, IDX magics and a big-endian 2^30).
 const std::vector<std::string>& Dictionary() {
   static const std::vector<std::string> words = {":",
                                                  "\n",
@@ -133,7 +133,10 @@ const std::vector<std::string>& Dictionary() {
                                                  "\xff\xc4",
                                                  "\xff\xda",
                                                  "\xff\xd9",
-                                                 "\xff\xdb"};
+                                                 "\xff\xdb",
+                                                 std::string("\0\0\x08\x03", 4),
+                                                 std::string("\0\0\x08\x01", 4),
+                                                 std::string("\x40\0\0\0", 4)};
   return words;
 }
 

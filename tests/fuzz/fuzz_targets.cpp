@@ -9,18 +9,19 @@
 #include <string>
 #include <vector>
 
+#include "bootstrap/store_wire.h"
 #include "cortado/dist/error.h"
+#include "data/idx_source.h"
 #include "data/record_decoder.h"
 #include "engine/checkpoint.h"
 #include "engine/error.h"
 #include "engine/net.h"
 #include "engine/safetensors.h"
 #include "engine/yaml_config.h"
-#include "frames.h"
 #include "models/builders.h"
-#include "store_wire.h"
 #include "tools/run_config.h"
 #include "tools/weights.h"
+#include "transport/tcp/frames.h"
 
 namespace cortado::fuzz {
 namespace {
@@ -76,6 +77,51 @@ void Record(const uint8_t* data, size_t size) {
   }
 }
 
+// An IDX images file followed by its labels file (split at the first labels magic after the
+// images header), as ReadIdxDataset parses them once decompressed. A pair it accepts must hold
+// count x height x width pixels and count labels; the last pixel is read, so that a size that
+// wrapped shows under ASan as well.
+void Idx(const uint8_t* data, size_t size) {
+  static const uint8_t kLabelsMagic[] = {0, 0, 8, 1};
+  const uint8_t* end = data + size;
+  const uint8_t* split =
+      size > 16 ? std::search(data + 16, end, std::begin(kLabelsMagic), std::end(kLabelsMagic))
+                : end;
+  const std::vector<uint8_t> images(data, split), labels(split, end);
+  try {
+    const IdxDataset d =
+        ParseIdxDataset(images, labels, "fuzz-images-idx3-ubyte", "fuzz-labels-idx1-ubyte");
+    uint64_t pixels = 0;
+    if (__builtin_mul_overflow(static_cast<uint64_t>(d.count), static_cast<uint64_t>(d.height),
+                               &pixels) ||
+        __builtin_mul_overflow(pixels, static_cast<uint64_t>(d.width), &pixels) ||
+        d.pixels.size() != pixels || d.labels.size() != static_cast<uint64_t>(d.count)) {
+      std::fprintf(stderr,
+                   "IDX pair accepted with %zu pixels and %zu labels for %lld x %lld x %lld\n",
+                   d.pixels.size(), d.labels.size(), static_cast<long long>(d.count),
+                   static_cast<long long>(d.height), static_cast<long long>(d.width));
+      std::abort();
+    }
+    volatile uint8_t last = d.pixels.empty() ? 0 : d.pixels[static_cast<size_t>(pixels) - 1];
+    (void)last;
+  } catch (const Error&) {
+  }
+}
+
+// An accepted safetensors entry must hold exactly its shape's bytes, counted without wrapping.
+void CheckEntrySize(const SafetensorsEntry& e) {
+  uint64_t bytes = SafetensorsDTypeSize(e.dtype);
+  bool wrapped = false;
+  for (int64_t d : e.shape) {
+    wrapped |= d < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes);
+  }
+  if (wrapped || bytes != e.bytes.size()) {
+    std::fprintf(stderr, "safetensors entry '%s' accepted with %zu bytes for its shape\n",
+                 e.name.c_str(), e.bytes.size());
+    std::abort();
+  }
+}
+
 // A weights file (safetensors) loaded into a ResNet-18 of width 1, as `cortado train
 // --weights` loads one: header and entries checked, tensors converted, shapes compared.
 void Weights(const uint8_t* data, size_t size) {
@@ -89,6 +135,7 @@ void Weights(const uint8_t* data, size_t size) {
   }();
   try {
     const Safetensors file = ParseSafetensors(Text(data, size), "fuzz.safetensors");
+    for (const SafetensorsEntry& e : file.entries) CheckEntrySize(e);
     tools::LoadWeights(*net, "resnet18", file, "fuzz.safetensors", /*strict=*/false);
   } catch (const Error&) {
   }
@@ -174,6 +221,7 @@ const Target kTargets[] = {
     {"checkpoint", "checkpoint file and payload: ParseCheckpoint", CheckpointFile},
     {"record", "LMDB record: Datum parser, image decode, transforms (RecordDecoder)", Record},
     {"weights", "weights file: ParseSafetensors + LoadWeights into a ResNet-18", Weights},
+    {"idx", "IDX images and labels files (MNIST's format): ParseIdxDataset", Idx},
     {"frames", "TCP transport frames: handshake, hello check, header checks, control payloads",
      Frames},
     {"store", "TCP store messages: hello check, requests (round trip), replies", Store},

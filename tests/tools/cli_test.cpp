@@ -380,7 +380,8 @@ TEST_F(CliTest, EvalNeedsOnlyTheCheckpoint) {
             0)
       << err;
   const std::string ckpt = (dir_ / "ckpt" / "ckpt-00000010.cortado").string();
-  const std::regex json(R"(^\{"top1":[0-9.]+,"top5":[0-9.]+,"loss":[0-9.]+,"images":100\}\n$)");
+  const std::regex json(
+      R"(^\{"top1":[0-9.]+,"top5":[0-9.]+,"loss":[0-9.]+,"images":100,"skipped":0\}\n$)");
   // The stored config, with no --config.
   ASSERT_EQ(Cortado("eval --checkpoint " + ckpt + " --json --no-progress", &out, &err), 0) << err;
   EXPECT_TRUE(std::regex_search(out, json)) << out;
@@ -592,6 +593,48 @@ TEST_F(CliTest, InspectShowsTheStoredConfigTensorsDataAndDatabases) {
       << out;
 }
 
+// The shipped ImageNet recipe on a machine without ImageNet: inspect still shows the net, built
+// from the model section (num_classes) and the data section (3 x crop x crop), and says that
+// the data is missing; train --dry-run shows the same net and then fails on the data, as
+// training would. IDX files carry their image size, so without them there is no net to show.
+TEST_F(CliTest, InspectAndDryRunShowTheNetWhenTheDataIsMissing) {
+  const std::string recipe = std::string(CORTADO_SOURCE_DIR) + "/configs/resnet50.yaml";
+  const std::string gone = " --set data.train=" + (dir_ / "no_train_lmdb").string() +
+                           " --set data.val=" + (dir_ / "no_val_lmdb").string() +
+                           " --set data.batch_size=1";
+  std::string out, err;
+  ASSERT_EQ(Cortado("inspect --config " + recipe + gone, &out, &err), 0) << err;
+  EXPECT_TRUE(
+      std::regex_search(out, std::regex(R"(\nlogits +InnerProduct +\[1, 1000\] +2049000\n)")))
+      << out;
+  EXPECT_NE(out.find("total parameters: 25557032"), std::string::npos) << out;
+  EXPECT_NE(out.find("note: --set data.train=" + (dir_ / "no_train_lmdb").string() +
+                     ": data.train: '" + (dir_ / "no_train_lmdb").string() + "' does not exist"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("input [3, 224, 224]"), std::string::npos) << out;
+
+  EXPECT_EQ(Cortado("train --dry-run --config " + recipe + gone, &out, &err), 1);
+  EXPECT_NE(out.find("total parameters: 25557032"), std::string::npos) << out;
+  EXPECT_EQ(out.find("dry run: the config"), std::string::npos) << out;
+  ExpectOneLineError(err, "train", "dry run without data");
+  EXPECT_NE(err.find("data.train: '" + (dir_ / "no_train_lmdb").string() + "' does not exist"),
+            std::string::npos)
+      << err;
+
+  // Without num_classes the data would have to say: the error of the data stands.
+  EXPECT_EQ(Cortado("inspect --config " + recipe + gone + " --set model.num_classes=0", &out, &err),
+            1);
+  ExpectOneLineError(err, "inspect", "no classes");
+  EXPECT_NE(err.find("does not exist"), std::string::npos) << err;
+  // IDX: the files say the image size.
+  EXPECT_EQ(Cortado("inspect --config " + Config() +
+                        " --set data.train=" + (dir_ / "gone-images-idx3-ubyte.gz").string(),
+                    &out, &err),
+            1);
+  EXPECT_NE(err.find("gone-images-idx3-ubyte.gz' does not exist"), std::string::npos) << err;
+}
+
 TEST_F(CliTest, HelpShowsEveryDefault) {
   std::string out, err;
   ASSERT_EQ(Cortado("help bench train", &out, &err), 0);
@@ -755,6 +798,96 @@ TEST_F(CliTest, TheMetricsFileHasShortestNumbersTimesAndStartAndResumeEvents) {
     }
   }
   EXPECT_EQ(starts, (std::vector<std::string>{"start@0", "resume@6"}));
+}
+
+// A database with an unreadable record (record 4 of 10, a truncated JPEG). Evaluation scores
+// each readable record once and counts the other: on one rank and on two, where rank 0's
+// substitute used to be record 5 of rank 1's shard, scored twice; "skipped" in --json, a
+// warning naming the key, and in a training run's eval log and metrics. Training substitutes
+// the next record and counts how often in its log and metrics.
+TEST_F(CliTest, EvalSkipsAndCountsUnreadableRecordsAndTrainingCountsItsSubstitutes) {
+  const std::string db = (dir_ / "db").string();
+  {
+    fs::create_directories(db);
+    LmdbWriter writer(db);
+    JpegEncoder encoder;
+    ImageU8 image;
+    image.Reshape(40, 36, 3);
+    for (int i = 0; i < 10; ++i) {
+      for (size_t p = 0; p < image.pixels.size(); ++p) {
+        image.pixels[p] = static_cast<uint8_t>((p * (i + 3) * 7) % 251);
+      }
+      std::string jpeg;
+      encoder.Encode(image, 90, false, &jpeg);
+      if (i == 4) jpeg.resize(50);  // cut inside the header
+      DatumFields f;
+      f.label = i % 3;
+      f.encoded = true;
+      f.channels = 3;
+      writer.Put(StrCat("rec", i), SerializeDatum(f, jpeg));
+    }
+    writer.Close();
+  }
+  const std::string config = (dir_ / "lmdb.yaml").string();
+  std::ofstream(config)
+      << "seed: 3\n"
+      << "model:\n"
+      << "  num_classes: 3\n"
+      << "  layers:\n"
+      << "    - {name: conv, type: Convolution, inputs: data, outputs: conv, num_output: 4, "
+         "kernel: 3, stride: 2}\n"
+      << "    - {name: logits, type: InnerProduct, inputs: conv, outputs: logits, num_output: 3}\n"
+      << "    - {name: loss, type: SoftmaxWithLoss, inputs: [logits, label], outputs: loss}\n"
+      << "    - {name: top1, type: Accuracy, inputs: [logits, label], outputs: top1, top_k: 1}\n"
+      << "    - {name: top5, type: Accuracy, inputs: [logits, label], outputs: top5, top_k: 2}\n"
+      << "data: {type: lmdb, train: " << db << ", val: " << db
+      << ", batch_size: 4, val_batch_size: 3, crop: 16, val_resize: 20, shuffle: false}\n"
+      << "solver: {base_lr: 0.01, max_iter: 4}\n"
+      << "checkpoint: {dir: " << (dir_ / "ckpt").string() << "}\n"
+      << "log: {interval: 2}\n";
+  const fs::path metrics = dir_ / "m.jsonl";
+  std::string out, err;
+  ASSERT_EQ(Cortado("train --no-progress --threads 2 --config " + config + " --metrics " +
+                        metrics.string(),
+                    nullptr, &err),
+            0)
+      << err;
+  // An epoch is records 0-7 (shuffle off, drop_last): record 4 is replaced once per epoch.
+  EXPECT_NE(err.find("2 corrupt record(s) replaced"), std::string::npos) << err;
+  EXPECT_NE(err.find("9 images, 1 unreadable record(s) skipped"), std::string::npos) << err;
+  int64_t last_replaced = -1, eval_skipped = -1, eval_images = -1;
+  for (const std::string& line : SplitLines(ReadFile(metrics))) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j["event"] == "train") last_replaced = j.value("replaced_records", int64_t{-1});
+    if (j["event"] == "eval") {
+      eval_skipped = j.value("skipped", int64_t{-1});
+      eval_images = j.value("images", int64_t{-1});
+    }
+  }
+  EXPECT_EQ(last_replaced, 2);
+  EXPECT_EQ(eval_images, 9);
+  EXPECT_EQ(eval_skipped, 1);
+
+  const std::string ckpt = (dir_ / "ckpt" / "ckpt-00000004.cortado").string();
+  ASSERT_EQ(Cortado("eval --json --threads 1 --checkpoint " + ckpt, &out, &err), 0) << err;
+  const nlohmann::json one = nlohmann::json::parse(out);
+  EXPECT_EQ(one["images"].get<int64_t>(), 9) << out;
+  EXPECT_EQ(one["skipped"].get<int64_t>(), 1) << out;
+  EXPECT_NE(err.find("'rec4'"), std::string::npos) << err;
+  // Two ranks split the records (rank 0 has rec0, rec2, rec4, ...) and add up to the same
+  // counts and the same accuracy: no record scored twice.
+  ASSERT_EQ(Cortado("launch --nproc 2 -- " + CortadoBinary() +
+                        " eval --json --threads 1 --checkpoint " + ckpt,
+                    &out, &err),
+            0)
+      << err;
+  // Rank 0 prints the totals (its lines prefixed "[0] " by the launcher).
+  ASSERT_NE(out.find('{'), std::string::npos) << out;
+  const nlohmann::json two = nlohmann::json::parse(out.substr(out.find('{')));
+  EXPECT_EQ(two["images"].get<int64_t>(), 9) << out;
+  EXPECT_EQ(two["skipped"].get<int64_t>(), 1) << out;
+  EXPECT_EQ(two["top1"], one["top1"]) << out;
+  EXPECT_EQ(two["top5"], one["top5"]) << out;
 }
 
 // The ImageNet guide's validation step: a flat folder plus Kaggle's label file -> a list file

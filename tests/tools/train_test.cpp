@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <sstream>
 
@@ -72,13 +73,18 @@ class TrainTest : public ::testing::Test {
   fs::path dir_;
 };
 
-std::string ErrorOf(const std::string& path, const std::vector<std::string>& sets = {}) {
+// The message of the cortado::Error that f throws, "" when it throws none.
+std::string ErrorThrownBy(const std::function<void()>& f) {
   try {
-    LoadRunConfig(path, sets);
+    f();
   } catch (const Error& e) {
     return e.what();
   }
   return "";
+}
+
+std::string ErrorOf(const std::string& path, const std::vector<std::string>& sets = {}) {
+  return ErrorThrownBy([&] { LoadRunConfig(path, sets); });
 }
 
 TEST_F(TrainTest, BadConfigsStopWithTheKeyAndPlace) {
@@ -281,12 +287,7 @@ TEST_F(TrainTest, AnOverflowSkipsTheStepAndBacksOffTheScale) {
   Checkpoint before = run("before", 2, "dynamic");
   ::setenv("CORTADO_TEST_INF_GRADIENT", "0:2", 1);
   Checkpoint after = run("after", 3, "dynamic");
-  std::string err;
-  try {
-    run("static", 3, "256");
-  } catch (const Error& e) {
-    err = e.what();
-  }
+  const std::string err = ErrorThrownBy([&] { run("static", 3, "256"); });
   ::unsetenv("CORTADO_TEST_INF_GRADIENT");
   EXPECT_NE(err.find("the gradients are not finite at iteration 2 with the static loss scale 256"),
             std::string::npos)
@@ -301,6 +302,72 @@ TEST_F(TrainTest, AnOverflowSkipsTheStepAndBacksOffTheScale) {
   const double* s1 = after.Find("loss_scaler/state")->data<double>();
   EXPECT_EQ(s1[0], s0[0] * 0.5);
   EXPECT_EQ(s1[2], s0[2] + 1);  // skipped steps
+}
+
+// An fp16 forward pass that overflows (inputs far beyond f16's range: data.std 1e-9) gives a
+// non-finite loss. With a dynamic scale every such step is skipped and the scale backs off, as
+// PyTorch's GradScaler does: the weights, momentum and batch-norm statistics stay as they were
+// (the statistics forward moved to inf are put back). With loss_scale 1 the run stops naming
+// the iteration.
+TEST_F(TrainTest, AnOverflowingForwardPassSkipsTheStepWithADynamicScale) {
+  const std::string model =
+      "model:\n"
+      "  layers:\n"
+      "    - {name: conv, type: Convolution, inputs: data, outputs: conv, num_output: 4, "
+      "kernel: 3}\n"
+      "    - {name: relu, type: ReLU, inputs: conv, outputs: relu}\n"
+      "    - {name: bn, type: BatchNorm, inputs: relu, outputs: bn}\n"
+      "    - {name: logits, type: InnerProduct, inputs: bn, outputs: logits, num_output: 10}\n"
+      "    - {name: loss, type: SoftmaxWithLoss, inputs: [logits, label], outputs: loss}\n";
+  const fs::path path = dir_ / "overflow.yaml";
+  std::ofstream(path) << "seed: 3\n"
+                      << model << "data: {type: idx, train: "
+                      << (dir_ / "train-images-idx3-ubyte.gz").string()
+                      << ", batch_size: 16, std: [1.0e-9]}\n"
+                      << "solver: {base_lr: 0.05, momentum: 0.9, max_iter: 3}\n"
+                      << "checkpoint: {dir: " << (dir_ / "ckpt").string() << "}\n"
+                      << "precision: {compute: fp16}\n";
+  const RunConfig config = LoadRunConfig(path.string(), {});
+  Checkpoint initial;
+  Trainer(config).net().SaveState(initial);
+  Trainer t(config);
+  ASSERT_EQ(t.Run(TrainOptions{}), 0);
+  const Checkpoint c = LoadCheckpoint(ListCheckpoints((dir_ / "ckpt").string())[0]);
+  const double* state = c.Find("loss_scaler/state")->data<double>();
+  EXPECT_EQ(state[2], 3) << "skipped steps";
+  EXPECT_EQ(state[0], 65536.0 / 8);
+  int compared = 0;
+  for (const auto& [name, v] : initial.tensors) {
+    if (name.rfind("param/", 0) != 0 && name.rfind("buffer/", 0) != 0) continue;
+    const Tensor* u = c.Find(name);
+    ASSERT_NE(u, nullptr) << name;
+    EXPECT_EQ(std::memcmp(v.raw_data(), u->raw_data(), v.nbytes()), 0) << name;
+    ++compared;
+  }
+  EXPECT_GE(compared, 8);  // conv, bn, logits parameters and bn's statistics
+  const std::string err = ErrorThrownBy([&] {
+    Trainer(LoadRunConfig(path.string(), {"precision.loss_scale=1",
+                                          "checkpoint.dir=" + (dir_ / "unscaled").string()}))
+        .Run(TrainOptions{});
+  });
+  EXPECT_NE(err.find("at iteration 0"), std::string::npos) << err;
+}
+
+// bf16 has no loss scale by default, and its gradients are checked all the same: a non-finite
+// one stops the run naming the iteration, instead of reaching the weights.
+TEST_F(TrainTest, WithoutALossScaleANonFiniteGradientStopsTheRunNamingTheIteration) {
+  const std::string config = Config();
+  ::setenv("CORTADO_TEST_INF_GRADIENT", "0:2", 1);
+  const std::string err = ErrorThrownBy([&] {
+    Trainer t(LoadRunConfig(config, {"precision.compute=bf16"}));
+    TrainOptions o;
+    o.stop_at = 4;
+    t.Run(o);
+  });
+  ::unsetenv("CORTADO_TEST_INF_GRADIENT");
+  EXPECT_NE(err.find("the gradients are not finite at iteration 2 without loss scaling"),
+            std::string::npos)
+      << err;
 }
 
 TEST_F(TrainTest, ResumeAutoWithoutCheckpointsStartsFresh) {
@@ -595,7 +662,8 @@ TEST_F(TrainTest, EvalCommandPrintsJson) {
   std::string out = buf;
   if (!out.empty() && out.back() == '\n') out.pop_back();
   EXPECT_TRUE(std::regex_search(
-      out, std::regex(R"(^\{"top1":[0-9.]+,"top5":[0-9.]+,"loss":[0-9.]+,"images":100\}$)")))
+      out,
+      std::regex(R"(^\{"top1":[0-9.]+,"top5":[0-9.]+,"loss":[0-9.]+,"images":100,"skipped":0\}$)")))
       << out;
 }
 

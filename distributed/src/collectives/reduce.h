@@ -18,8 +18,9 @@ void Reduce(void* dst, const void* a, const void* b, size_t count, DataType type
 // data[i] /= divisor (the last step of kAvg); a no-op for other ops or divisor 1.
 void Finalize(void* data, size_t count, DataType type, ReduceOp op, int divisor);
 
-// The first pass of a compressed all-reduce: data[i] = data[i] * scale + residual[i] and
-// residual[i] = 0 (residual may be null: data[i] *= scale).
+// The first pass of a compressed all-reduce: data[i] = data[i] * scale + residual[i], the
+// product rounded to f32 before the sum (never fused: the file is built with -ffp-contract=off),
+// and residual[i] = 0 (residual may be null: data[i] *= scale).
 void ScaleAndFeedBack(float* data, size_t count, float scale, float* residual);
 
 // The stochastic-rounding stream of one encoding site of a compressed all-reduce: each rank and

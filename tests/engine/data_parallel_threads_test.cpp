@@ -1,0 +1,148 @@
+// Two data-parallel ranks as threads of one process, training a small net with batch norm: with
+// overlap on, each training thread writes gradient views of its block during backward while its
+// communicator's worker thread all-reduces the buckets finished before; synchronized batch norm
+// reduces its statistics in forward and backward over a second communicator (Split) with a
+// worker thread of its own; both ranks share the engine's thread pool. The ranks end bitwise
+// alike, and what they changed equals what one process changes with the combined batch.
+// Built into test_concurrency too, for the TSan stage of scripts/test.sh: the point is the
+// threads, which the process tests of tests/tools hide from TSan.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "cortado/dist/store.h"
+#include "engine/checkpoint.h"
+#include "engine/data_parallel.h"
+#include "engine/random.h"
+#include "engine/solver.h"
+#include "engine/sync_batch_norm.h"
+#include "engine/thread_pool.h"
+#include "models/builders.h"
+
+namespace cortado {
+namespace {
+
+constexpr int kRanks = 2, kBatch = 3, kSteps = 3;
+constexpr double kLr = 0.05;
+
+// ResNet-20 (CIFAR-style) on 2 x 8 x 8 images, 5 classes: 19 batch norms (reductions in forward
+// and in backward) and gradients in many buckets.
+NetSpec Spec(int64_t batch) {
+  ModelOptions o;
+  o.num_classes = 5;
+  o.in_channels = 2;
+  o.height = o.width = 8;
+  o.batch_size = batch;
+  return BuildModel("resnet20", o);
+}
+
+// Sample g of the global batch of a step; rank r's local sample j is global sample r + j * W,
+// as the samplers lay out a global batch.
+void FillSample(Net& net, int64_t local, int step, int64_t global) {
+  Tensor& x = net.input("data");
+  const int64_t plane = x.numel() / x.dim(0);
+  Rng rng(static_cast<uint64_t>(1000 * step + global));
+  for (int64_t i = 0; i < plane; ++i) x.data<double>()[local * plane + i] = rng.Normal(0, 1);
+  net.input("label").data<int32_t>()[local] = static_cast<int32_t>((global * 3 + step) % 5);
+}
+
+// A copy of the net's and solver's state (checkpoint tensors share the live storage).
+Checkpoint StateOf(Net& net, SgdSolver& solver) {
+  Checkpoint c;
+  net.SaveState(c);
+  solver.SaveState(c);
+  for (auto& [name, t] : c.tensors) t = t.Clone();
+  return c;
+}
+
+TEST(DataParallelThreads, TwoRanksWithOverlapAndSyncBatchNormTrainAsOneProcess) {
+  SetNumThreads(2);
+  SgdOptions sgd;
+  sgd.momentum = 0.9;
+  sgd.weight_decay = 1e-4;
+
+  // One process with the combined batch.
+  Net one(Spec(kRanks * kBatch), 11, DType::kF64);
+  SgdSolver one_solver(one.params(), sgd);
+  const Checkpoint start = StateOf(one, one_solver);
+  for (int step = 0; step < kSteps; ++step) {
+    for (int64_t g = 0; g < kRanks * kBatch; ++g) FillSample(one, g, step, g);
+    one.Forward();
+    one.Backward();
+    one_solver.Step(kLr);
+  }
+  const Checkpoint want = StateOf(one, one_solver);
+
+  dist::InMemoryStore store;
+  std::vector<Checkpoint> got(kRanks);
+  std::vector<std::string> errors(kRanks);
+  std::vector<size_t> buckets(kRanks);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kRanks; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        dist::CommConfig config;
+        config.rank = r;
+        config.world_size = kRanks;
+        config.store = &store;
+        std::unique_ptr<dist::Communicator> comm = dist::CreateCommunicator(config);
+        SyncBatchNormReducer bn(comm->Split(0, r));
+        Net net(Spec(kBatch), 11, DType::kF64);
+        net.context().batch_stats = &bn;
+        net.context().sync_batch_norm = true;
+        net.context().sample_base = r;
+        net.context().sample_stride = kRanks;
+        DataParallelOptions options;
+        options.overlap = true;
+        options.bucket_mb = options.first_bucket_mb = options.last_bucket_mb = 0.05;
+        DataParallel dp(net, *comm, options);
+        buckets[static_cast<size_t>(r)] = dp.buckets().size();
+        SgdSolver solver(net.params(), sgd);
+        for (int step = 0; step < kSteps; ++step) {
+          for (int64_t j = 0; j < kBatch; ++j) FillSample(net, j, step, r + j * kRanks);
+          dp.BeginStep(step);
+          dp.SetControl(net.Forward(), false);
+          net.Backward();
+          dp.FinishStep();
+          solver.Step(kLr);
+        }
+        got[static_cast<size_t>(r)] = StateOf(net, solver);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < kRanks; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  EXPECT_GE(buckets[0], 4u) << "too few buckets to overlap anything";
+
+  // Every rank holds the same parameters, statistics and momentum, bit for bit.
+  ASSERT_EQ(got[0].tensors.size(), got[1].tensors.size());
+  for (size_t i = 0; i < got[0].tensors.size(); ++i) {
+    const Tensor& a = got[0].tensors[i].second;
+    const Tensor& b = got[1].tensors[i].second;
+    ASSERT_EQ(a.nbytes(), b.nbytes());
+    EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << got[0].tensors[i].first;
+  }
+  // What training changed equals one process's change, to f64 rounding: the largest difference
+  // of any element against the largest change of any element.
+  double diff = 0, moved = 0;
+  for (const auto& [name, w] : want.tensors) {
+    const Tensor* g = got[0].Find(name);
+    const Tensor* s = start.Find(name);
+    ASSERT_NE(g, nullptr) << name;
+    ASSERT_NE(s, nullptr) << name;
+    for (int64_t i = 0; i < w.numel(); ++i) {
+      const double x = ElementAsDouble(w, i);
+      diff = std::max(diff, std::fabs(ElementAsDouble(*g, i) - x));
+      moved = std::max(moved, std::fabs(x - ElementAsDouble(*s, i)));
+    }
+  }
+  EXPECT_GT(moved, 1e-3);
+  EXPECT_LE(diff, 1e-11 * moved) << "largest difference " << diff << ", largest change " << moved;
+}
+
+}  // namespace
+}  // namespace cortado
