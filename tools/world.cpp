@@ -62,13 +62,14 @@ World JoinWorld(const DistributedConfig& config) {
     const std::string what = e.what();
     const std::string port = std::to_string(info.master_port);
     if (what.find(":" + port) == std::string::npos) throw;
-    const char* from = std::getenv("CORTADO_LAUNCH_COMMAND")
-                           ? "CORTADO_MASTER_PORT, set by cortado launch"
-                       : std::getenv("CORTADO_MASTER_PORT") ? "CORTADO_MASTER_PORT"
-                       : std::getenv("MASTER_PORT")         ? "MASTER_PORT"
-                                                            : "derived from the job id";
+    const char* from =
+        std::getenv("CORTADO_LAUNCH_COMMAND") ? "from CORTADO_MASTER_PORT, set by cortado launch"
+        : std::getenv("CORTADO_MASTER_PORT")  ? "from CORTADO_MASTER_PORT"
+        : std::getenv("MASTER_PORT")          ? "from MASTER_PORT"
+                                              : "derived from the job id: set CORTADO_MASTER_PORT "
+                                                "to choose another";
     throw dist::Error(
-        e.kind(), StrCat(what, " (master ", info.master_addr, ":", port, ", port from ", from, ")"),
+        e.kind(), StrCat(what, " (master ", info.master_addr, ":", port, ", port ", from, ")"),
         e.peer_rank(), e.op(), e.ranks());
   }
   world.backend = world.comm->backend();

@@ -72,9 +72,11 @@ std::string FirstSlurmHost(const std::string& list) {
   return host;
 }
 
-// A port in [20000, 60000) derived from a job id, for launchers that do not pick one.
+// A port in [20000, 32768) derived from a job id, for launchers that do not pick one. It stays
+// below Linux's ephemeral range (32768-60999 by default), where any process's outgoing
+// connection may hold the port when rank 0 comes to listen on it.
 int DerivedPort(const std::string& job_id) {
-  return 20000 + static_cast<int>(Fingerprint(job_id) % 40000);
+  return 20000 + static_cast<int>(Fingerprint(job_id) % 12768);
 }
 
 struct Family {
