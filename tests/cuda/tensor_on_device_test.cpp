@@ -1,0 +1,135 @@
+// Tensors on a GPU against the CPU reference: copies, fills and conversions bit for bit, and the
+// caching allocator's promise (no device allocation after the first step). Labeled `cuda`; every
+// test skips, saying why, where there is no usable GPU (a build without CUDA, or no device).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "engine/device_runtime.h"
+#include "engine/half_bits.h"
+
+namespace cortado {
+namespace {
+
+const Device kGpu{DeviceType::kCUDA, 0};
+
+class TensorOnDevice : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!DeviceUsable(kGpu, &why)) GTEST_SKIP() << why;
+    runtime_ = &RuntimeFor(kGpu);
+  }
+  Tensor OnGpu(const Shape& shape, DType dtype) {
+    return Tensor(shape, dtype, runtime_->DeviceAllocator(kGpu.index));
+  }
+  Tensor ToHost(const Tensor& gpu) {
+    Tensor host(gpu.shape(), gpu.dtype());
+    runtime_->Copy(host, gpu);
+    return host;
+  }
+  Tensor ToGpu(const Tensor& host) {
+    Tensor gpu = OnGpu(host.shape(), host.dtype());
+    runtime_->Copy(gpu, host);
+    return gpu;
+  }
+  DeviceRuntime* runtime_ = nullptr;
+};
+
+bool SameBytes(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+// Floats that exercise every rounding path: ties, subnormals of f16, overflow, inf, NaN.
+Tensor EdgeFloats() {
+  std::vector<float> values = {0.0f,
+                               -0.0f,
+                               1.0f,
+                               -2.5f,
+                               65504.0f,
+                               65520.0f,
+                               1e6f,
+                               6.1035156e-05f,
+                               5.9604645e-08f,
+                               2.9802322e-08f,
+                               1.0f + 1.0f / 2048,
+                               1.0f + 3.0f / 2048,
+                               3.0e38f,
+                               std::numeric_limits<float>::infinity(),
+                               -std::numeric_limits<float>::infinity(),
+                               std::numeric_limits<float>::quiet_NaN()};
+  for (uint32_t i = 0; i < 100003; ++i) values.push_back(half_bits::Float(i * 42949u + 17u));
+  Tensor t({static_cast<int64_t>(values.size())}, DType::kF32);
+  std::memcpy(t.raw_data(), values.data(), t.nbytes());
+  return t;
+}
+
+TEST_F(TensorOnDevice, CopiesRoundTripEveryDtype) {
+  for (DType dtype :
+       {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI32, DType::kU8}) {
+    Tensor host({3, 5, 7}, dtype);
+    auto* bytes = static_cast<uint8_t*>(host.raw_data());
+    for (size_t i = 0; i < host.nbytes(); ++i) bytes[i] = static_cast<uint8_t>(i * 37 + 11);
+    Tensor back = ToHost(ToGpu(host));
+    EXPECT_TRUE(SameBytes(back, host)) << DTypeName(dtype);
+  }
+}
+
+TEST_F(TensorOnDevice, FillRoundsAsTheCpuDoes) {
+  for (DType dtype :
+       {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI32, DType::kU8}) {
+    for (double value : {0.0, 1.0 / 3.0, -7.0, 65519.0, 1e-7}) {
+      Tensor cpu({1000003}, dtype);
+      cpu.Fill(value);
+      Tensor gpu = OnGpu({1000003}, dtype);
+      runtime_->Fill(gpu, value);
+      EXPECT_TRUE(SameBytes(ToHost(gpu), cpu)) << DTypeName(dtype) << " " << value;
+    }
+  }
+}
+
+TEST_F(TensorOnDevice, ConversionsMatchTheCpuBitForBit) {
+  const Tensor f32 = EdgeFloats();
+  for (DType narrow : {DType::kF16, DType::kBF16, DType::kF64}) {
+    Tensor cpu(f32.shape(), narrow);
+    cpu.ConvertFrom(f32);
+    Tensor gpu = OnGpu(f32.shape(), narrow);
+    runtime_->Convert(gpu, ToGpu(f32));
+    EXPECT_TRUE(SameBytes(ToHost(gpu), cpu)) << "f32 -> " << DTypeName(narrow);
+    // And back to f32.
+    Tensor cpu_back(f32.shape(), DType::kF32);
+    cpu_back.ConvertFrom(cpu);
+    Tensor gpu_back = OnGpu(f32.shape(), DType::kF32);
+    runtime_->Convert(gpu_back, gpu);
+    EXPECT_TRUE(SameBytes(ToHost(gpu_back), cpu_back)) << DTypeName(narrow) << " -> f32";
+  }
+}
+
+TEST_F(TensorOnDevice, ASecondStepAllocatesNothingFromTheDriver) {
+  auto step = [&] {
+    std::vector<Tensor> live;
+    for (int64_t n : {1000, 250000, 3000000, 1000, 77}) live.push_back(OnGpu({n}, DType::kF32));
+  };
+  step();
+  const MemoryStats after_first = runtime_->Memory(kGpu.index);
+  step();
+  step();
+  const MemoryStats after_third = runtime_->Memory(kGpu.index);
+  EXPECT_EQ(after_third.raw_allocations, after_first.raw_allocations);
+  EXPECT_GE(after_third.cache_hits, after_first.cache_hits + 10);
+}
+
+TEST_F(TensorOnDevice, AnImpossibleAllocationNamesTheDevice) {
+  try {
+    OnGpu({int64_t{1} << 48}, DType::kF32);  // 1 PiB
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of memory on cuda:0"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace cortado
