@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cortado/dist/codec.h"
+#include "engine/device_runtime.h"
 #include "engine/thread_pool.h"
 
 namespace cortado {
@@ -111,10 +112,13 @@ Tensor Tensor::View(const Shape& shape, int64_t offset) const {
 }
 
 void Tensor::Zero() {
-  if (numel_ > 0) std::memset(raw_data(), 0, nbytes());
+  if (numel_ == 0) return;
+  if (device().type != DeviceType::kCPU) return RuntimeFor(device()).Fill(*this, 0.0);
+  std::memset(raw_data(), 0, nbytes());
 }
 
 void Tensor::Fill(double value) {
+  if (device().type != DeviceType::kCPU) return RuntimeFor(device()).Fill(*this, value);
   switch (dtype_) {
     case DType::kF32:
       std::fill_n(data<float>(), numel_, static_cast<float>(value));
@@ -147,11 +151,26 @@ void Tensor::CopyFrom(const Tensor& src) {
   CORTADO_CHECK(src.numel_ == numel_ && src.dtype_ == dtype_, "CopyFrom: ", src.ToString(),
                 " into ", ToString());
   CORTADO_CHECK(src.device() == device(), "CopyFrom across devices (", src.device().ToString(),
-                " to ", device().ToString(), ") must be explicit");
-  if (numel_ > 0 && raw_data() != src.raw_data()) std::memcpy(raw_data(), src.raw_data(), nbytes());
+                " to ", device().ToString(), ") must be explicit: use To(device)");
+  if (numel_ == 0 || raw_data() == src.raw_data()) return;
+  if (device().type != DeviceType::kCPU) return RuntimeFor(device()).Copy(*this, src);
+  std::memcpy(raw_data(), src.raw_data(), nbytes());
+}
+
+Tensor Tensor::To(Device target) const {
+  if (target == device()) return *this;
+  const Device gpu = target.type != DeviceType::kCPU ? target : device();
+  DeviceRuntime& runtime = RuntimeFor(gpu);
+  Tensor t(
+      shape_, dtype_,
+      target.type == DeviceType::kCPU ? CpuAllocator() : runtime.DeviceAllocator(target.index));
+  if (numel_ > 0) runtime.Copy(t, *this);
+  return t;
 }
 
 double ElementAsDouble(const Tensor& t, int64_t i) {
+  CORTADO_CHECK(t.device().type == DeviceType::kCPU, "cannot read ", t.ToString(), " on ",
+                t.device().ToString(), " element by element: copy it to the host with To(cpu)");
   switch (t.dtype()) {
     case DType::kF32:
       return t.data<float>()[i];
@@ -177,6 +196,11 @@ constexpr int64_t kConvertChunk = 65536;
 void Tensor::ConvertFrom(const Tensor& src) {
   CORTADO_CHECK(src.numel_ == numel_, "ConvertFrom: ", src.ToString(), " into ", ToString());
   if (src.dtype_ == dtype_) return CopyFrom(src);
+  if (device().type != DeviceType::kCPU || src.device().type != DeviceType::kCPU) {
+    CORTADO_CHECK(src.device() == device(), "ConvertFrom across devices (", src.device().ToString(),
+                  " to ", device().ToString(), ") must be explicit");
+    return RuntimeFor(device()).Convert(*this, src);
+  }
   // Mixed precision's conversions (f32 to and from bf16 and f16, round to nearest even) go
   // through the gradient codecs' vector kernels; they equal FloatToHalf/FloatToBFloat16.
   const bool low_dst = dtype_ == DType::kBF16 || dtype_ == DType::kF16;

@@ -1,10 +1,12 @@
 // Tensor: a shape, an element type, a device and a shared, reference-counted storage.
 //
 // Copies of a Tensor share storage (like torch.Tensor); Clone() makes a deep copy. Nothing
-// copies between host and device behind the caller's back: CopyFrom requires equal devices
-// until the CUDA backend adds explicit transfers. Storage comes from a pluggable Allocator, held
-// by shared ownership (each Storage keeps its allocator alive, so memory can be freed after the
-// code that allocated it is gone): the data-parallel glue allocates its gradient block from the
+// copies between host and device behind the caller's back: CopyFrom requires equal devices, and
+// To(device) is the explicit transfer. Zero, Fill, CopyFrom, ConvertFrom and Clone work on every
+// device (on a GPU through its DeviceRuntime, queued on its compute stream); data<T>() on a GPU
+// tensor is a device pointer, for device kernels only. Storage comes from a pluggable Allocator,
+// held by shared ownership (each Storage keeps its allocator alive, so memory can be freed after
+// the code that allocated it is gone): the data-parallel glue allocates its gradient block from the
 // communicator (engine/registered_allocator.h), registered with the transport once.
 //
 // Layout is dense row-major (NCHW for images). Resize keeps the storage when it is big enough,
@@ -119,6 +121,9 @@ class Tensor {
   Tensor Clone() const;
   // Copies elements from src: same element count and dtype, same device.
   void CopyFrom(const Tensor& src);
+  // This tensor on `device` (itself when already there): a copy in the device's memory (a GPU's
+  // caching allocator, the host's CpuAllocator), synchronous when the target is the host.
+  Tensor To(Device device) const;
   // Converts elements from src (any float dtype) into this tensor's dtype; same element count.
   void ConvertFrom(const Tensor& src);
   bool SameShape(const Tensor& other) const { return shape_ == other.shape_; }

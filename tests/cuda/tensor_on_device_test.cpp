@@ -122,6 +122,24 @@ TEST_F(TensorOnDevice, ASecondStepAllocatesNothingFromTheDriver) {
   EXPECT_GE(after_third.cache_hits, after_first.cache_hits + 10);
 }
 
+TEST_F(TensorOnDevice, TheTensorApiWorksOnTheGpu) {
+  Tensor host({4, 1000}, DType::kF32);
+  host.Fill(0.1);
+  Tensor gpu = host.To(kGpu);
+  EXPECT_EQ(gpu.device(), kGpu);
+  EXPECT_TRUE(SameBytes(gpu.To(Device::CPU()), host));
+  Tensor clone = gpu.Clone();
+  EXPECT_EQ(clone.device(), kGpu);
+  gpu.Zero();  // the clone is a copy, not a view
+  EXPECT_TRUE(SameBytes(clone.To(Device::CPU()), host));
+  Tensor bf16({4, 1000}, DType::kBF16, runtime_->DeviceAllocator(kGpu.index));
+  bf16.ConvertFrom(clone);
+  Tensor cpu_bf16({4, 1000}, DType::kBF16);
+  cpu_bf16.ConvertFrom(host);
+  EXPECT_TRUE(SameBytes(bf16.To(Device::CPU()), cpu_bf16));
+  EXPECT_THROW(host.CopyFrom(gpu), Error);  // across devices only through To
+}
+
 TEST_F(TensorOnDevice, AnImpossibleAllocationNamesTheDevice) {
   try {
     OnGpu({int64_t{1} << 48}, DType::kF32);  // 1 PiB

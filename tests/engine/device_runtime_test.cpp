@@ -44,5 +44,13 @@ TEST(DeviceRuntime, AGpuThatIsNotThereIsRefusedSayingWhy) {
   }
 }
 
+TEST(DeviceRuntime, ATensorStaysOnTheCpuAndCannotGoWhereNoGpuIs) {
+  Tensor t({3}, DType::kF32);
+  t.Fill(2.0);
+  Tensor same = t.To(Device::CPU());
+  EXPECT_TRUE(same.SharesStorageWith(t));
+  EXPECT_THROW(t.To(Device{DeviceType::kCUDA, 1000}), Error);
+}
+
 }  // namespace
 }  // namespace cortado
