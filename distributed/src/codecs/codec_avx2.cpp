@@ -345,10 +345,9 @@ using ConstsOf = Consts<FormatOf(K).e, FormatOf(K).m>;
 
 // Loops<Isa::kAvx2> (codec_dispatch.h): whole blocks from the start, as many as fit; returns
 // how many values they held (a multiple of 8).
-template <>
 template <CodecKind K, Rounding R, bool kResidual>
-CORTADO_AVX2_LOOP size_t Loops<Isa::kAvx2>::Encode(const float* src, size_t count, uint8_t* dst,
-                                                   const EncodeOptions& o, float* residual) {
+CORTADO_AVX2_LOOP size_t EncodeLoopAvx2(const float* src, size_t count, uint8_t* dst,
+                                        const EncodeOptions& o, float* residual) {
   const ConstsOf<K> k;
   RandomStream<ConstsOf<K>> random(k, o.seed, o.first_index);
   size_t i = 0;
@@ -472,9 +471,8 @@ CORTADO_AVX2_LOOP size_t Loops<Isa::kAvx2>::Encode(const float* src, size_t coun
 // ---- Decode ---------------------------------------------------------------------------------
 
 // Loops<Isa::kAvx2> (codec_dispatch.h), as Encode.
-template <>
 template <CodecKind K, bool kAccumulate>
-CORTADO_AVX2_LOOP size_t Loops<Isa::kAvx2>::Decode(const uint8_t* src, size_t count, float* dst) {
+CORTADO_AVX2_LOOP size_t DecodeLoopAvx2(const uint8_t* src, size_t count, float* dst) {
   const ConstsOf<K> k;
   size_t i = 0;
   if constexpr (K == CodecKind::kF32) {
@@ -543,6 +541,22 @@ CORTADO_AVX2_LOOP size_t Loops<Isa::kAvx2>::Decode(const uint8_t* src, size_t co
     }
   }
   return i;
+}
+
+// The loops above are free functions: GCC drops a target attribute written on the definition
+// of a member template's specialization, which without -march=native leaves their intrinsics
+// outside the ISA they need. The members only forward.
+template <>
+template <CodecKind K, Rounding R, bool kResidual>
+size_t Loops<Isa::kAvx2>::Encode(const float* src, size_t count, uint8_t* dst,
+                                 const EncodeOptions& o, float* residual) {
+  return EncodeLoopAvx2<K, R, kResidual>(src, count, dst, o, residual);
+}
+
+template <>
+template <CodecKind K, bool kAccumulate>
+size_t Loops<Isa::kAvx2>::Decode(const uint8_t* src, size_t count, float* dst) {
+  return DecodeLoopAvx2<K, kAccumulate>(src, count, dst);
 }
 
 template void EncodeSet<Isa::kAvx2>(CodecKind, const float*, size_t, uint8_t*, const EncodeOptions&,

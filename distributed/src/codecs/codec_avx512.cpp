@@ -366,10 +366,9 @@ CORTADO_AVX512_INLINE void Put(float* dst, __m512 d) {
 
 // Loops<Isa::kAvx512> (codec_dispatch.h): whole blocks from the start, as many as fit; returns
 // how many values they held (a multiple of 32).
-template <>
 template <CodecKind K, Rounding R, bool kResidual>
-CORTADO_AVX512_LOOP size_t Loops<Isa::kAvx512>::Encode(const float* src, size_t count, uint8_t* dst,
-                                                       const EncodeOptions& o, float* residual) {
+CORTADO_AVX512_LOOP size_t EncodeLoopAvx512(const float* src, size_t count, uint8_t* dst,
+                                            const EncodeOptions& o, float* residual) {
   constexpr int M = FormatOf(K).m;
   const ConstsOf<K> k;
   RandomStream<ConstsOf<K>> random(k, o.seed, o.first_index);
@@ -471,10 +470,8 @@ CORTADO_AVX512_LOOP size_t Loops<Isa::kAvx512>::Encode(const float* src, size_t 
 // ---- Decode ---------------------------------------------------------------------------------
 
 // Loops<Isa::kAvx512> (codec_dispatch.h), as Encode.
-template <>
 template <CodecKind K, bool kAccumulate>
-CORTADO_AVX512_LOOP size_t Loops<Isa::kAvx512>::Decode(const uint8_t* src, size_t count,
-                                                       float* dst) {
+CORTADO_AVX512_LOOP size_t DecodeLoopAvx512(const uint8_t* src, size_t count, float* dst) {
   const ConstsOf<K> k;
   size_t i = 0;
   if constexpr (K == CodecKind::kF32) {
@@ -534,6 +531,22 @@ CORTADO_AVX512_LOOP size_t Loops<Isa::kAvx512>::Decode(const uint8_t* src, size_
     }
   }
   return i;
+}
+
+// The loops above are free functions: GCC drops a target attribute written on the definition
+// of a member template's specialization, which without -march=native leaves their intrinsics
+// outside the ISA they need. The members only forward.
+template <>
+template <CodecKind K, Rounding R, bool kResidual>
+size_t Loops<Isa::kAvx512>::Encode(const float* src, size_t count, uint8_t* dst,
+                                   const EncodeOptions& o, float* residual) {
+  return EncodeLoopAvx512<K, R, kResidual>(src, count, dst, o, residual);
+}
+
+template <>
+template <CodecKind K, bool kAccumulate>
+size_t Loops<Isa::kAvx512>::Decode(const uint8_t* src, size_t count, float* dst) {
+  return DecodeLoopAvx512<K, kAccumulate>(src, count, dst);
 }
 
 template void EncodeSet<Isa::kAvx512>(CodecKind, const float*, size_t, uint8_t*,
