@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "codecs/codec_values.h"
 #include "cortado/dist/codec.h"
 
 // The AVX2 kernels need GCC or Clang's target attribute and an x86 CPU; elsewhere only the
@@ -26,55 +27,9 @@
 
 namespace cortado::dist::codec_internal {
 
-// Layout of a code: sign << (e + m) | exponent field << m | mantissa.
-struct Format {
-  int e;     // exponent bits
-  int m;     // mantissa bits
-  int bias;  // exponent bias; the field 2^e - 1 is infinity / NaN
-};
+// Format, FormatOf, the random-word hash (HashBase, HashKey, Fmix32) and the per-value and
+// per-group functions: codec_values.h, shared with the CUDA kernels.
 
-constexpr Format FormatOf(CodecKind kind) {
-  switch (kind) {
-    case CodecKind::kF16:
-      return {5, 10, 15};
-    case CodecKind::kBF16:
-      return {8, 7, 127};
-    case CodecKind::kEpgc11:
-      return {5, 5, 15};
-    case CodecKind::kEpgc9:
-      return {8, 0, 127};
-    case CodecKind::kEpgc8:
-      return {5, 2, 15};
-    case CodecKind::kF32:
-      break;
-  }
-  return {8, 23, 127};
-}
-
-// StochasticBits(seed, index) = Fmix32(HashBase(seed, index) ^ HashKey(seed, index)), in pieces
-// a kernel can hoist: for a stretch of indices sharing their upper 32 bits, HashKey is constant
-// and HashBase advances by kHashLo per index.
-constexpr uint32_t kHashLo = 0x9E3779B1u;    // multiplies index bits 0..31
-constexpr uint32_t kHashHi = 0x85EBCA77u;    // multiplies index bits 32..63
-constexpr uint32_t kHashSeed = 0xC2B2AE3Du;  // multiplies seed bits 32..63
-constexpr uint32_t kMix1 = 0x85EBCA6Bu;      // Fmix32's multipliers
-constexpr uint32_t kMix2 = 0xC2B2AE35u;
-inline uint32_t HashBase(uint64_t seed, uint64_t index) {
-  return static_cast<uint32_t>(index) * kHashLo + static_cast<uint32_t>(seed);
-}
-inline uint32_t HashKey(uint64_t seed, uint64_t index) {
-  return static_cast<uint32_t>(index >> 32) * kHashHi ^
-         static_cast<uint32_t>(seed >> 32) * kHashSeed;
-}
-// murmur3's 32-bit finalizer: every input bit reaches every output bit.
-inline uint32_t Fmix32(uint32_t h) {
-  h ^= h >> 16;
-  h *= kMix1;
-  h ^= h >> 13;
-  h *= kMix2;
-  h ^= h >> 16;
-  return h;
-}
 // Whether a block of `lanes` indices from `index` reaches the end of the lower index word
 // (straddling it, or ending on it): HashKey changes inside it, so a vector stream draws such a
 // block the scalar way and restarts after it.

@@ -1,7 +1,8 @@
 // The portable kernel set of the gradient codecs: plain C++, for every CPU, and the rest of the
 // vector sets' streams. It works on blocks of kBlock values in stack buffers: codes are computed
 // by branch-free per-value functions (so loops over them vectorize where the compiler may), then
-// packed; written independently of the scalar reference (codec.cpp) and tested against it.
+// packed; written independently of the scalar reference (codec.cpp) and tested against it. The
+// per-value functions are codec_values.h's, which the CUDA kernels share.
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -16,89 +17,6 @@ namespace {
 constexpr size_t kBlock = 512;  // values per pass (a multiple of 8: blocks start at groups)
 static_assert(kBlock % 8 == 0);
 
-// The code of fp32 bits u (EncodeValue), branch-free. E8 formats (bf16, epgc9) share fp32's
-// exponent, so base + q of the reference is simply abs >> s; the E5 formats need a per-value s.
-template <CodecKind K, Rounding R>
-inline uint32_t EncodeBits(uint32_t u, uint32_t r) {
-  constexpr Format f = FormatOf(K);
-  constexpr uint32_t inf = ((1u << f.e) - 1) << f.m;
-  constexpr uint32_t qnan = f.m > 0 ? 1u << (f.m > 0 ? f.m - 1 : 0) : 0u;
-  const uint32_t abs = u & 0x7fffffffu;
-  uint32_t mag;
-  if constexpr (f.e == 8) {
-    constexpr int s = 23 - f.m;
-    if constexpr (R == Rounding::kNearest) {
-      // Ties go to an even q: q's low bit is abs's bit s, except for epgc9 (q is the implicit
-      // bit alone: 1 for normal x, 0 for subnormal).
-      const uint32_t odd = f.m > 0 ? (abs >> s) & 1u : (abs >= 0x800000u ? 1u : 0u);
-      mag = (abs + ((1u << (s - 1)) - 1) + odd) >> s;
-    } else if constexpr (R == Rounding::kTruncate) {
-      mag = abs >> s;
-    } else {
-      const uint32_t rem = abs & ((1u << s) - 1);
-      mag = (abs >> s) + (r < (rem << (32 - s)) ? 1u : 0u);
-    }
-  } else {
-    const uint32_t ef = abs >> 23;
-    const uint32_t sig = (u & 0x7fffffu) | (ef != 0 ? 0x800000u : 0u);
-    const int e1 = std::max(static_cast<int>(ef), 1);
-    constexpr int kNormal = 127 - f.bias + 1;  // e1 from which x is normal in the target
-    const uint32_t base = static_cast<uint32_t>(std::max(e1 - kNormal, 0)) << f.m;
-    const int s = 23 - f.m + std::max(kNormal - e1, 0);
-    if constexpr (R == Rounding::kNearest) {
-      const int sn = std::min(s, 25);  // from 25 on, x is below half the smallest subnormal
-      const uint32_t odd = (sig >> sn) & 1u;
-      mag = base + ((sig + ((1u << (sn - 1)) - 1) + odd) >> sn);
-    } else if constexpr (R == Rounding::kTruncate) {
-      mag = base + (s < 32 ? sig >> s : 0u);
-    } else {
-      const int sc = std::min(s, 40);
-      const uint32_t q = sc < 32 ? sig >> sc : 0u;
-      const uint32_t rem = sc < 32 ? sig & ((1u << sc) - 1) : sig;
-      const uint32_t threshold = sc <= 32 ? rem << (32 - sc) : rem >> (sc - 32);
-      mag = base + q + (r < threshold ? 1u : 0u);
-    }
-  }
-  mag = std::min(mag, inf);
-  if (abs > 0x7f800000u) mag |= qnan;
-  return mag | (u >> 31) << (f.e + f.m);
-}
-
-// All ones where `condition`, else 0: selects by masks keep the loops free of branches (and
-// so vectorizable).
-inline uint32_t Mask(bool condition) { return 0u - static_cast<uint32_t>(condition); }
-
-// HalfToFloat on bits, branch-free (equal on all 65,536 inputs: tested).
-inline uint32_t HalfBitsToFloatBits(uint32_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16;
-  const uint32_t a = h & 0x7fffu;
-  const uint32_t exp = a >> 10;
-  const uint32_t normal = (a << 13) + (112u << 23);  // rebias 15 -> 127
-  const uint32_t special = normal + (112u << 23);    // field 31 -> 255, payload kept
-  const uint32_t sub = FloatToBits(static_cast<float>(a) * 0x1p-24f);  // a < 1024: exact
-  const uint32_t is_sub = Mask(exp == 0), is_special = Mask(exp == 31);
-  return sign | (sub & is_sub) | (special & is_special) | (normal & ~(is_sub | is_special));
-}
-
-// fp32 bits of a code (DecodeValue).
-template <CodecKind K>
-inline uint32_t DecodeBits(uint32_t code) {
-  constexpr Format f = FormatOf(K);
-  if constexpr (f.e == 8) {
-    return code << (31 - f.e - f.m);  // sign lands on bit 31, the rest on fp32's places
-  } else {
-    return HalfBitsToFloatBits(code << (10 - f.m));
-  }
-}
-
-// residual += x - d where both are finite, else += 0. If x or d is not finite, x - d is not
-// either, and when both are, |x - d| is below one gap of the format: so testing the difference
-// is the same test, and it keeps the loop free of branches.
-inline float Loss(float x, float d) {
-  const uint32_t diff = FloatToBits(x - d);
-  return BitsToFloat(diff & ~Mask((diff & 0x7f800000u) == 0x7f800000u));
-}
-
 void RandomWords(uint64_t seed, uint64_t first, size_t n, uint32_t* r) {
   const uint32_t lo = static_cast<uint32_t>(first);
   if (lo + static_cast<uint64_t>(n) <= (uint64_t{1} << 32)) {
@@ -111,25 +29,6 @@ void RandomWords(uint64_t seed, uint64_t first, size_t n, uint32_t* r) {
     for (size_t i = 0; i < n; ++i) r[i] = StochasticBits(seed, first + i);
   }
 }
-
-// Bit-packed formats: per group of k <= 8 values, k high bytes, then the L-bit low parts as
-// L*k bits in bit-plane order.
-template <CodecKind K>
-struct Split;
-template <>
-struct Split<CodecKind::kEpgc11> {
-  static constexpr int kLow = 3;
-  static uint32_t High(uint32_t c) { return c >> 3; }
-  static uint32_t Low(uint32_t c) { return c & 7u; }
-  static uint32_t Join(uint32_t high, uint32_t low) { return high << 3 | low; }
-};
-template <>
-struct Split<CodecKind::kEpgc9> {
-  static constexpr int kLow = 1;
-  static uint32_t High(uint32_t c) { return c & 0xffu; }
-  static uint32_t Low(uint32_t c) { return c >> 8; }
-  static uint32_t Join(uint32_t high, uint32_t low) { return low << 8 | high; }
-};
 
 // Whole groups in two passes: a plain loop (which vectorizes) splits the codes into a byte of
 // high part and a byte of low part each; then per group the 8 high bytes are copied and the
