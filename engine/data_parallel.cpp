@@ -12,13 +12,6 @@
 namespace cortado {
 namespace {
 
-constexpr int64_t kAlignBytes = 64;  // each gradient starts on a cache line (vector loads)
-
-int64_t AlignUp(int64_t elements, int64_t esize) {
-  const int64_t per_line = std::max<int64_t>(1, kAlignBytes / esize);
-  return (elements + per_line - 1) / per_line * per_line;
-}
-
 std::vector<std::string> SplitLines(const std::string& text) {
   std::vector<std::string> lines;
   std::istringstream in(text);
@@ -118,17 +111,12 @@ dist::DataType WireTypeOf(DType dtype, const std::string& what) {
 
 DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptions options)
     : net_(net), comm_(comm), options_(options) {
-  CORTADO_CHECK(
-      options_.bucket_mb > 0 && options_.first_bucket_mb > 0 && options_.last_bucket_mb > 0,
-      "gradient bucket sizes must be positive (distributed.bucket_mb ", options_.bucket_mb,
-      ", first_bucket_mb ", options_.first_bucket_mb, ", last_bucket_mb ", options_.last_bucket_mb,
-      ")");
   // Parameters in the order backward finishes them: layers in reverse.
   std::vector<Param*> order;
   for (auto it = net_.layers().rbegin(); it != net_.layers().rend(); ++it) {
     for (Param& p : (*it)->params()) order.push_back(&p);
   }
-  CORTADO_CHECK(!order.empty(), "the net has no parameters to train");
+  CORTADO_CHECK(!order.empty(), "the net has no parameters to train");  // before order.front()
   const DType dtype = order.front()->grad.dtype();
   for (Param* p : order) {
     CORTADO_CHECK(p->grad.dtype() == dtype, "parameter '", p->name, "' is ",
@@ -139,83 +127,29 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
                 "': data-parallel training supports f32 and f64 gradients, got ", DTypeName(dtype));
   wire_type_ = WireTypeOf(dtype, "gradient of '" + order.front()->name + "'");
   const int64_t esize = static_cast<int64_t>(DTypeSize(dtype));
-
-  // Bucket boundaries, between whole parameters: bucket 0 (the net's last layers, ready first)
-  // up to first_bucket_mb, so communication starts early; the last bucket (the first layers,
-  // ready only when backward ends, so its whole all-reduce is exposed) up to last_bucket_mb;
-  // bucket_mb for those between.
-  const auto elements = [&](double mb) {
-    return std::max<int64_t>(1, static_cast<int64_t>(mb * 1048576.0 / esize));
-  };
-  // Bucket 0 first, then the last bucket from what remains, then the middle.
-  std::vector<size_t> starts{0};
-  size_t head = 0;  // bucket 0 is order[0, head)
-  for (int64_t n = 0; head < order.size(); ++head) {
-    n += order[head]->grad.numel();
-    if (n > elements(options_.first_bucket_mb) && head > 0) break;
-  }
-  size_t tail = order.size();  // the last bucket is order[tail, end)
-  for (int64_t n = 0; tail > head;) {
-    n += order[tail - 1]->grad.numel();
-    if (n > elements(options_.last_bucket_mb) && tail < order.size()) break;
-    --tail;
-  }
-  for (size_t i = head, n = 0; i < tail; ++i) {
-    const int64_t numel = order[i]->grad.numel();
-    if (i == head || static_cast<int64_t>(n) + numel > elements(options_.bucket_mb)) {
-      starts.push_back(i);
-      n = 0;
-    }
-    n += static_cast<size_t>(numel);
-  }
-  if (tail < order.size()) starts.push_back(tail);
-  // Buckets never mix codecs: a change of codec starts a new bucket.
-  std::vector<dist::CodecKind> codec(order.size());
+  std::vector<BucketedParam> planned(order.size());
   for (size_t i = 0; i < order.size(); ++i) {
-    codec[i] = CodecOfParam(*order[i]);
-    if (codec[i] != dist::CodecKind::kF32) {
+    planned[i] = BucketedParam{order[i]->name, order[i]->grad.numel(), CodecOfParam(*order[i])};
+    if (planned[i].codec != dist::CodecKind::kF32) {
       CORTADO_CHECK(dtype == DType::kF32, "parameter '", order[i]->name, "' has gradient codec ",
                     order[i]->codec, ", but gradients are ", DTypeName(dtype),
                     "; the codecs compress f32 gradients (use distributed.codec: f32 here)");
     }
-    if (i > 0 && codec[i] != codec[i - 1] &&
-        std::find(starts.begin(), starts.end(), i) == starts.end()) {
-      starts.insert(std::upper_bound(starts.begin(), starts.end(), i), i);
-    }
   }
-
-  // Offsets in the block: each gradient on a cache line.
-  int64_t at = 0;
-  std::vector<int64_t> offset(order.size());
-  for (size_t b = 0; b < starts.size(); ++b) {
-    const size_t end = b + 1 < starts.size() ? starts[b + 1] : order.size();
-    Bucket bucket{at,
-                  at,
-                  static_cast<int>(end - starts[b]),
-                  order[starts[b]]->name,
-                  order[end - 1]->name,
-                  codec[starts[b]]};
-    for (size_t i = starts[b]; i < end; ++i) {
-      offset[i] = at;
-      bucket_of_[order[i]] = b;
-      at = AlignUp(at + order[i]->grad.numel(), esize);
-    }
-    bucket.end = at;
-    buckets_.push_back(bucket);
-  }
-  control_index_ = at;
-  if (buckets_.back().codec != dist::CodecKind::kF32) {
-    // The stop vote and the loss must arrive exactly: they get an f32 bucket of their own.
-    buckets_.push_back(Bucket{at, at, 0, "(control)", "(control)", dist::CodecKind::kF32});
-  }
-  buckets_.back().end = control_index_ + 2;  // the control words ride in the last bucket
+  BucketPlan plan = PlanBuckets(
+      planned, BucketSizes{options_.bucket_mb, options_.first_bucket_mb, options_.last_bucket_mb},
+      esize);
+  buckets_ = std::move(plan.buckets);
+  control_index_ = plan.control_index;
+  for (size_t i = 0; i < order.size(); ++i) bucket_of_[order[i]] = plan.bucket_of[i];
+  const std::vector<int64_t>& offset = plan.offset;
 
   // The block is the communicator's registered memory: registered once, here, and on one host
   // over UCX mapped by the other ranks, whose all-reduces then read and write it directly.
-  block_ = Tensor({buckets_.back().end}, dtype, allocator_);
+  block_ = Tensor({plan.block_elements}, dtype, allocator_);
   block_.Zero();
   if (options_.error_feedback) {
-    residual_ = Tensor({buckets_.back().end}, DType::kF32);
+    residual_ = Tensor({plan.block_elements}, DType::kF32);
     residual_.Zero();
     residual_kept_ = residual_.Clone();
   }

@@ -7,6 +7,7 @@
 // after it, and a small last bucket (last_bucket_mb): the net's first layers finish backward
 // last, so nothing hides their all-reduce, and the less it carries the less is exposed.
 // A bucket is a contiguous range of the block: it is all-reduced in place, with no packing copy.
+// The cut itself is PlanBuckets (engine/bucket_plan.h), a pure function tested on its own.
 // The block is the communicator's registered memory (RegisteredAllocator), registered once when
 // it is allocated; over UCX with every rank on one host it is shared memory, and the buckets'
 // all-reduces run the direct algorithm. Block and bucket table are allocated once, not per step.
@@ -51,6 +52,7 @@
 #include <vector>
 
 #include "cortado/dist/communicator.h"
+#include "engine/bucket_plan.h"
 #include "engine/net.h"
 #include "engine/registered_allocator.h"
 #include "engine/trace.h"
@@ -69,12 +71,7 @@ struct DataParallelOptions {
 
 class DataParallel {
  public:
-  struct Bucket {
-    int64_t begin = 0, end = 0;  // element range in the gradient block
-    int params = 0;              // parameters in it
-    std::string first, last;     // names of its first and last parameter (for logs)
-    dist::CodecKind codec = dist::CodecKind::kF32;
-  };
+  using Bucket = GradientBucket;  // engine/bucket_plan.h plans them
 
   // Seats the net's gradients in the flat block and attaches to its gradient-ready hook.
   // The net and communicator must outlive this object.
