@@ -61,15 +61,40 @@ void SgdSolver::LoadState(const Checkpoint& checkpoint, const std::string& path)
   }
 }
 
+namespace {
+constexpr std::pair<LrPolicy, const char*> kLrPolicies[] = {{LrPolicy::kFixed, "fixed"},
+                                                            {LrPolicy::kStep, "step"},
+                                                            {LrPolicy::kMultistep, "multistep"},
+                                                            {LrPolicy::kCosine, "cosine"},
+                                                            {LrPolicy::kPoly, "poly"}};
+}  // namespace
+
+std::optional<LrPolicy> FindLrPolicy(const std::string& name) {
+  for (const auto& [policy, spelling] : kLrPolicies) {
+    if (name == spelling) return policy;
+  }
+  return std::nullopt;
+}
+
+const char* LrPolicyName(LrPolicy policy) {
+  for (const auto& [p, spelling] : kLrPolicies) {
+    if (p == policy) return spelling;
+  }
+  return "?";
+}
+
+std::string LrPolicyNames() {
+  std::string names;
+  for (const auto& [policy, spelling] : kLrPolicies)
+    names += (names.empty() ? "" : ", ") + std::string(spelling);
+  return names;
+}
+
 LrSchedule::LrSchedule(LrScheduleOptions options) : options_(std::move(options)) {
   const auto& o = options_;
-  static const char* kPolicies[] = {"fixed", "step", "multistep", "cosine", "poly"};
-  bool known = false;
-  for (const char* k : kPolicies) known = known || o.policy == k;
-  CORTADO_CHECK(known, "unknown lr_policy '", o.policy,
-                "' (known: fixed, step, multistep, cosine, poly)");
   CORTADO_CHECK(o.base_lr >= 0, "base_lr must be >= 0, got ", o.base_lr);
-  CORTADO_CHECK(o.policy != "step" || o.step_size > 0, "step_size must be > 0 for lr_policy step");
+  CORTADO_CHECK(o.policy != LrPolicy::kStep || o.step_size > 0,
+                "step_size must be > 0 for lr_policy step");
   CORTADO_CHECK(o.total > 0, "the schedule length must be positive");
   CORTADO_CHECK(o.warmup >= 0, "warmup must be >= 0, got ", o.warmup);
 }
@@ -77,18 +102,28 @@ LrSchedule::LrSchedule(LrScheduleOptions options) : options_(std::move(options))
 double LrSchedule::At(double t) const {
   const auto& o = options_;
   double lr = o.base_lr;
-  if (o.policy == "step") {
-    lr = o.base_lr * std::pow(o.gamma, std::floor(t / o.step_size));
-  } else if (o.policy == "multistep") {
-    int passed = 0;
-    for (double m : o.milestones) passed += t >= m ? 1 : 0;
-    lr = o.base_lr * std::pow(o.gamma, passed);
-  } else if (o.policy == "cosine") {
-    double f = std::clamp(t / o.total, 0.0, 1.0);
-    lr = o.min_lr + (o.base_lr - o.min_lr) * 0.5 * (1.0 + std::cos(M_PI * f));
-  } else if (o.policy == "poly") {
-    double f = std::clamp(t / o.total, 0.0, 1.0);
-    lr = o.min_lr + (o.base_lr - o.min_lr) * std::pow(1.0 - f, o.power);
+  switch (o.policy) {
+    case LrPolicy::kFixed:
+      break;
+    case LrPolicy::kStep:
+      lr = o.base_lr * std::pow(o.gamma, std::floor(t / o.step_size));
+      break;
+    case LrPolicy::kMultistep: {
+      int passed = 0;
+      for (double m : o.milestones) passed += t >= m ? 1 : 0;
+      lr = o.base_lr * std::pow(o.gamma, passed);
+      break;
+    }
+    case LrPolicy::kCosine: {
+      const double f = std::clamp(t / o.total, 0.0, 1.0);
+      lr = o.min_lr + (o.base_lr - o.min_lr) * 0.5 * (1.0 + std::cos(M_PI * f));
+      break;
+    }
+    case LrPolicy::kPoly: {
+      const double f = std::clamp(t / o.total, 0.0, 1.0);
+      lr = o.min_lr + (o.base_lr - o.min_lr) * std::pow(1.0 - f, o.power);
+      break;
+    }
   }
   if (o.warmup > 0 && t < o.warmup) {
     double f = o.warmup_factor + (1.0 - o.warmup_factor) * (t / o.warmup);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,10 +45,19 @@ class SgdSolver : public CheckpointState {
   std::vector<Buffer> momentum_;
 };
 
+// How the learning rate moves: fixed; step (x gamma every step_size units); multistep (x gamma
+// at each milestone); cosine (to min_lr at the end); poly ((1 - t/T)^power, to min_lr).
+enum class LrPolicy { kFixed, kStep, kMultistep, kCosine, kPoly };
+// The policy named `name` ("fixed", "step", ...), or nullopt.
+std::optional<LrPolicy> FindLrPolicy(const std::string& name);
+const char* LrPolicyName(LrPolicy policy);
+// "fixed, step, multistep, cosine, poly": for errors.
+std::string LrPolicyNames();
+
 // Learning rate as a function of training progress, measured in the schedule's unit
 // (epochs, fractional, or iterations).
 struct LrScheduleOptions {
-  std::string policy = "cosine";  // fixed | step | multistep | cosine | poly
+  LrPolicy policy = LrPolicy::kCosine;
   double base_lr = 0.1;
   double gamma = 0.1;              // step, multistep: factor per decay
   double step_size = 30;           // step: decay every step_size units

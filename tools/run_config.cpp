@@ -221,10 +221,9 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
           "give exactly one of max_epochs or max_iter");
   sv.epoch_based = sv.max_epochs > 0;
   LrScheduleOptions& lr = sv.schedule;
-  lr.policy = s.String("lr_policy", "cosine");
-  Require(lr.policy == "fixed" || lr.policy == "step" || lr.policy == "multistep" ||
-              lr.policy == "cosine" || lr.policy == "poly",
-          s, "lr_policy", "must be fixed, step, multistep, cosine or poly");
+  const std::optional<LrPolicy> policy = FindLrPolicy(s.String("lr_policy", "cosine"));
+  Require(policy.has_value(), s, "lr_policy", "must be one of " + LrPolicyNames());
+  lr.policy = *policy;
   lr.gamma = s.Float("gamma", 0.1);
   Require(lr.gamma > 0, s, "gamma", "must be positive");
   lr.step_size = s.Float("step_size", 30);

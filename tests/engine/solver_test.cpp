@@ -55,29 +55,40 @@ TEST(LrSchedule, Policies) {
   LrScheduleOptions o;
   o.base_lr = 1.0;
   o.total = 10;
-  o.policy = "cosine";
+  o.policy = LrPolicy::kCosine;
   EXPECT_DOUBLE_EQ(LrSchedule(o).At(0), 1.0);
   EXPECT_NEAR(LrSchedule(o).At(5), 0.5, 1e-12);
   EXPECT_NEAR(LrSchedule(o).At(10), 0.0, 1e-12);
-  o.policy = "step";
+  o.policy = LrPolicy::kStep;
   o.step_size = 3;
   o.gamma = 0.5;
   EXPECT_DOUBLE_EQ(LrSchedule(o).At(2.9), 1.0);
   EXPECT_DOUBLE_EQ(LrSchedule(o).At(6.0), 0.25);
-  o.policy = "multistep";
+  o.policy = LrPolicy::kMultistep;
   o.milestones = {2, 5};
   EXPECT_DOUBLE_EQ(LrSchedule(o).At(4), 0.5);
   EXPECT_DOUBLE_EQ(LrSchedule(o).At(5), 0.25);
-  o.policy = "poly";
+  o.policy = LrPolicy::kPoly;
   o.power = 2;
   EXPECT_NEAR(LrSchedule(o).At(5), 0.25, 1e-12);
-  o.policy = "fixed";
+  o.policy = LrPolicy::kFixed;
   o.warmup = 2;
   o.warmup_factor = 0.0;
   EXPECT_DOUBLE_EQ(LrSchedule(o).At(1), 0.5);
   EXPECT_DOUBLE_EQ(LrSchedule(o).At(3), 1.0);
-  o.policy = "exponential";
+  o.policy = LrPolicy::kStep;
+  o.step_size = 0;
   EXPECT_THROW(LrSchedule{o}, Error);
+}
+
+TEST(LrSchedule, PolicyNamesRoundTripAndUnknownOnesAreNotFound) {
+  for (LrPolicy p : {LrPolicy::kFixed, LrPolicy::kStep, LrPolicy::kMultistep, LrPolicy::kCosine,
+                     LrPolicy::kPoly}) {
+    EXPECT_EQ(FindLrPolicy(LrPolicyName(p)), p);
+  }
+  EXPECT_FALSE(FindLrPolicy("exponential").has_value());
+  EXPECT_FALSE(FindLrPolicy("Cosine").has_value());
+  EXPECT_EQ(LrPolicyNames(), "fixed, step, multistep, cosine, poly");
 }
 
 }  // namespace

@@ -115,6 +115,11 @@ TEST_F(TrainTest, BadConfigsStopWithTheKeyAndPlace) {
   m = ErrorOf(Config(), {"solver.max_iter=100"});
   EXPECT_NE(m.find("exactly one of max_epochs or max_iter"), std::string::npos) << m;
 
+  m = ErrorOf(Config(), {"solver.lr_policy=exponential"});
+  EXPECT_NE(m.find("solver.lr_policy: must be one of fixed, step, multistep, cosine, poly"),
+            std::string::npos)
+      << m;
+
   m = ErrorOf(Config(), {"precision.compute=fp8"});
   EXPECT_NE(m.find("precision.compute: must be fp32, fp64, bf16 or fp16, got 'fp8'"),
             std::string::npos)
@@ -571,7 +576,7 @@ TEST(ShippedConfigs, ParseAndTheImageNetRecipesHoldTheirSettings) {
   EXPECT_DOUBLE_EQ(r50.solver.sgd.momentum, 0.875);
   EXPECT_DOUBLE_EQ(r50.solver.sgd.weight_decay, 3.0517578125e-05);
   EXPECT_TRUE(r50.solver.sgd.no_decay_bn_bias);
-  EXPECT_EQ(r50.solver.schedule.policy, "cosine");
+  EXPECT_EQ(r50.solver.schedule.policy, LrPolicy::kCosine);
   EXPECT_EQ(r50.solver.max_epochs, 90);
   // 0.256 per 256 images at the documented 8 ranks x 32.
   EXPECT_DOUBLE_EQ(r50.solver.schedule.base_lr, 0.256 * (8 * r50.data.batch_size) / 256.0);
