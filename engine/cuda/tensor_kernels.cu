@@ -1,7 +1,7 @@
+#include "cortado/dist/half.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/tensor_kernels.h"
 #include "engine/error.h"
-#include "engine/half_bits.h"
 
 namespace cortado::cuda {
 namespace {
@@ -32,17 +32,15 @@ struct Element<DType::kF64> {
 template <>
 struct Element<DType::kF16> {
   using Storage = uint16_t;
-  __device__ static double Load(uint16_t v) { return half_bits::HalfToFloat(v); }
-  __device__ static uint16_t Store(double v) {
-    return half_bits::FloatToHalf(static_cast<float>(v));
-  }
+  __device__ static double Load(uint16_t v) { return dist::HalfToFloat(v); }
+  __device__ static uint16_t Store(double v) { return dist::FloatToHalf(static_cast<float>(v)); }
 };
 template <>
 struct Element<DType::kBF16> {
   using Storage = uint16_t;
-  __device__ static double Load(uint16_t v) { return half_bits::BFloat16ToFloat(v); }
+  __device__ static double Load(uint16_t v) { return dist::BFloat16ToFloat(v); }
   __device__ static uint16_t Store(double v) {
-    return half_bits::FloatToBFloat16(static_cast<float>(v));
+    return dist::FloatToBFloat16(static_cast<float>(v));
   }
 };
 template <>
@@ -81,9 +79,9 @@ void Fill(void* data, int64_t count, double value, cudaStream_t stream) {
   // The value is rounded once, on the host, exactly as Tensor::Fill rounds it.
   T rounded;
   if constexpr (D == DType::kF16) {
-    rounded = half_bits::FloatToHalf(static_cast<float>(value));
+    rounded = dist::FloatToHalf(static_cast<float>(value));
   } else if constexpr (D == DType::kBF16) {
-    rounded = half_bits::FloatToBFloat16(static_cast<float>(value));
+    rounded = dist::FloatToBFloat16(static_cast<float>(value));
   } else {
     rounded = static_cast<T>(value);
   }

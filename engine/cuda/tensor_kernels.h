@@ -1,5 +1,6 @@
 // Element-wise kernels behind DeviceRuntime::Fill and Convert, queued on `stream`. Values are
-// rounded exactly as the CPU's Tensor::Fill and ConvertFrom round them (engine/half_bits.h).
+// rounded exactly as the CPU's Tensor::Fill and ConvertFrom round them (cortado/dist/half.h, the
+// same code on host and device).
 #pragma once
 
 #include <cuda_runtime_api.h>

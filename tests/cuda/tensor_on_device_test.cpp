@@ -8,8 +8,8 @@
 #include <limits>
 #include <vector>
 
+#include "cortado/dist/half.h"
 #include "engine/device_runtime.h"
-#include "engine/half_bits.h"
 
 namespace cortado {
 namespace {
@@ -61,7 +61,7 @@ Tensor EdgeFloats() {
                                std::numeric_limits<float>::infinity(),
                                -std::numeric_limits<float>::infinity(),
                                std::numeric_limits<float>::quiet_NaN()};
-  for (uint32_t i = 0; i < 100003; ++i) values.push_back(half_bits::Float(i * 42949u + 17u));
+  for (uint32_t i = 0; i < 100003; ++i) values.push_back(dist::BitsToFloat(i * 42949u + 17u));
   Tensor t({static_cast<int64_t>(values.size())}, DType::kF32);
   std::memcpy(t.raw_data(), values.data(), t.nbytes());
   return t;

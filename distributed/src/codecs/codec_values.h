@@ -13,12 +13,7 @@
 #include <cstring>
 
 #include "cortado/dist/codec.h"
-
-#if defined(__CUDACC__)
-#define CORTADO_CODEC_HD __host__ __device__ __forceinline__
-#else
-#define CORTADO_CODEC_HD inline
-#endif
+#include "cortado/dist/half.h"
 
 namespace cortado::dist::codec_internal {
 
@@ -29,7 +24,7 @@ struct Format {
   int bias;  // exponent bias; the field 2^e - 1 is infinity / NaN
 };
 
-CORTADO_CODEC_HD constexpr Format FormatOf(CodecKind kind) {
+CORTADO_HOST_DEVICE constexpr Format FormatOf(CodecKind kind) {
   switch (kind) {
     case CodecKind::kF16:
       return {5, 10, 15};
@@ -48,7 +43,7 @@ CORTADO_CODEC_HD constexpr Format FormatOf(CodecKind kind) {
 }
 
 // Bits per value of a format (CodecBits without its argument check).
-CORTADO_CODEC_HD constexpr int BitsOf(CodecKind kind) {
+CORTADO_HOST_DEVICE constexpr int BitsOf(CodecKind kind) {
   const Format f = FormatOf(kind);
   return 1 + f.e + f.m;
 }
@@ -61,15 +56,15 @@ constexpr uint32_t kHashHi = 0x85EBCA77u;    // multiplies index bits 32..63
 constexpr uint32_t kHashSeed = 0xC2B2AE3Du;  // multiplies seed bits 32..63
 constexpr uint32_t kMix1 = 0x85EBCA6Bu;      // Fmix32's multipliers
 constexpr uint32_t kMix2 = 0xC2B2AE35u;
-CORTADO_CODEC_HD uint32_t HashBase(uint64_t seed, uint64_t index) {
+CORTADO_HOST_DEVICE uint32_t HashBase(uint64_t seed, uint64_t index) {
   return static_cast<uint32_t>(index) * kHashLo + static_cast<uint32_t>(seed);
 }
-CORTADO_CODEC_HD uint32_t HashKey(uint64_t seed, uint64_t index) {
+CORTADO_HOST_DEVICE uint32_t HashKey(uint64_t seed, uint64_t index) {
   return static_cast<uint32_t>(index >> 32) * kHashHi ^
          static_cast<uint32_t>(seed >> 32) * kHashSeed;
 }
 // murmur3's 32-bit finalizer: every input bit reaches every output bit.
-CORTADO_CODEC_HD uint32_t Fmix32(uint32_t h) {
+CORTADO_HOST_DEVICE uint32_t Fmix32(uint32_t h) {
   h ^= h >> 16;
   h *= kMix1;
   h ^= h >> 13;
@@ -77,28 +72,20 @@ CORTADO_CODEC_HD uint32_t Fmix32(uint32_t h) {
   h ^= h >> 16;
   return h;
 }
-CORTADO_CODEC_HD uint32_t RandomWord(uint64_t seed, uint64_t index) {
+CORTADO_HOST_DEVICE uint32_t RandomWord(uint64_t seed, uint64_t index) {
   return Fmix32(HashBase(seed, index) ^ HashKey(seed, index));
 }
 
-CORTADO_CODEC_HD uint32_t AsBits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-CORTADO_CODEC_HD float AsFloat(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-CORTADO_CODEC_HD int MaxInt(int a, int b) { return a > b ? a : b; }
-CORTADO_CODEC_HD int MinInt(int a, int b) { return a < b ? a : b; }
+using dist::BitsToFloat;
+using dist::FloatToBits;
+CORTADO_HOST_DEVICE int MaxInt(int a, int b) { return a > b ? a : b; }
+CORTADO_HOST_DEVICE int MinInt(int a, int b) { return a < b ? a : b; }
 
 // The code of fp32 bits u (the reference's EncodeValue), branch-free; r is the value's random
 // word (kStochastic only). E8 formats (bf16, epgc9) share fp32's exponent, so base + q of the
 // reference is simply abs >> s; the E5 formats need a per-value s.
 template <CodecKind K, Rounding R>
-CORTADO_CODEC_HD uint32_t EncodeBits(uint32_t u, uint32_t r) {
+CORTADO_HOST_DEVICE uint32_t EncodeBits(uint32_t u, uint32_t r) {
   constexpr Format f = FormatOf(K);
   constexpr uint32_t inf = ((1u << f.e) - 1) << f.m;
   constexpr uint32_t qnan = f.m > 0 ? 1u << (f.m > 0 ? f.m - 1 : 0) : 0u;
@@ -145,23 +132,23 @@ CORTADO_CODEC_HD uint32_t EncodeBits(uint32_t u, uint32_t r) {
 
 // All ones where `condition`, else 0: selects by masks keep the loops free of branches (and
 // so vectorizable).
-CORTADO_CODEC_HD uint32_t Mask(bool condition) { return 0u - static_cast<uint32_t>(condition); }
+CORTADO_HOST_DEVICE uint32_t Mask(bool condition) { return 0u - static_cast<uint32_t>(condition); }
 
 // HalfToFloat on bits, branch-free (equal on all 65,536 inputs: tested).
-CORTADO_CODEC_HD uint32_t HalfBitsToFloatBits(uint32_t h) {
+CORTADO_HOST_DEVICE uint32_t HalfBitsToFloatBits(uint32_t h) {
   const uint32_t sign = (h & 0x8000u) << 16;
   const uint32_t a = h & 0x7fffu;
   const uint32_t exp = a >> 10;
-  const uint32_t normal = (a << 13) + (112u << 23);               // rebias 15 -> 127
-  const uint32_t special = normal + (112u << 23);                 // field 31 -> 255, payload kept
-  const uint32_t sub = AsBits(static_cast<float>(a) * 0x1p-24f);  // a < 1024: exact
+  const uint32_t normal = (a << 13) + (112u << 23);  // rebias 15 -> 127
+  const uint32_t special = normal + (112u << 23);    // field 31 -> 255, payload kept
+  const uint32_t sub = FloatToBits(static_cast<float>(a) * 0x1p-24f);  // a < 1024: exact
   const uint32_t is_sub = Mask(exp == 0), is_special = Mask(exp == 31);
   return sign | (sub & is_sub) | (special & is_special) | (normal & ~(is_sub | is_special));
 }
 
 // fp32 bits of a code (the reference's DecodeValue).
 template <CodecKind K>
-CORTADO_CODEC_HD uint32_t DecodeBits(uint32_t code) {
+CORTADO_HOST_DEVICE uint32_t DecodeBits(uint32_t code) {
   constexpr Format f = FormatOf(K);
   if constexpr (f.e == 8) {
     return code << (31 - f.e - f.m);  // sign lands on bit 31, the rest on fp32's places
@@ -174,13 +161,13 @@ CORTADO_CODEC_HD uint32_t DecodeBits(uint32_t code) {
 // either, and when both are, |x - d| is below one gap of the format: so testing the difference
 // is the same test, and it keeps the loop free of branches. (Compiled without fused
 // multiply-adds everywhere: -ffp-contract=off on the host, __fsub_rn on the device.)
-CORTADO_CODEC_HD float Loss(float x, float d) {
+CORTADO_HOST_DEVICE float Loss(float x, float d) {
 #if defined(__CUDA_ARCH__)
-  const uint32_t diff = AsBits(__fsub_rn(x, d));
+  const uint32_t diff = FloatToBits(__fsub_rn(x, d));
 #else
-  const uint32_t diff = AsBits(x - d);
+  const uint32_t diff = FloatToBits(x - d);
 #endif
-  return AsFloat(diff & ~Mask((diff & 0x7f800000u) == 0x7f800000u));
+  return BitsToFloat(diff & ~Mask((diff & 0x7f800000u) == 0x7f800000u));
 }
 
 // The bit-packed formats (epgc11, epgc9) per group of k <= 8 values: k high bytes, then the
@@ -190,23 +177,23 @@ struct Split;
 template <>
 struct Split<CodecKind::kEpgc11> {
   static constexpr int kLow = 3;
-  CORTADO_CODEC_HD static uint32_t High(uint32_t c) { return c >> 3; }
-  CORTADO_CODEC_HD static uint32_t Low(uint32_t c) { return c & 7u; }
-  CORTADO_CODEC_HD static uint32_t Join(uint32_t high, uint32_t low) { return high << 3 | low; }
+  CORTADO_HOST_DEVICE static uint32_t High(uint32_t c) { return c >> 3; }
+  CORTADO_HOST_DEVICE static uint32_t Low(uint32_t c) { return c & 7u; }
+  CORTADO_HOST_DEVICE static uint32_t Join(uint32_t high, uint32_t low) { return high << 3 | low; }
 };
 template <>
 struct Split<CodecKind::kEpgc9> {
   static constexpr int kLow = 1;
-  CORTADO_CODEC_HD static uint32_t High(uint32_t c) { return c & 0xffu; }
-  CORTADO_CODEC_HD static uint32_t Low(uint32_t c) { return c >> 8; }
-  CORTADO_CODEC_HD static uint32_t Join(uint32_t high, uint32_t low) { return low << 8 | high; }
+  CORTADO_HOST_DEVICE static uint32_t High(uint32_t c) { return c & 0xffu; }
+  CORTADO_HOST_DEVICE static uint32_t Low(uint32_t c) { return c >> 8; }
+  CORTADO_HOST_DEVICE static uint32_t Join(uint32_t high, uint32_t low) { return low << 8 | high; }
 };
 
 // ---- One group of 8 values (the last group of a stream may hold fewer) --------------------------
 
 // Writes the k codes of a group to dst, the group's first byte.
 template <CodecKind K>
-CORTADO_CODEC_HD void PackGroup(const uint32_t* codes, int k, uint8_t* dst) {
+CORTADO_HOST_DEVICE void PackGroup(const uint32_t* codes, int k, uint8_t* dst) {
   if constexpr (K == CodecKind::kF16 || K == CodecKind::kBF16) {
     for (int j = 0; j < k; ++j) {  // little-endian 16-bit words
       dst[2 * j] = static_cast<uint8_t>(codes[j]);
@@ -229,7 +216,7 @@ CORTADO_CODEC_HD void PackGroup(const uint32_t* codes, int k, uint8_t* dst) {
 
 // Reads the k codes of the group starting at src.
 template <CodecKind K>
-CORTADO_CODEC_HD void UnpackGroup(const uint8_t* src, int k, uint32_t* codes) {
+CORTADO_HOST_DEVICE void UnpackGroup(const uint8_t* src, int k, uint32_t* codes) {
   if constexpr (K == CodecKind::kF16 || K == CodecKind::kBF16) {
     for (int j = 0; j < k; ++j) codes[j] = uint32_t{src[2 * j]} | uint32_t{src[2 * j + 1]} << 8;
   } else if constexpr (K == CodecKind::kEpgc8) {
@@ -248,33 +235,33 @@ CORTADO_CODEC_HD void UnpackGroup(const uint8_t* src, int k, uint32_t* codes) {
 
 // Group g of a stream: its first value is 8g, its first byte BitsOf(K) * g.
 template <CodecKind K>
-CORTADO_CODEC_HD size_t GroupByteOffset(size_t group) {
+CORTADO_HOST_DEVICE size_t GroupByteOffset(size_t group) {
   return static_cast<size_t>(BitsOf(K)) * group;
 }
 
 // Encodes the k values of src (stream indices first_index ..) into the group's bytes at dst;
 // with kResidual, residual[j] += what value j lost.
 template <CodecKind K, Rounding R, bool kResidual>
-CORTADO_CODEC_HD void EncodeGroup(const float* src, int k, uint8_t* dst, uint64_t seed,
-                                  uint64_t first_index, float* residual) {
+CORTADO_HOST_DEVICE void EncodeGroup(const float* src, int k, uint8_t* dst, uint64_t seed,
+                                     uint64_t first_index, float* residual) {
   uint32_t codes[8];
   for (int j = 0; j < k; ++j) {
-    const uint32_t u = AsBits(src[j]);
+    const uint32_t u = FloatToBits(src[j]);
     const uint32_t r = R == Rounding::kStochastic ? RandomWord(seed, first_index + j) : 0u;
     codes[j] = EncodeBits<K, R>(u, r);
     if constexpr (kResidual)
-      residual[j] = residual[j] + Loss(src[j], AsFloat(DecodeBits<K>(codes[j])));
+      residual[j] = residual[j] + Loss(src[j], BitsToFloat(DecodeBits<K>(codes[j])));
   }
   PackGroup<K>(codes, k, dst);
 }
 
 // Decodes the k values of the group at src into dst (kAccumulate: dst[j] += value j, in fp32).
 template <CodecKind K, bool kAccumulate>
-CORTADO_CODEC_HD void DecodeGroup(const uint8_t* src, int k, float* dst) {
+CORTADO_HOST_DEVICE void DecodeGroup(const uint8_t* src, int k, float* dst) {
   uint32_t codes[8];
   UnpackGroup<K>(src, k, codes);
   for (int j = 0; j < k; ++j) {
-    const float d = AsFloat(DecodeBits<K>(codes[j]));
+    const float d = BitsToFloat(DecodeBits<K>(codes[j]));
 #if defined(__CUDA_ARCH__)
     dst[j] = kAccumulate ? __fadd_rn(dst[j], d) : d;
 #else
