@@ -30,17 +30,8 @@ while (($#)); do
   esac
 done
 
-to_bytes() {  # 4K -> 4096 (K = 1024)
-  local v=${1^^}
-  case "$v" in
-    *G) echo $(( ${v%G} << 30 )) ;;
-    *M) echo $(( ${v%M} << 20 )) ;;
-    *K) echo $(( ${v%K} << 10 )) ;;
-    *) echo "$v" ;;
-  esac
-}
-lo=$(to_bytes "${sizes%%:*}")
-hi=$(to_bytes "${sizes##*:}")
+lo=$(bench_to_bytes "${sizes%%:*}")
+hi=$(bench_to_bytes "${sizes##*:}")
 
 for tool in mpicc mpirun cc "$py"; do
   command -v "$tool" >/dev/null || { echo "comm.sh: '$tool' not found; run scripts/setup.sh --bench" >&2; exit 1; }
@@ -51,8 +42,7 @@ done
 # The cortado binary, built (incrementally) in --build DIR, default build/.
 bench_cortado --build
 
-out="$root/runs/bench-comm-$(date +%Y%m%d-%H%M%S)"
-mkdir -p "$out"
+bench_out comm
 work=$(mktemp -d)
 cleanup() { kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
@@ -65,7 +55,7 @@ ompi_info 2>/dev/null | grep -q "btl: vader" || shm_btl=sm
 {
   echo "# $(date -Is) $(uname -srm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
   echo "# cortado: $cortado; $(mpirun --version 2>&1 | head -1); torch $("$py" -c 'import torch; print(torch.__version__)')"
-} | tee "$out/info.txt"
+} | tee -a "$out/info.txt"
 bench_load before "$out/info.txt"
 
 mpicc -O2 -o "$work/mpi_allreduce" "$root/scripts/bench/comm/mpi_allreduce.c"

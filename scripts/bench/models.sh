@@ -18,9 +18,7 @@ iters=${ITERS:-2}
 warmup=${WARMUP:-1}
 threads=${THREADS:-2}
 bench_cortado
-out=runs/bench-models-$(date +%Y%m%d-%H%M%S)
-mkdir -p "$out"
-echo "# $(date -Is) $(git rev-parse --short HEAD 2>/dev/null || echo '?')" > "$out/info.txt"
+bench_out models
 bench_load before "$out/info.txt"
 
 for r in $(seq "$rounds"); do

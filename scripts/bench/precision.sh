@@ -18,9 +18,7 @@ iters=${ITERS:-2}
 warmup=${WARMUP:-1}
 threads=${THREADS:-2}
 bench_cortado
-out=runs/bench-precision-$(date +%Y%m%d-%H%M%S)
-mkdir -p "$out"
-echo "# $(date -Is) $(git rev-parse --short HEAD 2>/dev/null || echo '?')" > "$out/info.txt"
+bench_out precision
 bench_load before "$out/info.txt"
 config=$out/$model.yaml
 printf 'model: {builder: %s, num_classes: 1000}\ndata: {type: synthetic, batch_size: 16, crop: 224}\nsolver: {base_lr: 0.01, momentum: 0.9, max_iter: 1000}\n' "$model" > "$config"

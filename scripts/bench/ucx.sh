@@ -44,17 +44,8 @@ while (($#)); do
   esac
 done
 
-to_bytes() {  # 4K -> 4096 (K = 1024)
-  local v=${1^^}
-  case "$v" in
-    *G) echo $(( ${v%G} << 30 )) ;;
-    *M) echo $(( ${v%M} << 20 )) ;;
-    *K) echo $(( ${v%K} << 10 )) ;;
-    *) echo "$v" ;;
-  esac
-}
-lo=$(to_bytes "${sizes%%:*}")
-hi=$(to_bytes "${sizes##*:}")
+lo=$(bench_to_bytes "${sizes%%:*}")
+hi=$(bench_to_bytes "${sizes##*:}")
 
 for tool in mpicc mpirun ucx_perftest ucx_info; do
   command -v "$tool" >/dev/null || { echo "ucx.sh: '$tool' not found; run scripts/setup.sh --bench" >&2; exit 1; }
@@ -68,8 +59,7 @@ bench_cortado --build
 "$cortado" bench comm --help 2>/dev/null | grep -q -- --transport ||
   { echo "ucx.sh: $cortado has no bench comm --transport" >&2; exit 1; }
 
-out="$root/runs/bench-ucx-$(date +%Y%m%d-%H%M%S)"
-mkdir -p "$out"
+bench_out ucx
 work=$(mktemp -d)
 cleanup() { kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
@@ -79,7 +69,7 @@ free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)
   echo "# $(date -Is) $(uname -srm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
   echo "# cortado: $cortado ($(git -C "$root" rev-parse --short HEAD)); $(mpirun --version 2>&1 | head -1); $(ucx_info -v | head -1 | sed 's/^# //')"
   echo "# UCX transports here: $(ucx_info -d | awk '/Transport:/ {print $3}' | sort -u | tr '\n' ' ')"
-} | tee "$out/info.txt"
+} | tee -a "$out/info.txt"
 bench_load before "$out/info.txt"
 
 mpicc -O2 -o "$work/mpi_allreduce" "$root/scripts/bench/comm/mpi_allreduce.c"
