@@ -1,0 +1,68 @@
+// Which codec each gradient bucket travels in when `distributed.codec: auto` chooses (issue 29's
+// planner): a pure function of what the ranks measured and agreed on, so every rank computes the
+// same plan from the same numbers, and the rules can be tested as a table.
+//
+// Model. Backward makes bucket b ready at ready_s (seconds from the start of backward) and ends
+// at backward_end_s. The communicator runs the buckets' all-reduces one after another in bucket
+// order, so bucket b's transfer starts at max(its ready time, the previous one's finish) and
+// takes the link model's time for its encoded bytes. Communication ends when the last transfer
+// finishes; the time past the end of backward is exposed.
+//
+// Rule. The narrowest candidate everywhere ends communication soonest; call that end E. The
+// planner walks the buckets in order and gives each the widest candidate that, with every later
+// bucket in the narrowest, still ends communication by max(E, the end of backward): no choice
+// exposes more than the narrowest would, and precision goes to the buckets with backward left to
+// hide them. On a fast link every bucket but the last-ready ones keeps f32; on a slow one the
+// first-ready bucket keeps the most, and the queue pushes the later ones narrower; the last
+// bucket, ready when backward ends, gets the narrowest unless its transfer is free.
+//
+// Guard. A lossy codec's error-feedback residual grows relative to the gradient where the codec
+// is too coarse for the bucket's values; Widen moves each bucket whose measured ratio exceeds the
+// limit one candidate wider.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cortado/dist/codec.h"
+
+namespace cortado {
+
+// Time of one all-reduce of `bytes` on W ranks (a ring: 2 (W - 1) steps, each a latency and
+// 1/W of the bytes): 2 (W - 1) * latency_s + 2 (W - 1) / W * bytes / bytes_per_s.
+struct LinkModel {
+  double latency_s = 0;
+  double bytes_per_s = 0;
+  double AllReduceSeconds(double bytes, int world_size) const;
+};
+
+struct BucketTiming {
+  double ready_s = 0;    // when backward made the bucket ready, from backward's start
+  double f32_bytes = 0;  // its gradients in f32
+};
+
+struct CodecPlanInput {
+  std::vector<BucketTiming> buckets;  // in issue order
+  double backward_end_s = 0;
+  int world_size = 2;
+  LinkModel link;
+  std::vector<dist::CodecKind> candidates;  // widest first, e.g. f32, bf16, epgc11, epgc8
+};
+
+struct PlannedBucket {
+  dist::CodecKind codec = dist::CodecKind::kF32;
+  double start_s = 0, finish_s = 0;  // the predicted transfer, in the plan's queue
+  bool hidden = false;               // finishes by the end of backward
+};
+
+// Throws naming what is wrong: no candidates, a candidate list not ordered widest first, a
+// non-positive rate or world size.
+std::vector<PlannedBucket> PlanCodecs(const CodecPlanInput& input);
+
+// One candidate wider for every bucket whose residual ratio (error-feedback residual norm over
+// gradient norm) is above max_ratio; buckets already in the widest stay.
+std::vector<dist::CodecKind> Widen(const std::vector<dist::CodecKind>& codecs,
+                                   const std::vector<double>& residual_ratios, double max_ratio,
+                                   const std::vector<dist::CodecKind>& candidates);
+
+}  // namespace cortado

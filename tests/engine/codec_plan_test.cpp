@@ -1,0 +1,115 @@
+// The `codec: auto` planner as a table: link speed and hiding time in, codecs out.
+#include "engine/codec_plan.h"
+
+#include <gtest/gtest.h>
+
+#include "engine/error.h"
+
+namespace cortado {
+namespace {
+
+using dist::CodecKind;
+
+const std::vector<CodecKind> kCandidates = {CodecKind::kF32, CodecKind::kBF16, CodecKind::kEpgc11,
+                                            CodecKind::kEpgc8};
+
+// ResNet-50-like: 100 MB of f32 gradients in 5 buckets over a 3 s backward; the first bucket is
+// ready early, the last when backward ends.
+CodecPlanInput Resnet50Like(double bytes_per_s) {
+  CodecPlanInput in;
+  in.buckets = {{0.2, 4e6}, {0.9, 26e6}, {1.6, 26e6}, {2.3, 26e6}, {3.0, 18e6}};
+  in.backward_end_s = 3.0;
+  in.world_size = 2;
+  in.link = LinkModel{50e-6, bytes_per_s};
+  in.candidates = kCandidates;
+  return in;
+}
+
+std::vector<CodecKind> Codecs(const std::vector<PlannedBucket>& plan) {
+  std::vector<CodecKind> codecs;
+  for (const PlannedBucket& b : plan) codecs.push_back(b.codec);
+  return codecs;
+}
+
+TEST(CodecPlan, AFastLinkKeepsF32WhereTransfersHide) {
+  // 10 Gbit/s: 26 MB takes 21 ms; every bucket but the last finishes long before backward ends.
+  const auto plan = PlanCodecs(Resnet50Like(1.25e9));
+  for (size_t b = 0; b + 1 < plan.size(); ++b) {
+    EXPECT_EQ(plan[b].codec, CodecKind::kF32) << b;
+    EXPECT_TRUE(plan[b].hidden) << b;
+  }
+  // The last bucket is ready when backward ends: nothing hides it, so it travels narrowest.
+  EXPECT_EQ(plan.back().codec, CodecKind::kEpgc8);
+  EXPECT_FALSE(plan.back().hidden);
+}
+
+TEST(CodecPlan, ASlowLinkNarrowsTheLastReadyBucketsFirst) {
+  // 1 Gbit/s: a 26 MB bucket takes 0.21 s in f32, 0.11 s in bf16; 0.7 s between buckets hides
+  // the early ones in f32, and the queue behind them pushes the later ones narrower.
+  const auto plan = PlanCodecs(Resnet50Like(125e6));
+  EXPECT_EQ(plan[0].codec, CodecKind::kF32);
+  EXPECT_EQ(plan[1].codec, CodecKind::kF32);
+  EXPECT_EQ(plan.back().codec, CodecKind::kEpgc8);
+  // 100 Mbit/s: f32 fits nowhere after the first bucket; codecs never widen toward the end.
+  const auto slow = PlanCodecs(Resnet50Like(12.5e6));
+  for (size_t b = 1; b < slow.size(); ++b) {
+    EXPECT_GE(dist::CodecBits(slow[b - 1].codec), dist::CodecBits(slow[b].codec)) << b;
+  }
+  EXPECT_NE(slow[1].codec, CodecKind::kF32);
+}
+
+TEST(CodecPlan, PrecisionGoesWhereItExposesNothingMoreThanTheNarrowest) {
+  // 100 Mbit/s: f32 for the first bucket (ready early, small), bf16 for the second; after that
+  // the queue leaves room for nothing wider than epgc8. The end of communication is what the
+  // narrowest codec everywhere would give.
+  CodecPlanInput in = Resnet50Like(12.5e6);
+  const auto plan = PlanCodecs(in);
+  EXPECT_EQ(Codecs(plan),
+            (std::vector<CodecKind>{CodecKind::kF32, CodecKind::kBF16, CodecKind::kEpgc8,
+                                    CodecKind::kEpgc8, CodecKind::kEpgc8}));
+  in.candidates = {CodecKind::kEpgc8};
+  EXPECT_NEAR(plan.back().finish_s, PlanCodecs(in).back().finish_s, 1e-9);
+}
+
+TEST(CodecPlan, WhereNothingFitsTheNarrowestIsChosen) {
+  const auto plan = PlanCodecs(Resnet50Like(1e5));  // 100 KB/s: nothing hides
+  EXPECT_EQ(Codecs(plan), std::vector<CodecKind>(5, CodecKind::kEpgc8));
+  for (const PlannedBucket& b : plan) EXPECT_FALSE(b.hidden);
+}
+
+TEST(CodecPlan, TransfersQueueBehindEachOther) {
+  CodecPlanInput in = Resnet50Like(125e6);
+  in.candidates = {CodecKind::kF32};
+  const auto plan = PlanCodecs(in);
+  for (size_t b = 1; b < plan.size(); ++b) {
+    EXPECT_GE(plan[b].start_s, plan[b - 1].finish_s) << b;
+    EXPECT_GE(plan[b].start_s, in.buckets[b].ready_s) << b;
+  }
+  // 2 ranks: 2 steps of latency and the bytes once.
+  EXPECT_DOUBLE_EQ(plan[0].finish_s - plan[0].start_s, 2 * 50e-6 + 4e6 / 125e6);
+}
+
+TEST(CodecPlan, TheGuardWidensOneStepWhereTheResidualIsTooLarge) {
+  const std::vector<CodecKind> codecs = {CodecKind::kF32, CodecKind::kEpgc8, CodecKind::kEpgc11,
+                                         CodecKind::kBF16};
+  const auto widened = Widen(codecs, {0.9, 0.5, 0.01, 0.2}, 0.1, kCandidates);
+  EXPECT_EQ(widened, (std::vector<CodecKind>{CodecKind::kF32, CodecKind::kEpgc11,
+                                             CodecKind::kEpgc11, CodecKind::kF32}));
+}
+
+TEST(CodecPlan, RefusesWhatCannotBePlanned) {
+  CodecPlanInput in = Resnet50Like(125e6);
+  in.candidates = {CodecKind::kEpgc8, CodecKind::kF32};
+  EXPECT_THROW(PlanCodecs(in), Error);
+  in.candidates = {};
+  EXPECT_THROW(PlanCodecs(in), Error);
+  in = Resnet50Like(0);
+  EXPECT_THROW(PlanCodecs(in), Error);
+  in = Resnet50Like(125e6);
+  in.world_size = 1;
+  EXPECT_THROW(PlanCodecs(in), Error);
+  EXPECT_THROW(Widen({CodecKind::kF16}, {1.0}, 0.1, kCandidates), Error);
+}
+
+}  // namespace
+}  // namespace cortado
