@@ -14,7 +14,11 @@
 #
 # (with overlap off every bucket is all-reduced after backward, so its exposed time is the whole
 # communication time), and the machine's CPU time per step by kind (user, system, softirq, idle:
-# both ends of the emulated link run on this machine's cores). The peer, measured in the same rounds over the same link: PyTorch 1.13
+# both ends of the emulated link run on this machine's cores). Communication's CPU is split in
+# two: Cortado's own (the communicator thread's CPU time, which each rank measures for its
+# buckets and writes to its metrics: what a rank of a real two-host job pays too) and the rest
+# of what the machine spends beyond the side-by-side control (the emulation: the other end's
+# network stack, veth and tc in softirq and timers, and their interference with compute). The peer, measured in the same rounds over the same link: PyTorch 1.13
 # DistributedDataParallel with Gloo (scripts/bench/scaling/ddp_torch.py: the same models, batch,
 # thread count and synthetic data; DDP always overlaps, with its default 25 MB buckets).
 #
@@ -73,7 +77,7 @@ while (($#)); do
       shift 2 ;;
     --no-torch) torch=0; shift ;;
     --no-alone) alone=0; shift ;;
-    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
     *) usage "unknown argument '$1'" ;;
   esac
 done
@@ -201,6 +205,9 @@ run_alone_pair() {  # MODEL ROUND
   local model=$1 round=$2 side pids=()
   local cfg; cfg=$(config "$model" 1)
   echo "== round $round: $model, 2 single ranks side by side (no communication)" >&2
+  # The machine's CPU while both compute: the base that the 2-rank runs' CPU is compared with.
+  sample_cpu "$out/$model.none.alone-a.r$round.jsonl" "$(lookup "$warmup_spec" "$model")" \
+    "$(lookup "$steps_spec" "$model")" "$out/$model.none.alone-a.r$round.cpu.json" &
   for side in a b; do
     local tag=$model.none.alone-$side.r$round
     "$cortado" train --config "$cfg" --threads 1 --no-progress --metrics "$out/$tag.jsonl" \
