@@ -68,9 +68,9 @@ World JoinWorld(const DistributedConfig& config) {
         : std::getenv("MASTER_PORT")          ? "from MASTER_PORT"
                                               : "derived from the job id: set CORTADO_MASTER_PORT "
                                                 "to choose another";
-    throw dist::Error(
-        e.kind(), StrCat(what, " (master ", info.master_addr, ":", port, ", port ", from, ")"),
-        e.peer_rank(), e.op(), e.ranks());
+    throw dist::Error(e.kind(),
+                      StrCat(what, " (master ", info.master_addr, ":", port, ", port ", from, ")"),
+                      e.peer_rank(), e.op(), e.ranks());
   }
   world.backend = world.comm->backend();
   return world;
