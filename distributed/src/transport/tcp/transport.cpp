@@ -392,6 +392,12 @@ void TcpTransport::ProgressThreadLoop() {
       park_cv_.wait_for(lock, std::chrono::milliseconds(20));
       continue;
     }
+    {
+      // A driver may have left a payload's low-water mark behind: a small frame (a status
+      // query) must wake this thread, not wait for the rest of a payload.
+      std::lock_guard<std::mutex> lock(io_mu_);
+      UpdateLowWaterLocked();
+    }
     int n = ::epoll_wait(thread_epfd_.get(), events, 64, 50);
     if (stop_.load()) break;
     std::unique_lock<std::mutex> lock(io_mu_);
@@ -399,7 +405,6 @@ void TcpTransport::ProgressThreadLoop() {
     if (drivers_.load(std::memory_order_acquire) > 0) continue;
     while (ProgressLocked()) {
     }
-    UpdateLowWaterLocked();  // before the next epoll_wait
   }
 }
 
