@@ -59,7 +59,7 @@ def fmt(values, digits=2, pct=False):
 
 
 def rate_bits(rate):
-    m = re.fullmatch(r"([0-9.]+)(k|m|g)?bit", rate.lower())
+    m = re.fullmatch(r"([0-9.]+)(k|m|g)?bit(\.ucx)?", rate.lower())
     if not m:
         return None
     return float(m.group(1)) * {None: 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
@@ -85,6 +85,9 @@ def main():
         if len(parts) < 3 or not re.fullmatch(r"r\d+", parts[-1]):
             continue
         model, rnd, middle = parts[0], int(parts[-1][1:]), parts[1:-1]
+        # <model>.<rate>.ucx...: a run over the UCX transport; its network is "<rate>.ucx".
+        if len(middle) >= 3 and middle[1] == "ucx":
+            middle = [middle[0] + ".ucx"] + middle[2:]
         if middle == ["single"]:
             rate, mode = "single", "cortado"
         elif len(middle) == 3 and middle[1].startswith("codec-") and middle[2].startswith("overlap-"):
@@ -123,7 +126,7 @@ def main():
 
     models = sorted({k[0] for k in runs})
     rates = sorted({k[1] for k in runs if k[1] not in ("single", "none")},
-                   key=lambda r: rate_bits(r) or 0)
+                   key=lambda r: (rate_bits(r) or 0, r))
     print("| model | network | mode | step s | compute s | exposed comm s | efficiency | hidden |")
     print("|---|---|---|---|---|---|---|---|")
     for model in models:
@@ -249,7 +252,7 @@ def main():
             times = []
             for rate in rates:
                 bits = rate_bits(rate)
-                if bits:
+                if bits and not rate.endswith(".ucx"):
                     # TCP goodput at MTU 1500 is 1448/1514 of the link rate (scripts/netem/up.sh).
                     times.append(f"{rate} {mb * 1e6 * 8 / (bits * 1448 / 1514):.2f} s")
             if times:
