@@ -379,18 +379,33 @@ DataParallel::StepResult DataParallel::FinishStep() {
   WaitAll(true);
   const auto t1 = Trace::Clock::now();
   last_wait_s_ = std::chrono::duration<double>(t1 - t0).count();
+  last_comm_cpu_ = dist::ThreadCpu{};
+  last_comm_wakeups_ = 0;
+  for (const auto& w : work_) {
+    last_comm_cpu_ += w->cpu();
+    last_comm_wakeups_ += w->wakeups();
+  }
   if (trace_ != nullptr) {
     const double esize = static_cast<double>(DTypeSize(block_.dtype()));
     for (size_t b = 0; b < buckets_.size(); ++b) {
       const dist::Work& w = *work_[b];
+      const dist::ThreadCpu cpu = w.cpu();
       trace_->Add(
           TraceTrack::kGradients, StrCat("all-reduce bucket ", b), "comm", queued_at_[b],
           w.finished_at(),
           {{"bytes", (buckets_[b].end - buckets_[b].begin) * esize},
            {"queued_ms",
-            std::chrono::duration<double, std::milli>(w.started_at() - queued_at_[b]).count()}});
+            std::chrono::duration<double, std::milli>(w.started_at() - queued_at_[b]).count()},
+           {"cpu_ms", 1000 * cpu.total_s},
+           {"user_ms", 1000 * cpu.user_s},
+           {"system_ms", 1000 * cpu.system_s},
+           {"wakeups", static_cast<double>(w.wakeups())}});
     }
-    trace_->Add(TraceTrack::kCompute, "wait for gradients", "comm", t0, t1);
+    trace_->Add(TraceTrack::kCompute, "wait for gradients", "comm", t0, t1,
+                {{"comm_cpu_ms", 1000 * last_comm_cpu_.total_s},
+                 {"comm_user_ms", 1000 * last_comm_cpu_.user_s},
+                 {"comm_system_ms", 1000 * last_comm_cpu_.system_s},
+                 {"comm_wakeups", static_cast<double>(last_comm_wakeups_)}});
   }
   return StepResult{ControlWord(0) > 0, ControlWord(1)};
 }

@@ -129,8 +129,15 @@ class DataParallel {
   StepResult FinishStep();
   // Seconds FinishStep last waited for communication (the exposed communication time).
   double last_wait_seconds() const { return last_wait_s_; }
+  // What the last step's buckets cost the communicator's worker thread: CPU time (total, user,
+  // system; dist::Work::cpu) and wake-ups (sleeps waiting for the network, dist::Work::wakeups),
+  // summed over the buckets; set by FinishStep. This is the rank's own CPU cost of communication,
+  // beside the wall time it took (the kernel's softirq network path is not in it).
+  const dist::ThreadCpu& last_comm_cpu() const { return last_comm_cpu_; }
+  uint64_t last_comm_wakeups() const { return last_comm_wakeups_; }
 
-  // Records each bucket's all-reduce (enqueue to done) and the wait of FinishStep; null: off.
+  // Records each bucket's all-reduce (enqueue to done, with its CPU time and wake-ups) and the
+  // wait of FinishStep; null: off.
   void set_trace(Trace* trace) { trace_ = trace; }
 
  private:
@@ -161,6 +168,8 @@ class DataParallel {
   std::vector<Trace::Clock::time_point> queued_at_;
   size_t next_issue_ = 0;
   double last_wait_s_ = 0;
+  dist::ThreadCpu last_comm_cpu_;
+  uint64_t last_comm_wakeups_ = 0;
   Trace* trace_ = nullptr;
 };
 

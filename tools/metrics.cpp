@@ -19,6 +19,10 @@ void IntervalStats::Add(double loss, const StepTimes& t) {
   time.compute += t.compute;
   time.comm_wait += t.comm_wait;
   time.sync_bn += t.sync_bn;
+  time.comm_cpu += t.comm_cpu;
+  time.comm_user += t.comm_user;
+  time.comm_system += t.comm_system;
+  time.comm_wakeups += t.comm_wakeups;
 }
 
 double IntervalStats::Seconds() const {

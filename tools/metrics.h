@@ -17,6 +17,12 @@ struct StepTimes {
   double compute = 0;    // forward, backward (including synchronized batch norm) and update
   double comm_wait = 0;  // waiting for gradient buckets after backward (exposed communication)
   double sync_bn = 0;    // synchronized batch-norm all-reduces (part of compute)
+  // Not wall time: what the gradient buckets cost the communicator's worker thread (CPU seconds,
+  // total and the kernel's user/system split) and how often it slept waiting for the network.
+  double comm_cpu = 0;
+  double comm_user = 0;
+  double comm_system = 0;
+  double comm_wakeups = 0;
   double Total() const { return data_wait + compute + comm_wait; }
 };
 

@@ -523,6 +523,10 @@ StepTimes Trainer::Step(const std::atomic<bool>* stop) {
   if (dp_) {
     DataParallel::StepResult r = dp_->FinishStep();
     times.comm_wait = dp_->last_wait_seconds();
+    times.comm_cpu = dp_->last_comm_cpu().total_s;
+    times.comm_user = dp_->last_comm_cpu().user_s;
+    times.comm_system = dp_->last_comm_cpu().system_s;
+    times.comm_wakeups = static_cast<double>(dp_->last_comm_wakeups());
     stop_agreed_ = r.stop;
     loss = r.loss;
     // Every rank sees the same mean loss, so all of them stop here together.
@@ -703,6 +707,8 @@ void Trainer::LogInterval(int64_t replaced_records) {
     if (s.time.sync_bn > 0) {
       comm += StrCat(" (+ sync BN ", Fixed(1000 * s.time.sync_bn / steps, 1), " in compute)");
     }
+    // CPU time, not wall time: what the buckets cost the communicator's thread.
+    comm += StrCat(", comm CPU ", Fixed(1000 * s.time.comm_cpu / steps, 1));
   }
   std::string scaling;
   if (scaler_) {
@@ -731,7 +737,13 @@ void Trainer::LogInterval(int64_t replaced_records) {
   m["comm_wait_s"] = s.time.comm_wait;
   m["sync_bn_s"] = s.time.sync_bn;
   m["replaced_records"] = replaced_records;
-  if (dp_) m["wire_bytes_per_step"] = dp_->wire_bytes_per_step();
+  if (dp_) {
+    m["wire_bytes_per_step"] = dp_->wire_bytes_per_step();
+    m["comm_cpu_s"] = s.time.comm_cpu;
+    m["comm_user_s"] = s.time.comm_user;
+    m["comm_system_s"] = s.time.comm_system;
+    m["comm_wakeups"] = s.time.comm_wakeups;
+  }
   if (scaler_) {
     m["loss_scale"] = scaler_->scale();
     m["skipped_steps"] = scaler_->skipped_steps();

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <thread>
 
 #include "cortado/dist/communicator.h"
 #include "matrix.h"
@@ -131,6 +132,57 @@ TEST(CollectivesThreadsApi, WorkRecordsQueuedStartedAndFinishedTimes) {
   });
   EXPECT_EQ(errors[0] + errors[1], "");
 }
+
+// The calling thread's CPU clock advances while it computes and not while it sleeps, and the
+// kernel's user/system split adds up to it.
+TEST(ThreadCpuTime, CountsComputingNotSleeping) {
+  const ThreadCpu a = CurrentThreadCpu();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const ThreadCpu b = CurrentThreadCpu();
+  EXPECT_LT(b.total_s - a.total_s, 0.02);
+  volatile double x = 1;
+  while (CurrentThreadCpu().total_s - b.total_s < 0.05) {
+    for (int i = 0; i < 100000; ++i) x = x * 1.0000001 + 1e-9;
+  }
+  const ThreadCpu c = CurrentThreadCpu();
+  EXPECT_GE(c.total_s - b.total_s, 0.05);
+  EXPECT_GT(c.user_s - b.user_s, c.system_s - b.system_s);  // the loop runs in user space
+  EXPECT_NEAR(c.user_s + c.system_s, c.total_s, 0.01 + 0.05 * c.total_s);
+}
+
+// Work reports the worker thread's CPU time for the operation and how often it slept waiting
+// for the network. Rank 1 arrives 300 ms late: rank 0 waits that long, asleep (a few wake-ups,
+// a little CPU), not polling (300 ms of CPU).
+class WorkCpu : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(WorkCpu, WaitingForALatePeerCostsLittleCpu) {
+  CORTADO_SKIP_UNLESS_BUILT(GetParam());
+  auto errors = RunThreads(
+      2,
+      [](Communicator& comm) {
+        std::vector<float> data(1 << 20, 1.0f);  // 4 MB: the ring
+        if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        auto w = comm.AllReduceAsync(data.data(), data.size(), DataType::kF32, ReduceOp::kSum);
+        w->Wait();
+        EXPECT_EQ(data[12345], 2.0f);
+        const ThreadCpu cpu = w->cpu();
+        const double wall =
+            std::chrono::duration<double>(w->finished_at() - w->started_at()).count();
+        EXPECT_GT(cpu.total_s, 0.0);  // the reduction and the system calls cost something
+        EXPECT_LE(cpu.total_s, wall + 0.002);
+        EXPECT_GE(cpu.user_s, 0.0);
+        EXPECT_GE(cpu.system_s, 0.0);
+        if (comm.rank() == 0) {
+          EXPECT_GT(wall, 0.25);
+          EXPECT_LT(cpu.total_s, 0.1) << "waiting for rank 1 burnt CPU";
+          EXPECT_GE(w->wakeups(), 1u);
+        }
+      },
+      OptionsFor(GetParam()));
+  EXPECT_EQ(errors[0] + errors[1], "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Each, WorkCpu, ::testing::ValuesIn(TransportNames()), TransportName);
 
 // Registered memory: over UCX on one host the ranks share it and a ring-sized all-reduce of it
 // runs 'direct'; over TCP (no shared memory) it is registered but runs the ring, and forcing

@@ -16,6 +16,7 @@
 #include "../src/common/socket.h"
 #include "../src/transport/tcp/handshake.h"
 #include "../src/transport/tcp/wire.h"
+#include "../src/transport/transport_internal.h"
 #include "cortado/dist/tcp_transport.h"
 #include "cortado/dist/ucx_transport.h"
 
@@ -253,6 +254,95 @@ TEST(TcpHandshake, AdmitsTheJobsRankAndRefusesAnotherJobs) {
           << e.what();
     }
   }
+}
+
+// SpinPolicy: waits poll while polling pays; after two that polled and slept anyway they go
+// straight to sleep, but every 32nd still polls, and one that completes while polling resumes it.
+TEST(SpinPolicy, PollsOnlyWhilePollingPays) {
+  internal::SpinPolicy p;
+  EXPECT_TRUE(p.ShouldSpin());
+  p.Record(false);
+  EXPECT_TRUE(p.ShouldSpin());
+  p.Record(false);
+  int polled = 0;
+  for (int i = 0; i < 64; ++i) polled += p.ShouldSpin() ? 1 : 0;
+  EXPECT_EQ(polled, 2);  // the probes
+  p.Record(true);        // a probe that paid off
+  EXPECT_TRUE(p.ShouldSpin());
+  EXPECT_TRUE(p.ShouldSpin());
+}
+
+// A payload that trickles in over a slow link (here: rank 1 is this test, writing a 256 KB
+// message in 64 pieces 2 ms apart, as a shaped link would deliver it) wakes the waiting rank a
+// few times, not once per piece: the receive low-water mark holds the wake-up until the rest of
+// the payload is there. A small message after it still wakes the waiter at once (the mark is back
+// to one byte between payloads), or its Wait would run into the deadline.
+TEST(TcpTransport, ASlowlyArrivingPayloadCostsAFewWakeUpsNotOnePerPiece) {
+  auto t = MakeTransport("tcp", 0, 2);
+  std::string connect_error;
+  std::thread connect([&] {
+    try {
+      t->Connect({t->LocalAddress(), "unused: rank 1 dials"}, Deadline::After(seconds(10)));
+    } catch (const std::exception& e) {
+      connect_error = e.what();
+    }
+  });
+  tcp::Handshake dial = tcp::Handshake::Dial(0, t->LocalAddress());
+  ASSERT_EQ(Drive(dial, HandshakeContextFor(1, "tok")), tcp::Step::kEstablished);
+  connect.join();
+  ASSERT_EQ(connect_error, "");
+  internal::Fd peer = dial.TakeFd();
+  internal::SetNonBlocking(peer.get(), false);
+  internal::SetNoDelay(peer.get());
+  auto send_all = [&](const void* data, size_t n) {
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t k = ::send(peer.get(), p, n, MSG_NOSIGNAL);
+      if (k <= 0) return false;
+      p += k;
+      n -= static_cast<size_t>(k);
+    }
+    return true;
+  };
+
+  constexpr size_t kBytes = 256 << 10, kPieces = 64;
+  std::vector<char> sent(kBytes), got(kBytes, 0), small(16, 0);
+  for (size_t i = 0; i < kBytes; ++i) sent[i] = static_cast<char>(i * 7 + 1);
+  auto region = t->Register(got.data(), got.size());
+  auto small_region = t->Register(small.data(), small.size());
+  t->BeginOperation(1);  // this thread drives, as the communicator's worker does
+  const RequestId big = t->PostRecv(1, *region, 0, kBytes, 5);
+  const RequestId tiny = t->PostRecv(1, *small_region, 0, small.size(), 6);
+  bool sent_ok = true;
+  std::thread writer([&] {
+    const internal::FrameHeader h = internal::MakeHeader(internal::kFrameData, 5, kBytes);
+    sent_ok &= send_all(&h, sizeof(h));
+    for (size_t i = 0; i < kPieces; ++i) {
+      std::this_thread::sleep_for(milliseconds(2));
+      sent_ok &= send_all(sent.data() + i * (kBytes / kPieces), kBytes / kPieces);
+    }
+    std::this_thread::sleep_for(milliseconds(50));
+    const internal::FrameHeader h2 = internal::MakeHeader(internal::kFrameData, 6, 16);
+    const char payload[16] = "fifteen bytes..";
+    sent_ok &= send_all(&h2, sizeof(h2));
+    sent_ok &= send_all(payload, sizeof(payload));
+  });
+  const uint64_t before = t->WaitSleeps();
+  t->Wait(big, Deadline::After(seconds(10)));
+  const uint64_t sleeps = t->WaitSleeps() - before;
+  const auto t_small = std::chrono::steady_clock::now();
+  t->Wait(tiny, Deadline::After(seconds(10)));
+  const double small_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_small).count();
+  t->EndOperation(1);
+  writer.join();
+  EXPECT_TRUE(sent_ok);
+  EXPECT_EQ(got, sent);
+  EXPECT_EQ(std::string(small.data()), "fifteen bytes..");
+  EXPECT_GE(sleeps, 1u);  // it did wait for the link
+  EXPECT_LE(sleeps, 8u) << "one wake-up per piece: the low-water mark is not in effect";
+  EXPECT_LT(small_s, 2.0) << "the small message after the payload did not wake the waiter";
+  ::shutdown(peer.get(), SHUT_RDWR);
 }
 
 TEST(TcpTransport, StrangersAndGarbageDuringSetupAreRejectedAndTheMeshForms) {

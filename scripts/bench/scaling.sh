@@ -14,7 +14,11 @@
 #
 # (with overlap off every bucket is all-reduced after backward, so its exposed time is the whole
 # communication time), and the machine's CPU time per step by kind (user, system, softirq, idle:
-# both ends of the emulated link run on this machine's cores). The peer, measured in the same rounds over the same link: PyTorch 1.13
+# both ends of the emulated link run on this machine's cores). Communication's CPU is split in
+# two: Cortado's own (the communicator thread's CPU time, which each rank measures for its
+# buckets and writes to its metrics: what a rank of a real two-host job pays too) and the rest
+# of what the machine spends beyond the side-by-side control (the emulation: the other end's
+# network stack, veth and tc in softirq and timers, and their interference with compute). The peer, measured in the same rounds over the same link: PyTorch 1.13
 # DistributedDataParallel with Gloo (scripts/bench/scaling/ddp_torch.py: the same models, batch,
 # thread count and synthetic data; DDP always overlaps, with its default 25 MB buckets).
 #
@@ -25,11 +29,14 @@
 #   scripts/bench/scaling.sh [--models resnet20,resnet50] [--rates 100mbit,1gbit,10gbit]
 #       [--rounds 3] [--steps resnet20=30,resnet50=4] [--warmup resnet20=5,resnet50=2]
 #       [--batch resnet20=64,resnet50=16] [--codecs f32] [--overlap false,true] [--no-torch]
-#       [--no-alone] [--build DIR] [--prefix cortado-scale]
+#       [--transports tcp] [--no-alone] [--build DIR] [--prefix cortado-scale]
 #
 # --codecs runs the 2-rank trainings once per gradient codec (distributed.codec: f32, f16,
 # bf16, epgc11, epgc9, epgc8; nearest rounding, batch norm and biases in f32); --overlap picks
 # the overlap modes (hidden needs both); --no-alone skips the side-by-side control.
+# --transports tcp,ucx runs them over each transport: ucx with UCX_TLS=tcp,self on the veth
+# (within one host UCX would take shared memory around the limited link), reported as network
+# "<rate>.ucx".
 #
 # Needs root (network namespaces and tc), iproute2, cmake and a C++ toolchain (it builds
 # `cortado` in DIR, default build/), and for the peer /usr/bin/python3 with torch and
@@ -46,6 +53,7 @@ steps_spec=resnet20=30,resnet50=4
 warmup_spec=resnet20=5,resnet50=2
 batch_spec=resnet20=64,resnet50=16
 codecs=f32
+transports=tcp
 overlaps=false,true
 torch=1
 alone=1
@@ -56,7 +64,7 @@ port=29611
 usage() { echo "$me: $*  (see --help)" >&2; exit 2; }
 while (($#)); do
   case "$1" in
-    --models|--rates|--rounds|--steps|--warmup|--batch|--build|--prefix|--codecs|--overlap)
+    --models|--rates|--rounds|--steps|--warmup|--batch|--build|--prefix|--codecs|--overlap|--transports)
       (($# >= 2)) || usage "$1 needs a value"
       case "$1" in
         --models) models=$2 ;;
@@ -68,12 +76,13 @@ while (($#)); do
         --build) build=$2 ;;
         --prefix) prefix=$2 ;;
         --codecs) codecs=$2 ;;
+        --transports) transports=$2 ;;
         --overlap) overlaps=$2 ;;
       esac
       shift 2 ;;
     --no-torch) torch=0; shift ;;
     --no-alone) alone=0; shift ;;
-    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
     *) usage "unknown argument '$1'" ;;
   esac
 done
@@ -91,6 +100,10 @@ lookup() {
 IFS=, read -ra model_list <<<"$models"
 IFS=, read -ra rate_list <<<"$rates"
 IFS=, read -ra codec_list <<<"$codecs"
+IFS=, read -ra transport_list <<<"$transports"
+for t in "${transport_list[@]}"; do
+  case "$t" in tcp|ucx) ;; *) usage "--transports: want tcp and/or ucx, got '$t'" ;; esac
+done
 IFS=, read -ra overlap_list <<<"$overlaps"
 for c in "${codec_list[@]}"; do
   case "$c" in f32|f16|bf16|epgc11|epgc9|epgc8) ;; *) usage "--codecs: unknown codec '$c'" ;; esac
@@ -133,7 +146,7 @@ trap 'exit 143' TERM
 {
   echo "# $(date -Is) $(uname -srm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(free -g | awk '/Mem:/ {print $2}') GiB"
   echo "# commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
-  echo "# models $models; rates $rates; rounds $rounds; steps $steps_spec; warmup $warmup_spec; batch $batch_spec; codecs $codecs; overlap $overlaps"
+  echo "# models $models; rates $rates; rounds $rounds; steps $steps_spec; warmup $warmup_spec; batch $batch_spec; codecs $codecs; overlap $overlaps; transports $transports"
   ((torch)) && echo "# peer: torch $("$py" -c 'import torch; print(torch.__version__)') DistributedDataParallel, gloo"
 } | tee "$out/info.txt"
 bench_load before "$out/info.txt"
@@ -201,6 +214,9 @@ run_alone_pair() {  # MODEL ROUND
   local model=$1 round=$2 side pids=()
   local cfg; cfg=$(config "$model" 1)
   echo "== round $round: $model, 2 single ranks side by side (no communication)" >&2
+  # The machine's CPU while both compute: the base that the 2-rank runs' CPU is compared with.
+  sample_cpu "$out/$model.none.alone-a.r$round.jsonl" "$(lookup "$warmup_spec" "$model")" \
+    "$(lookup "$steps_spec" "$model")" "$out/$model.none.alone-a.r$round.cpu.json" &
   for side in a b; do
     local tag=$model.none.alone-$side.r$round
     "$cortado" train --config "$cfg" --threads 1 --no-progress --metrics "$out/$tag.jsonl" \
@@ -214,22 +230,25 @@ run_alone_pair() {  # MODEL ROUND
 }
 
 # Two ranks, one per namespace, one launcher each (node 0 in a hosts the store).
-run_pair() {  # MODEL RATE OVERLAP ROUND CODEC
-  local model=$1 rate=$2 overlap=$3 round=$4 codec=$5 tag=$1.$2.overlap-$3.r$4
-  [[ $codec == f32 ]] || tag=$1.$2.codec-$codec.overlap-$3.r$4
+run_pair() {  # MODEL RATE OVERLAP ROUND CODEC TRANSPORT
+  local model=$1 rate=$2 overlap=$3 round=$4 codec=$5 transport=$6 net=$2
+  [[ $transport == tcp ]] || net=$2.$transport
+  local tag=$1.$net.overlap-$3.r$4
+  [[ $codec == f32 ]] || tag=$1.$net.codec-$codec.overlap-$3.r$4
   local cfg; cfg=$(config "$model" 2)
-  echo "== round $round: $model, 2 ranks at $rate, overlap $overlap, codec $codec" >&2
+  echo "== round $round: $model, 2 ranks at $rate, overlap $overlap, codec $codec, transport $transport" >&2
   local token; token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
   local pids=() side node
   sample_cpu "$out/$tag.jsonl" "$(lookup "$warmup_spec" "$model")" "$(lookup "$steps_spec" "$model")" \
     "$out/$tag.cpu.json" &
   for side in a b; do
     node=$([[ $side == a ]] && echo 0 || echo 1)
-    CORTADO_JOB_TOKEN=$token "$netem/exec.sh" "$side" --prefix "$prefix" -- \
+    CORTADO_JOB_TOKEN=$token UCX_TLS=tcp,self UCX_NET_DEVICES=veth-$side \
+      "$netem/exec.sh" "$side" --prefix "$prefix" -- \
       "$cortado" launch --nnodes 2 --node-rank "$node" --nproc 1 --master "$subnet.1:$port" -- \
       "$cortado" train --config "$cfg" --threads 1 --no-progress --metrics "$out/$tag.jsonl" \
       --set checkpoint.dir="$out/checkpoints/$tag" --set distributed.overlap="$overlap" \
-      --set distributed.codec="$codec" \
+      --set distributed.codec="$codec" --set distributed.transport="$transport" \
       >"$out/$tag.node$node.log" 2>&1 &
     pids+=($!)
   done
@@ -282,7 +301,11 @@ for round in $(seq 1 "$rounds"); do
     "$netem/up.sh" --rate "$rate" --prefix "$prefix" --subnet "$subnet" --replace >&2
     for model in "${model_list[@]}"; do
       for codec in "${codec_list[@]}"; do
-        for overlap in "${overlap_list[@]}"; do run_pair "$model" "$rate" "$overlap" "$round" "$codec"; done
+        for transport in "${transport_list[@]}"; do
+          for overlap in "${overlap_list[@]}"; do
+            run_pair "$model" "$rate" "$overlap" "$round" "$codec" "$transport"
+          done
+        done
       done
       ((torch)) && run_torch "$model" "$rate" "$round"
     done

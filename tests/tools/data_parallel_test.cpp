@@ -504,7 +504,9 @@ TEST_F(DataParallelTest, TraceRecordsEveryRanksStepsOnOneClock) {
       Config(kGraph,
              "distributed: {sync_bn: true, bucket_mb: 0.001, first_bucket_mb: 0.001, "
              "last_bucket_mb: 0.001}\n");
-  Train(config, 2, 4, "run", "--trace " + (dir_ / "t.json").string() + " --trace-iters 3");
+  Train(config, 2, 4, "run",
+        "--trace " + (dir_ / "t.json").string() + " --trace-iters 3 --metrics " +
+            (dir_ / "m.jsonl").string());
   EXPECT_FALSE(fs::exists(dir_ / "t.json"));
   double first_begin[2] = {0, 0}, last_end[2] = {0, 0};
   for (int r = 0; r < 2; ++r) {
@@ -514,9 +516,18 @@ TEST_F(DataParallelTest, TraceRecordsEveryRanksStepsOnOneClock) {
     nlohmann::json doc = nlohmann::json::parse(ReadFile(path));
     std::map<std::string, int> count;  // "category/name"
     first_begin[r] = 1e300;
+    double bucket_cpu_ms = 0;
     for (const auto& e : doc["traceEvents"]) {
       if (e["ph"] != "X") continue;
       count[e["cat"].get<std::string>() + "/" + e["name"].get<std::string>()] += 1;
+      // Each bucket's span carries what it cost the communicator's thread.
+      if (e["name"].get<std::string>().rfind("all-reduce bucket", 0) == 0) {
+        for (const char* key : {"cpu_ms", "user_ms", "system_ms", "wakeups"}) {
+          EXPECT_TRUE(e["args"].contains(key)) << key;
+          EXPECT_GE(e["args"].value(key, -1.0), 0.0) << key;
+        }
+        bucket_cpu_ms += e["args"].value("cpu_ms", 0.0);
+      }
       first_begin[r] = std::min(first_begin[r], e["ts"].get<double>());
       last_end[r] = std::max(last_end[r], e["ts"].get<double>() + e["dur"].get<double>());
       EXPECT_EQ(e["pid"], r);
@@ -534,7 +545,22 @@ TEST_F(DataParallelTest, TraceRecordsEveryRanksStepsOnOneClock) {
     // Tiny buckets: several all-reduces per step, each recorded once per step.
     EXPECT_EQ(count["comm/all-reduce bucket 0"], 3);
     EXPECT_EQ(count["comm/all-reduce bucket 1"], 3);
+    EXPECT_GT(bucket_cpu_ms, 0.0);
   }
+  // The metrics (rank 0's) carry the communicator thread's CPU time and wake-ups per interval.
+  int train_records = 0;
+  std::ifstream metrics(dir_ / "m.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    nlohmann::json m = nlohmann::json::parse(line);
+    if (m["event"] != "train") continue;
+    ++train_records;
+    for (const char* key : {"comm_cpu_s", "comm_user_s", "comm_system_s", "comm_wakeups"}) {
+      ASSERT_TRUE(m.contains(key)) << key << " in " << line;
+      EXPECT_GE(m[key].get<double>(), 0.0) << key;
+    }
+    EXPECT_GT(m["comm_cpu_s"].get<double>(), 0.0) << line;
+  }
+  EXPECT_GT(train_records, 0);
   // The two ranks ran the same steps at the same time: their spans overlap.
   EXPECT_LT(std::max(first_begin[0], first_begin[1]), std::min(last_end[0], last_end[1]));
   // A trace that cannot be written stops the run before training, naming the path.

@@ -170,7 +170,8 @@ std::vector<std::string> Lines(const fs::path& p) {
 // Timing fields differ from run to run; everything else must be identical.
 std::string WithoutTiming(const std::string& line) {
   static const std::regex timing(
-      ",\"(time|img_per_s|data_wait_s|compute_s|comm_wait_s|sync_bn_s)\":[^,}]*");
+      ",\"(time|img_per_s|data_wait_s|compute_s|comm_wait_s|sync_bn_s|comm_cpu_s|comm_user_s|"
+      "comm_system_s|comm_wakeups)\":[^,}]*");
   return std::regex_replace(line, timing, "");
 }
 

@@ -155,6 +155,10 @@ void SetBuffers(int fd, int bytes) {
   ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
 }
 
+void SetReceiveLowWater(int fd, int bytes) {
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof(bytes));
+}
+
 void SetKeepAlive(int fd) {
   // A peer host that vanishes without closing (power loss, partition) is found by keepalive
   // probes when idle and by TCP_USER_TIMEOUT when sent data stays unacknowledged.

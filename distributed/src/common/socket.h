@@ -50,7 +50,11 @@ Fd ConnectTcpRetry(const std::string& host, int port, Deadline deadline, const s
 void SetNonBlocking(int fd, bool on);
 void SetNoDelay(int fd);
 void SetBuffers(int fd, int bytes);  // no-op for bytes <= 0
-void SetKeepAlive(int fd);           // keepalive + TCP_USER_TIMEOUT, for dead hosts
+// SO_RCVLOWAT: the socket reports readable (and wakes its waiters) only once `bytes` are queued,
+// or on end of stream, an error, or when the receive window can take no more (the kernel's guard
+// against a mark larger than the peer can send).
+void SetReceiveLowWater(int fd, int bytes);
+void SetKeepAlive(int fd);  // keepalive + TCP_USER_TIMEOUT, for dead hosts
 void SetCloseOnExec(int fd, bool on);
 
 // Blocking transfers on a (possibly non-blocking) socket, bounded by the deadline. ReadFull

@@ -2,6 +2,9 @@
 // thread; and the factory that picks a backend.
 #include "cortado/dist/communicator.h"
 
+#include <sys/resource.h>
+#include <time.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
@@ -34,6 +37,33 @@ Work::TimePoint Work::started_at() const {
 Work::TimePoint Work::finished_at() const {
   std::lock_guard<std::mutex> lock(mu_);
   return finished_at_;
+}
+
+ThreadCpu Work::cpu() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cpu_;
+}
+
+uint64_t Work::wakeups() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return wakeups_;
+}
+
+ThreadCpu CurrentThreadCpu() {
+  ThreadCpu t;
+  timespec ts{};
+  if (::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0) {
+    t.total_s = static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
+  rusage ru{};
+  if (::getrusage(RUSAGE_THREAD, &ru) == 0) {
+    auto seconds = [](const timeval& v) {
+      return static_cast<double>(v.tv_sec) + 1e-6 * static_cast<double>(v.tv_usec);
+    };
+    t.user_s = seconds(ru.ru_utime);
+    t.system_s = seconds(ru.ru_stime);
+  }
+  return t;
 }
 
 Communicator::Communicator(CommOptions options) : options_(std::move(options)) {}
@@ -136,14 +166,20 @@ void Communicator::WorkerLoop() {
     }
     std::exception_ptr error;
     Work::TimePoint started, finished;
+    ThreadCpu cpu0, cpu1;
+    uint64_t sleeps0 = 0, sleeps1 = 0;
     {
       std::lock_guard<std::mutex> order(order_mu_);
       started = std::chrono::steady_clock::now();
+      cpu0 = CurrentThreadCpu();
+      sleeps0 = WaitSleeps();
       try {
         item.first();
       } catch (...) {
         error = std::current_exception();
       }
+      cpu1 = CurrentThreadCpu();
+      sleeps1 = WaitSleeps();
       finished = std::chrono::steady_clock::now();
     }
     {
@@ -152,6 +188,9 @@ void Communicator::WorkerLoop() {
       item.second->error_ = error;
       item.second->started_at_ = started;
       item.second->finished_at_ = finished;
+      item.second->cpu_ = ThreadCpu{cpu1.total_s - cpu0.total_s, cpu1.user_s - cpu0.user_s,
+                                    cpu1.system_s - cpu0.system_s};
+      item.second->wakeups_ = sleeps1 - sleeps0;
     }
     item.second->cv_.notify_all();
     {

@@ -126,6 +126,7 @@ class TransportCommunicator final : public Communicator {
   void DoAllReduceCompressed(float* data, size_t count, ReduceOp op,
                              const Compression& compression) override;
   std::unique_ptr<Communicator> DoSplit(int color, int key) override;
+  uint64_t WaitSleeps() const override { return transport_ ? transport_->WaitSleeps() : 0; }
 
  private:
   // The ring all-gather, run as operation `name` ("allgather", or "split" for its exchange).

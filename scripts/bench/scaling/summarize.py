@@ -32,13 +32,18 @@ def cortado_run(path, warmup):
               file=sys.stderr)
         return None
     n = len(rows)
-    return {
+    fig = {
         "img_s": None,  # set by the caller (needs the global batch)
         "step_s_list": rows,
         "compute": sum(r["compute_s"] for r in rows) / n,
         "comm_wait": sum(r["comm_wait_s"] for r in rows) / n,
         "data_wait": sum(r["data_wait_s"] for r in rows) / n,
     }
+    # The communicator thread's CPU time and wake-ups (rank 0's, per step), where recorded.
+    if all("comm_cpu_s" in r for r in rows):
+        for key in ("comm_cpu_s", "comm_user_s", "comm_system_s", "comm_wakeups"):
+            fig[key] = sum(r[key] for r in rows) / n
+    return fig
 
 
 def fmt(values, digits=2, pct=False):
@@ -54,7 +59,7 @@ def fmt(values, digits=2, pct=False):
 
 
 def rate_bits(rate):
-    m = re.fullmatch(r"([0-9.]+)(k|m|g)?bit", rate.lower())
+    m = re.fullmatch(r"([0-9.]+)(k|m|g)?bit(\.ucx)?", rate.lower())
     if not m:
         return None
     return float(m.group(1)) * {None: 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
@@ -80,6 +85,9 @@ def main():
         if len(parts) < 3 or not re.fullmatch(r"r\d+", parts[-1]):
             continue
         model, rnd, middle = parts[0], int(parts[-1][1:]), parts[1:-1]
+        # <model>.<rate>.ucx...: a run over the UCX transport; its network is "<rate>.ucx".
+        if len(middle) >= 3 and middle[1] == "ucx":
+            middle = [middle[0] + ".ucx"] + middle[2:]
         if middle == ["single"]:
             rate, mode = "single", "cortado"
         elif len(middle) == 3 and middle[1].startswith("codec-") and middle[2].startswith("overlap-"):
@@ -118,7 +126,7 @@ def main():
 
     models = sorted({k[0] for k in runs})
     rates = sorted({k[1] for k in runs if k[1] not in ("single", "none")},
-                   key=lambda r: rate_bits(r) or 0)
+                   key=lambda r: (rate_bits(r) or 0, r))
     print("| model | network | mode | step s | compute s | exposed comm s | efficiency | hidden |")
     print("|---|---|---|---|---|---|---|---|")
     for model in models:
@@ -182,12 +190,60 @@ def main():
                 cells = " | ".join(fmt([c[k] for c in with_cpu]) for k in
                                    ("user_s", "system_s", "softirq_s", "idle_s"))
                 cpu_rows.append(f"| {model} | {label} | {cells} |")
+    # The control's CPU (two single ranks side by side) is what the machine spends on two ranks'
+    # compute alone; a 2-rank run spends that plus its communication's cost.
+    for model in models:
+        r = runs.get((model, "none", "alone-a"), {})
+        with_cpu = [f["cpu"] for f in r.values() if "cpu" in f]
+        if with_cpu:
+            cells = " | ".join(fmt([c[k] for c in with_cpu]) for k in
+                               ("user_s", "system_s", "softirq_s", "idle_s"))
+            cpu_rows.insert(0, f"| {model} | 2 single ranks side by side | {cells} |")
     if cpu_rows:
         print("CPU seconds per step, whole machine (both ends of the link run on its cores):")
         print()
         print("| model | run | user | system | softirq | idle |")
         print("|---|---|---|---|---|---|")
         print("\n".join(cpu_rows))
+        print()
+    # Where communication's CPU goes, per step: Cortado's own (each rank's communicator thread,
+    # measured by the thread itself: what a rank of a real two-host job pays too) against the
+    # machine's extra over the side-by-side control; the rest is the emulation (the other end's
+    # network stack, veth, tc, their interrupts and timers) and the interference of both with the
+    # compute threads (preemption, caches), which only this one-machine set-up pays in full.
+    comm_rows = []
+    for model in models:
+        control = runs.get((model, "none", "alone-a"), {})
+        for rate in rates:
+            for mode in sorted({k[2] for k in runs if k[0] == model and k[1] == rate
+                                and k[2] not in ("torch", "alone-a", "alone-b")}):
+                r = runs.get((model, rate, mode), {})
+                rounds = [k for k, f in r.items() if "comm_cpu_s" in f]
+                if not rounds:
+                    continue
+                busy = lambda c: c["user_s"] + c["system_s"] + c["softirq_s"]
+                extra, rest = [], []
+                for k in rounds:
+                    f = r[k]
+                    if "cpu" in f and k in control and "cpu" in control[k]:
+                        e = busy(f["cpu"]) - busy(control[k]["cpu"])
+                        extra.append(e)
+                        rest.append(e - W * f["comm_cpu_s"])
+                comm_rows.append(
+                    f"| {model} | {rate}, {mode.replace('-', ' ')} | "
+                    f"{fmt([r[k]['comm_cpu_s'] for k in rounds], 3)} | "
+                    f"{fmt([r[k]['comm_user_s'] for k in rounds], 3)} / "
+                    f"{fmt([r[k]['comm_system_s'] for k in rounds], 3)} | "
+                    f"{fmt([r[k]['comm_wakeups'] for k in rounds], 0)} | "
+                    f"{fmt(extra) if extra else '-'} | {fmt(rest) if rest else '-'} |")
+    if comm_rows:
+        print("Communication's CPU per step: Cortado's communicator thread (rank 0, per rank) and "
+              "the machine's CPU beyond the side-by-side control (both ranks):")
+        print()
+        print("| model | run | Cortado comm CPU-s/rank | user / system | wake-ups/rank | "
+              "machine extra CPU-s | of it not Cortado's threads (emulation, interference) |")
+        print("|---|---|---|---|---|---|---|")
+        print("\n".join(comm_rows))
         print()
     for model in models:
         if model in params:
@@ -196,7 +252,7 @@ def main():
             times = []
             for rate in rates:
                 bits = rate_bits(rate)
-                if bits:
+                if bits and not rate.endswith(".ucx"):
                     # TCP goodput at MTU 1500 is 1448/1514 of the link rate (scripts/netem/up.sh).
                     times.append(f"{rate} {mb * 1e6 * 8 / (bits * 1448 / 1514):.2f} s")
             if times:

@@ -58,6 +58,26 @@
 
 namespace cortado::dist {
 
+// CPU time one thread spent, in seconds: total from its CPU clock (CLOCK_THREAD_CPUTIME_ID,
+// exact), and the kernel's split of it into user and system time (getrusage(RUSAGE_THREAD); the
+// kernel apportions the exact total by its tick samples, so the split of a span shorter than a few
+// ticks is coarse; the two add up to about total_s). System time is the thread's own system calls
+// (sends, receives, waits); interrupt and softirq work is charged to whichever thread it
+// interrupted.
+struct ThreadCpu {
+  double total_s = 0;
+  double user_s = 0;
+  double system_s = 0;
+  ThreadCpu& operator+=(const ThreadCpu& o) {
+    total_s += o.total_s;
+    user_s += o.user_s;
+    system_s += o.system_s;
+    return *this;
+  }
+};
+// The calling thread's CPU time so far (since it started).
+ThreadCpu CurrentThreadCpu();
+
 // The handle of an asynchronous operation.
 class Work {
  public:
@@ -76,6 +96,16 @@ class Work {
   TimePoint queued_at() const;
   TimePoint started_at() const;
   TimePoint finished_at() const;
+  // CPU time the worker thread spent running the operation (started_at..finished_at): the
+  // communication's own cost on this rank, beside the wall time it took. Valid like finished_at;
+  // zero before. Sleeps while the network drains cost none of it; polling, copies, reductions and
+  // the system calls do. (The transport's progress thread, busy only between operations, and
+  // the kernel's network path in softirq are not in it.)
+  ThreadCpu cpu() const;
+  // How many times the worker thread slept in the kernel waiting for the network during the
+  // operation (Transport::WaitSleeps): each is a wake-up. Zero for backends that do not count
+  // (MPI, a world of one). Valid like finished_at.
+  uint64_t wakeups() const;
 
  private:
   friend class Communicator;
@@ -86,6 +116,8 @@ class Work {
   TimePoint queued_at_{};
   TimePoint started_at_{};
   TimePoint finished_at_{};
+  ThreadCpu cpu_{};
+  uint64_t wakeups_ = 0;
 };
 
 // How AllReduceCompressed encodes what travels.
@@ -205,6 +237,9 @@ class Communicator {
   virtual std::unique_ptr<Communicator> DoSplit(int color, int key) = 0;
   // Stops the worker thread; backends call it first thing in their destructor.
   void StopWorker();
+  // Times the backend's waits have slept for the network so far (Transport::WaitSleeps); 0 where
+  // the backend does not count. Read by the worker thread around each queued operation.
+  virtual uint64_t WaitSleeps() const { return 0; }
 
  private:
   // Runs op on the calling thread once everything queued before it has run. A template, not a

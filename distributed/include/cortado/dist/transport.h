@@ -135,6 +135,12 @@ class Transport {
   virtual void Abort(int root_rank, const std::string& reason) = 0;
   // Rethrows the first peer failure seen, if any (without driving progress).
   virtual void CheckHealthy() = 0;
+
+  // How many times Wait has put its caller to sleep in the kernel until the network had
+  // something for it (each such sleep ends in a wake-up), since the transport was created; any
+  // thread. A diagnostic of how a wait costs: a slow link should cost a few wake-ups per chunk,
+  // not one per packet, and no polling.
+  virtual uint64_t WaitSleeps() const { return 0; }
 };
 
 }  // namespace cortado::dist

@@ -21,8 +21,26 @@ std::string SizeMismatch(size_t sent, uint64_t tag, size_t expected) {
                 " were expected (mismatched collective calls?)");
 }
 
+void TcpTransport::UpdateLowWaterLocked() {
+  for (auto& cp : conns_) {
+    if (!cp || !cp->fd) continue;
+    Conn& c = *cp;
+    int want = 1;
+    // The rest of a payload under way will come (or the connection ends, which wakes anyway).
+    // Not when the peer has hung up: it may have sent less, and we read to the end.
+    if (c.rstate == RState::kPayload && c.Readable() && !c.hangup && c.dst_len > c.dst_have) {
+      want = static_cast<int>(std::min(c.dst_len - c.dst_have, kMaxLowWater));
+    }
+    if (want != c.low_water) {
+      internal::SetReceiveLowWater(c.fd.get(), want);
+      c.low_water = want;
+    }
+  }
+}
+
 int TcpTransport::BlockForEvents(std::unique_lock<std::mutex>& lock, int epfd, int timeout_ms) {
   epoll_event events[64];
+  if (timeout_ms != 0) UpdateLowWaterLocked();
   lock.unlock();
   int n = ::epoll_wait(epfd, events, 64, timeout_ms);
   lock.lock();

@@ -23,6 +23,7 @@
 #include "transport/tcp/frames.h"
 #include "transport/tcp/handshake.h"
 #include "transport/tcp/wire.h"
+#include "transport/transport_internal.h"
 
 namespace cortado::dist::tcp {
 
@@ -42,6 +43,11 @@ constexpr size_t kTailBytes = 512;
 constexpr size_t kHeaderReadBytes = 4 << 10;
 // Pure busy polling at the start of a wait, before polls start yielding the core.
 constexpr int kBusyPollUs = 10;
+// The most a connection's receive low-water mark asks for before it wakes a waiter (see
+// TcpTransport::UpdateLowWaterLocked): a chunk of the default pipeline, so a chunk arriving over a
+// slow link costs one wake-up instead of one per burst of packets, while the mark stays well
+// inside the receive window autotuning grows.
+constexpr size_t kMaxLowWater = 256 << 10;
 constexpr uint32_t kWakeKey = 0xffffffffu;
 
 // "sent N bytes for tag 0xT where M were expected (...)": a data frame that does not fit the
@@ -107,6 +113,7 @@ struct Conn {
   bool writable = true;
   bool hangup = false;   // the peer closed its side (EPOLLRDHUP): stop stalling, read to the end
   bool discard = false;  // the current payload is read and dropped (after Abort)
+  int low_water = 1;     // the socket's SO_RCVLOWAT as last set
   PeerStatus status;
 
   bool Readable() const {
@@ -139,6 +146,7 @@ class TcpTransport final : public Transport {
   std::vector<PeerStatus> QueryStatus(Deadline deadline) override;
   void Abort(int root_rank, const std::string& reason) override;
   void CheckHealthy() override;
+  uint64_t WaitSleeps() const override { return wait_sleeps_.load(std::memory_order_relaxed); }
 
   // For a transport that uses this one as its control plane (UCX): reports the operation
   // counters peers see in QueryStatus without parking the progress thread, which keeps
@@ -174,6 +182,11 @@ class TcpTransport final : public Transport {
   void FailPending(Conn& c, const std::string& why);
   void QueueControl(Conn& c, internal::FrameType type, uint64_t tag, std::string payload);
   void ApplyEvents(const epoll_event* events, int n);
+  // Sets each connection's receive low-water mark before a sleep: the rest of the payload being
+  // received (at most kMaxLowWater) while one is, so the sleeper wakes once per chunk rather than
+  // per burst of packets of a slowly draining link; 1 otherwise, so a header or a control frame
+  // (a status reply, an abort) wakes it at once.
+  void UpdateLowWaterLocked();
   int BlockForEvents(std::unique_lock<std::mutex>& lock, int epfd, int timeout_ms);
   Conn* PeerConn(int peer, const char* what);
   RequestId NewRequest(int peer);
@@ -204,8 +217,9 @@ class TcpTransport final : public Transport {
   //     queued frames and reads incoming ones until the socket would block or the message it
   //     waits for is complete (so a ring chunk is reduced while still in cache, before more
   //     data is pulled in behind it), polls briefly (CommOptions::spin_us; yielding the core
-  //     after kBusyPollUs, in case the peer shares it), then sleeps in epoll_wait on
-  //     caller_epfd_;
+  //     after kBusyPollUs, in case the peer shares it; and only while polling pays, see
+  //     SpinPolicy), then sleeps in epoll_wait on caller_epfd_, with each socket's receive
+  //     low-water mark set so that a payload arriving slowly wakes it once per chunk;
   //   - the progress thread, between operations: it sleeps in epoll_wait on thread_epfd_ (both
   //     sets edge-triggered) and does the same IO, so posted sends keep moving, status queries
   //     are answered and dead peers are noticed while the application computes. While a driver
@@ -223,6 +237,8 @@ class TcpTransport final : public Transport {
   // data is pulled in behind it.
   RequestId awaited_ = 0;
   bool awaited_done_ = false;
+  internal::SpinPolicy spin_policy_;  // whether Wait polls before it sleeps
+  std::atomic<uint64_t> wait_sleeps_{0};
 
   // Set (under io_mu_) when failures_ or broken_ first becomes non-empty, so CheckHealthy
   // costs one load, not the mutex, on the UCX transport's per-message path.

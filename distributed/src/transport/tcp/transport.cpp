@@ -214,6 +214,9 @@ void TcpTransport::Wait(RequestId id, Deadline deadline) {
   std::unique_lock<std::mutex> lock(io_mu_);
   const auto t_start = Clock::now();
   const auto spin_until = t_start + std::chrono::microseconds(options_.spin_us);
+  const bool spin = options_.spin_us > 0 && spin_policy_.ShouldSpin();
+  bool polled = false;  // it polled before sleeping (SpinPolicy learns from such waits)
+  bool slept = false;
   awaited_ = id;
   awaited_done_ = false;
   struct Reset {
@@ -228,6 +231,7 @@ void TcpTransport::Wait(RequestId id, Deadline deadline) {
     if (it == requests_.end()) Fail(ErrorKind::kInvalidArgument, "unknown request ", id);
     if (it->second.done) {
       requests_.erase(it);
+      if (polled) spin_policy_.Record(!slept);
       return;
     }
     if (it->second.failed || HasFailureLocked()) ThrowFailureLocked();
@@ -241,15 +245,22 @@ void TcpTransport::Wait(RequestId id, Deadline deadline) {
     }
     // Poll before sleeping: a reply on an idle core arrives in microseconds, far sooner than a
     // wake-up from epoll. After the first few microseconds, yield between polls: when the peer
-    // shares our core (more ranks than cores, or another busy process), it can then run.
+    // shares our core (more ranks than cores, or another busy process), it can then run. Over a
+    // slow link the polls would only burn CPU, and SpinPolicy turns them off; a wait that has
+    // slept once does not poll again.
     auto now = Clock::now();
     int timeout = 0;
-    if (now >= spin_until) {
+    if (!spin || slept || now >= spin_until) {
       timeout = deadline.RemainingMs(200);
-    } else if (now - t_start > std::chrono::microseconds(kBusyPollUs)) {
-      lock.unlock();
-      sched_yield();
-      lock.lock();
+      slept = true;
+      wait_sleeps_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      polled = true;
+      if (now - t_start > std::chrono::microseconds(kBusyPollUs)) {
+        lock.unlock();
+        sched_yield();
+        lock.lock();
+      }
     }
     BlockForEvents(lock, caller_epfd_.get(), timeout);
   }
@@ -380,6 +391,12 @@ void TcpTransport::ProgressThreadLoop() {
       std::unique_lock<std::mutex> lock(park_mu_);
       park_cv_.wait_for(lock, std::chrono::milliseconds(20));
       continue;
+    }
+    {
+      // A driver may have left a payload's low-water mark behind: a small frame (a status
+      // query) must wake this thread, not wait for the rest of a payload.
+      std::lock_guard<std::mutex> lock(io_mu_);
+      UpdateLowWaterLocked();
     }
     int n = ::epoll_wait(thread_epfd_.get(), events, 64, 50);
     if (stop_.load()) break;

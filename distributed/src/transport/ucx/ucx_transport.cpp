@@ -7,6 +7,7 @@
 #include <ucp/api/ucp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <optional>
 #include <thread>
@@ -194,6 +195,7 @@ class UcxTransport final : public Transport {
   }
   void Abort(int root_rank, const std::string& reason) override;
   void CheckHealthy() override;
+  uint64_t WaitSleeps() const override { return wait_sleeps_.load(std::memory_order_relaxed); }
 
  private:
   static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
@@ -207,8 +209,9 @@ class UcxTransport final : public Transport {
   static void Complete(Request& r, ucs_status_t status);
   // Progress until nothing more happens; true when something did.
   bool ProgressAll() { return ucp_worker_progress(worker_) != 0; }
-  // Sleeps on the worker's event fd up to timeout_ms, unless events are pending already.
-  void Sleep(int timeout_ms);
+  // Sleeps on the worker's event fd up to timeout_ms, unless events are pending already (then
+  // returns false at once).
+  bool Sleep(int timeout_ms);
   [[noreturn]] void ThrowFailed(const Request& r);
   std::string Describe(const Request& r) const;
   // Maps `exported` through the endpoint to peer; null (status in *status) when UCX cannot.
@@ -248,6 +251,8 @@ class UcxTransport final : public Transport {
   std::vector<uint32_t> free_slots_;
   uint64_t started_ = 0;
   uint64_t finished_ = 0;
+  internal::SpinPolicy spin_policy_;  // whether Wait polls for spin_us before it sleeps
+  std::atomic<uint64_t> wait_sleeps_{0};
 };
 
 UcxTransport::UcxTransport(const UcxTransportOptions& options)
@@ -618,11 +623,12 @@ bool UcxTransport::Test(RequestId id) {
   return true;
 }
 
-void UcxTransport::Sleep(int timeout_ms) {
+bool UcxTransport::Sleep(int timeout_ms) {
   // Arm, then sleep: UCS_ERR_BUSY means events arrived between the last progress and the arm.
-  if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) return;
+  if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) return false;
   pollfd pfd{event_fd_, POLLIN, 0};
   ::poll(&pfd, 1, timeout_ms);
+  return true;
 }
 
 void UcxTransport::Wait(RequestId id, Deadline deadline) {
@@ -630,6 +636,13 @@ void UcxTransport::Wait(RequestId id, Deadline deadline) {
   Clock::time_point t_start{};  // read lazily: a message already here costs no clock read
   int sleep_ms = 1;
   uint64_t idle = 0;  // progress calls since the last that did something
+  // Polling for spin_us before a sleep pays on a fast link and is CPU lost on a slow one
+  // (SpinPolicy); once this wait has slept, the link is slow for it, and it does not poll for
+  // spin_us again after each wake-up (the few clock-free polls stay: a rendezvous moved by
+  // progress calls keeps going).
+  const bool spin = spin_us_ > 0 && spin_policy_.ShouldSpin();
+  bool polled = false;
+  bool slept = false;
   while (!r.done) {
     if (ProgressAll()) {
       // Something moved: poll on (a rendezvous transfer is driven by progress calls).
@@ -643,11 +656,12 @@ void UcxTransport::Wait(RequestId id, Deadline deadline) {
     if (++idle < kClockFreePolls || (idle & 15) != 0) continue;
     auto now = Clock::now();
     if (idle == kClockFreePolls) t_start = now;
-    if (now - t_start < std::chrono::microseconds(spin_us_)) {
+    if (spin && !slept && now - t_start < std::chrono::microseconds(spin_us_)) {
       // Poll before sleeping: a reply on an idle core comes in microseconds, far sooner than a
       // wake-up. After the first few, yield between polls in case the peer shares our core.
       if (now - t_start > std::chrono::microseconds(kBusyPollUs)) sched_yield();
       control_->CheckHealthy();  // one atomic load while healthy
+      polled = true;
       continue;
     }
     control_->CheckHealthy();
@@ -658,9 +672,11 @@ void UcxTransport::Wait(RequestId id, Deadline deadline) {
     // Not every UCX transport signals the event fd for every step (a shared-memory rendezvous
     // is advanced by progress calls, not events), so the sleeps start at 1 ms and double up to
     // kMaxSleepMs while nothing happens: a missed wake-up costs at most the current sleep.
-    Sleep(deadline.RemainingMs(sleep_ms));
+    if (Sleep(deadline.RemainingMs(sleep_ms))) wait_sleeps_.fetch_add(1, std::memory_order_relaxed);
+    slept = true;
     sleep_ms = std::min(2 * sleep_ms, kMaxSleepMs);
   }
+  if (polled) spin_policy_.Record(!slept);
   const bool ok = r.status == UCS_OK && r.received == r.expected;
   Request copy = r;
   Release(r, id);
