@@ -26,40 +26,9 @@
 #include "data/image.h"
 #include "data/jpeg.h"
 #include "engine/error.h"
+#include "tests/support/files.h"
 
 namespace cortado::testing {
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "cortado_data_XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-    CORTADO_CHECK(!path_.empty(), "mkdtemp failed");
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
-inline void WriteFile(const std::string& path, const std::string& bytes) {
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  CORTADO_CHECK(out, "cannot write ", path);
-}
-
-inline std::string ReadFileBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // A photo-like test image: smooth colour gradients plus a few edges, different per `seed`, so
 // crops, flips and channel order are all visible and JPEG compresses it realistically.

@@ -10,18 +10,12 @@
 
 #include "engine/error.h"
 #include "engine/numbers.h"
+#include "tests/support/errors.h"
 
 namespace cortado {
 namespace {
 
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::ErrorOf;
 
 TEST(Numbers, TheWholeTextMustBeTheNumber) {
   int64_t i = 0;

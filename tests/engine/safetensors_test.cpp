@@ -10,18 +10,12 @@
 #include <string>
 
 #include "engine/error.h"
+#include "tests/support/errors.h"
 
 namespace cortado {
 namespace {
 
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::ErrorOf;
 
 // A file from a header text and data bytes, as another writer would lay it out.
 std::string Raw(const std::string& header, const std::string& data) {

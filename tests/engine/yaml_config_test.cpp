@@ -3,18 +3,12 @@
 #include <gtest/gtest.h>
 
 #include "engine/error.h"
+#include "tests/support/errors.h"
 
 namespace cortado {
 namespace {
 
-std::string ErrorOf(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::ErrorOf;
 
 TEST(YamlConfig, ReadsTypedValuesAndOverrides) {
   YamlConfig c = YamlConfig::FromString("a: 1\nb:\n  c: 0.5\n  d: [1, 2]\n", "t.yaml");

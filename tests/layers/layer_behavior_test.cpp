@@ -13,6 +13,7 @@
 #include "engine/thread_pool.h"
 #include "tests/layers/gradient_check.h"
 #include "tests/layers/layer_harness.h"
+#include "tests/support/errors.h"
 
 namespace cortado::testing {
 namespace {
@@ -20,16 +21,7 @@ namespace {
 constexpr DType kF32 = DType::kF32;
 constexpr DType kF64 = DType::kF64;
 
-// Runs fn and returns the message of the cortado::Error it throws ("" if none).
-template <typename Fn>
-std::string ErrorOf(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::ErrorOf;
 
 TEST(LayerRegistry, EveryLayerIsRegistered) {
   for (const char* type :

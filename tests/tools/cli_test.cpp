@@ -29,6 +29,7 @@
 #include "data/jpeg.h"
 #include "data/lmdb.h"
 #include "engine/checkpoint.h"
+#include "tests/support/files.h"
 #include "tests/tools/fashion_slice.h"
 #include "tools/metrics.h"
 
@@ -40,19 +41,9 @@ using tooltest::CortadoBinary;
 using tooltest::RunShell;
 using tooltest::WriteFashionSlice;
 
-std::string ReadFile(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string ReadFile(const fs::path& p) { return testing::ReadFileBytes(p); }
 
-std::vector<std::string> SplitLines(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
-}
+using testing::SplitLines;
 
 // One line, "cortado <command>: error: ...".
 void ExpectOneLineError(const std::string& err, const std::string& command,
@@ -96,11 +87,7 @@ int WaitExit(pid_t pid, double seconds) {
 class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("cortado_cli_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = tooltest::FreshTestDir("cortado_cli");
     WriteFashionSlice(dir_, "train", 320);
     WriteFashionSlice(dir_, "t10k", 100);
   }

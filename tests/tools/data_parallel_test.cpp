@@ -40,6 +40,7 @@
 #include "cortado/dist/ucx_transport.h"
 #include "engine/checkpoint.h"
 #include "engine/yaml_config.h"
+#include "tests/support/files.h"
 #include "tests/tools/fashion_slice.h"
 #include "tools/trainer.h"
 
@@ -51,12 +52,7 @@ using tooltest::CortadoBinary;
 using tooltest::RunShell;
 using tooltest::WriteFashionSlice;
 
-std::string ReadFile(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string ReadFile(const fs::path& p) { return testing::ReadFileBytes(p); }
 
 // ||a - b|| / ||b - start|| over every tensor whose name starts with `prefix` ("param/",
 // "buffer/"), as one vector: the difference relative to what the run changed from `start` (the
@@ -98,11 +94,7 @@ double RelativeDifference(const Checkpoint& a, const Checkpoint& b, const std::s
 class DataParallelTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("cortado_dp_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = tooltest::FreshTestDir("cortado_dp");
     WriteFashionSlice(dir_, "train", 480);
     WriteFashionSlice(dir_, "t10k", 150);
   }
@@ -328,7 +320,7 @@ TEST_F(DataParallelTest, ResNet20WithSyncBatchNormEqualsOneProcess) {
   const std::string f32 = Config(kResNet20, "distributed: {sync_bn: true}\n", "base_lr: 0.02");
   const Checkpoint start64 = InitialState(f64), start32 = InitialState(f32);
   for (int ranks : {2, 3}) {
-    SCOPED_TRACE(testing::Message() << ranks << " ranks");
+    SCOPED_TRACE(::testing::Message() << ranks << " ranks");
     const std::string tag = std::to_string(ranks);
     Checkpoint one = Train(f64, 1, 4 * ranks, "one" + tag, "--set solver.max_iter=3");
     Checkpoint many = Train(f64, ranks, 4, "many" + tag, "--set solver.max_iter=3");

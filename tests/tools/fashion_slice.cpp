@@ -50,6 +50,16 @@ void WriteFashionSlice(const std::filesystem::path& dir, const std::string& pref
   WriteGz(dir / (prefix + "-labels-idx1-ubyte.gz"), lab);
 }
 
+std::filesystem::path FreshTestDir(const std::string& prefix) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      (prefix + "_" + std::to_string(getpid()) + "_" +
+       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
 std::string CortadoBinary() { return std::string(CORTADO_BINARY_DIR) + "/tools/cortado"; }
 
 int RunShell(const std::string& command, std::string* out, std::string* err) {

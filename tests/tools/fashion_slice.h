@@ -14,6 +14,10 @@ inline const char* kFashionDir = "/usr/share/datasets/fashion-mnist/";
 // <dir>/<prefix>-images-idx3-ubyte.gz and its labels beside it.
 void WriteFashionSlice(const std::filesystem::path& dir, const std::string& prefix, int64_t n);
 
+// A fresh, empty folder for the running test: <tmp>/<prefix>_<pid>_<test name> (a leftover of
+// an earlier run is removed first). The fixture removes it in TearDown.
+std::filesystem::path FreshTestDir(const std::string& prefix);
+
 // The cortado binary of this build.
 std::string CortadoBinary();
 

@@ -16,6 +16,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/error.h"
+#include "tests/support/errors.h"
 #include "tests/tools/fashion_slice.h"
 #include "tools/run_config.h"
 #include "tools/trainer.h"
@@ -29,11 +30,7 @@ using tooltest::WriteFashionSlice;
 class TrainTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("cortado_train_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = tooltest::FreshTestDir("cortado_train");
     WriteFashionSlice(dir_, "train", 320);
     WriteFashionSlice(dir_, "t10k", 100);
   }
@@ -74,14 +71,7 @@ class TrainTest : public ::testing::Test {
 };
 
 // The message of the cortado::Error that f throws, "" when it throws none.
-std::string ErrorThrownBy(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string ErrorThrownBy(const std::function<void()>& f) { return testing::ErrorOf(f); }
 
 std::string ErrorOf(const std::string& path, const std::vector<std::string>& sets = {}) {
   return ErrorThrownBy([&] { LoadRunConfig(path, sets); });
