@@ -108,6 +108,8 @@ struct LayerContext {
   bool sync_batch_norm = false;
   // The net's shared scratch (null outside a net: a layer then keeps its own).
   ScratchSpace* scratch = nullptr;
+  // An inference net: AddParam makes no gradient tensor (nothing will run backward).
+  bool inference = false;
 };
 
 struct LayerSpec {
@@ -155,6 +157,10 @@ class Layer {
   // from the output alone; the net turns that on (set_in_place) where the input has no other
   // reader and its producer's backward does not need it, saving the output's memory.
   virtual bool CanRunInPlace() const { return false; }
+  // Which input's storage output `output` shares after Reshape (a view, a split, or an in-place
+  // layer's input 0), or -1 when it has storage of its own; the memory plan keeps the shared
+  // buffer alive for every blob on it.
+  virtual int SharesInputStorage(int output) const { return in_place_ && output == 0 ? 0 : -1; }
   void set_in_place(bool on) { in_place_ = on; }
   bool in_place() const { return in_place_; }
 
@@ -204,7 +210,8 @@ class Layer {
   // Reads settings and creates params; called once by SetUp before Reshape.
   virtual void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {}
   // Creates a parameter "<name>.<suffix>" of the given shape in bottom[0]'s dtype, zeroed
-  // (f32 when that dtype is bf16 or f16: the master weights; AddBuffer alike).
+  // (f32 when that dtype is bf16 or f16: the master weights; AddBuffer alike). In an inference
+  // net its grad stays undefined.
   Param& AddParam(const std::string& suffix, const Shape& shape, DType dtype, ParamKind kind);
   Buffer& AddBuffer(const std::string& suffix, const Shape& shape, DType dtype);
   // Seed for this layer's initialization: depends on the run's seed and the layer's name.
