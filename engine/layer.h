@@ -87,11 +87,15 @@ class ScratchSpace {
   // The 16-bit copy of the weights of the layer now running (bf16/f16 kernels convert it from
   // the f32 master on every call, so one copy serves every layer).
   Tensor& LowPrecisionWeights() { return lowp_weights_; }
+  // State that an inference net needs only while one layer's forward runs (max pooling's
+  // argmax): one buffer, as large as the largest use, instead of one per layer.
+  Tensor& ForwardOnly() { return forward_only_; }
 
  private:
   std::array<std::vector<Tensor>, kKinds> kinds_;
   std::vector<Tensor> staging_;
   Tensor lowp_weights_;
+  Tensor forward_only_;
 };
 
 struct LayerContext {
