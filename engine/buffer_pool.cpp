@@ -1,5 +1,7 @@
 #include "engine/buffer_pool.h"
 
+#include <algorithm>
+
 #include "engine/error.h"
 
 namespace cortado {
@@ -13,15 +15,19 @@ Tensor BufferPool::Acquire(const Shape& shape, DType dtype) {
       best = i;
     }
   }
+  Tensor t;
   if (best == free_.size()) {
-    Tensor t(shape, dtype);
+    t = Tensor(shape, dtype);
     capacity_[t.raw_data()] = std::max<size_t>(bytes, 1);
     bytes_created_ += bytes;
-    return t;
+  } else {
+    t = std::move(free_[best].tensor);
+    free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
+    t.Resize(shape, dtype);  // keeps the storage: it is big enough
   }
-  Tensor t = std::move(free_[best].tensor);
-  free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
-  t.Resize(shape, dtype);  // keeps the storage: it is big enough
+  lent_[t.raw_data()] = bytes;
+  bytes_lent_ += bytes;
+  peak_bytes_lent_ = std::max(peak_bytes_lent_, bytes_lent_);
   return t;
 }
 
@@ -29,6 +35,11 @@ void BufferPool::Release(Tensor& t) {
   auto it = capacity_.find(t.raw_data());
   CORTADO_CHECK(it != capacity_.end(), "BufferPool::Release: ", t.ToString(),
                 " was not acquired from this pool");
+  auto lent = lent_.find(t.raw_data());
+  CORTADO_CHECK(lent != lent_.end(), "BufferPool::Release: ", t.ToString(),
+                " was given back twice");
+  bytes_lent_ -= lent->second;
+  lent_.erase(lent);
   free_.push_back(Slot{std::move(t), it->second});
   t = Tensor();
 }

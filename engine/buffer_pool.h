@@ -1,6 +1,7 @@
 // A pool of tensor storage for memory whose lifetime is shorter than a step: the net's
 // activation gradients, each alive from the backward pass of the layer that writes it to that
-// of the layer that produced the activation. Released storage is kept and handed out again
+// of the layer that produced the activation, and (with a memory plan, engine/memory_plan.h)
+// the activations themselves. Released storage is kept and handed out again
 // (best fit by size), so a steady state allocates nothing and memory is bounded by the most
 // gradients alive at once, not by their sum.
 #pragma once
@@ -22,6 +23,11 @@ class BufferPool {
   // Bytes of all storage the pool has created (in use or free): its peak footprint.
   size_t bytes_created() const { return bytes_created_; }
   size_t free_count() const { return free_.size(); }
+  // Bytes handed out and not yet given back (as asked for, not the slots' capacity), and the
+  // most there ever were: what a memory plan's peak predicts.
+  size_t bytes_lent() const { return bytes_lent_; }
+  size_t peak_bytes_lent() const { return peak_bytes_lent_; }
+  void ResetPeak() { peak_bytes_lent_ = bytes_lent_; }
 
  private:
   struct Slot {
@@ -30,7 +36,9 @@ class BufferPool {
   };
   std::vector<Slot> free_;
   std::unordered_map<const void*, size_t> capacity_;  // by storage address
+  std::unordered_map<const void*, size_t> lent_;      // by storage address: bytes asked for
   size_t bytes_created_ = 0;
+  size_t bytes_lent_ = 0, peak_bytes_lent_ = 0;
 };
 
 }  // namespace cortado

@@ -194,8 +194,10 @@ Param& Layer::AddParam(const std::string& suffix, const Shape& shape, DType dtyp
   p.name = spec_.name + "." + suffix;
   p.value = Tensor(shape, dtype);
   p.value.Zero();
-  p.grad = Tensor(shape, dtype);
-  p.grad.Zero();
+  if (!context().inference) {
+    p.grad = Tensor(shape, dtype);
+    p.grad.Zero();
+  }
   p.kind = kind;
   params_.push_back(std::move(p));
   return params_.back();

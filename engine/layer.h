@@ -87,11 +87,15 @@ class ScratchSpace {
   // The 16-bit copy of the weights of the layer now running (bf16/f16 kernels convert it from
   // the f32 master on every call, so one copy serves every layer).
   Tensor& LowPrecisionWeights() { return lowp_weights_; }
+  // State that an inference net needs only while one layer's forward runs (max pooling's
+  // argmax): one buffer, as large as the largest use, instead of one per layer.
+  Tensor& ForwardOnly() { return forward_only_; }
 
  private:
   std::array<std::vector<Tensor>, kKinds> kinds_;
   std::vector<Tensor> staging_;
   Tensor lowp_weights_;
+  Tensor forward_only_;
 };
 
 struct LayerContext {
@@ -108,6 +112,8 @@ struct LayerContext {
   bool sync_batch_norm = false;
   // The net's shared scratch (null outside a net: a layer then keeps its own).
   ScratchSpace* scratch = nullptr;
+  // An inference net: AddParam makes no gradient tensor (nothing will run backward).
+  bool inference = false;
 };
 
 struct LayerSpec {
@@ -155,6 +161,10 @@ class Layer {
   // from the output alone; the net turns that on (set_in_place) where the input has no other
   // reader and its producer's backward does not need it, saving the output's memory.
   virtual bool CanRunInPlace() const { return false; }
+  // Which input's storage output `output` shares after Reshape (a view, a split, or an in-place
+  // layer's input 0), or -1 when it has storage of its own; the memory plan keeps the shared
+  // buffer alive for every blob on it.
+  virtual int SharesInputStorage(int output) const { return in_place_ && output == 0 ? 0 : -1; }
   void set_in_place(bool on) { in_place_ = on; }
   bool in_place() const { return in_place_; }
 
@@ -204,7 +214,8 @@ class Layer {
   // Reads settings and creates params; called once by SetUp before Reshape.
   virtual void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {}
   // Creates a parameter "<name>.<suffix>" of the given shape in bottom[0]'s dtype, zeroed
-  // (f32 when that dtype is bf16 or f16: the master weights; AddBuffer alike).
+  // (f32 when that dtype is bf16 or f16: the master weights; AddBuffer alike). In an inference
+  // net its grad stays undefined.
   Param& AddParam(const std::string& suffix, const Shape& shape, DType dtype, ParamKind kind);
   Buffer& AddBuffer(const std::string& suffix, const Shape& shape, DType dtype);
   // Seed for this layer's initialization: depends on the run's seed and the layer's name.

@@ -1,6 +1,7 @@
 #include "engine/net.h"
 
 #include <chrono>
+#include <cmath>
 #include <iomanip>
 #include <set>
 #include <sstream>
@@ -14,7 +15,12 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 }
 }  // namespace
 
-Net::Net(const NetSpec& spec, uint64_t seed, DType dtype) {
+Net::Net(const NetSpec& spec, uint64_t seed, DType dtype, NetOptions options) : options_(options) {
+  if (inference()) {
+    options_.plan_memory = true;
+    context_.phase = Phase::kTest;
+    context_.inference = true;  // layers make no parameter gradients
+  }
   CORTADO_CHECK(dtype == DType::kF32 || dtype == DType::kF64 || IsLowPrecision(dtype), "net '",
                 spec.name, "': compute dtype must be f32, f64, bf16 or f16, got ",
                 DTypeName(dtype));
@@ -34,6 +40,7 @@ Net::Net(const NetSpec& spec, uint64_t seed, DType dtype) {
     blobs_.push_back(std::move(blob));
     blob_needs_grad_.push_back(false);
     grad_pooled_.push_back(false);
+    external_.push_back(true);
     input_names_.push_back(in.name);
   }
 
@@ -125,12 +132,13 @@ void Net::AddLayer(LayerSpec spec) {
     blobs_.push_back(std::move(blob));
     blob_needs_grad_.push_back(false);
     grad_pooled_.push_back(false);
+    external_.push_back(false);
   }
   layer->SetUp(bottom, top);
   layer->spec().settings.CheckAllUsed();
   bool any_propagate = false;
   for (bool p : propagate) any_propagate = any_propagate || p;
-  bool backward = any_propagate || !layer->params().empty();
+  const bool backward = !inference() && (any_propagate || !layer->params().empty());
   for (Blob* t : top) {
     blob_needs_grad_[blob_index_.at(t->name)] = backward;
   }
@@ -177,13 +185,84 @@ size_t Net::activation_bytes() const {
   return bytes;
 }
 
+void Net::set_phase(Phase phase) {
+  CORTADO_CHECK(
+      !inference() || phase == Phase::kTest,
+      "an inference net runs in test phase only (build it with NetMode::kTrain to train)");
+  context_.phase = phase;
+}
+
+PlanGraph Net::MakePlanGraph() const {
+  PlanGraph graph;
+  for (const auto& b : blobs_) graph.blob_bytes.push_back(b->data.nbytes());
+  graph.external = external_;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& layer = *layers_[i];
+    PlanLayer l;
+    for (const Blob* b : bottoms_[i]) l.inputs.push_back(static_cast<int>(blob_index_.at(b->name)));
+    for (size_t j = 0; j < tops_[i].size(); ++j) {
+      l.outputs.push_back(static_cast<int>(blob_index_.at(tops_[i][j]->name)));
+      l.shares_input.push_back(layer.SharesInputStorage(static_cast<int>(j)));
+    }
+    l.runs_backward = runs_backward_[i];
+    l.backward_reads_inputs = layer.BackwardReadsInputs();
+    l.backward_reads_outputs = layer.BackwardReadsOutputs();
+    graph.layers.push_back(std::move(l));
+  }
+  return graph;
+}
+
+const MemoryPlan& Net::memory_plan() {
+  CORTADO_CHECK(options_.plan_memory, "net has no memory plan (NetOptions::plan_memory is off)");
+  if (!planned_) {
+    const PlanGraph graph = MakePlanGraph();
+    plan_ = PlanMemory(graph, !inference());
+    planned_bytes_ = graph.blob_bytes;
+    planned_ = true;
+  }
+  return plan_;
+}
+
+void Net::BeginPlannedPass() {
+  for (Tensor& t : held_) {
+    if (t.defined()) activation_pool_.Release(t);
+  }
+  memory_plan();
+  held_.assign(plan_.group_bytes.size(), Tensor());
+}
+
+void Net::TakeBuffers(int step) {
+  for (int g : plan_.take_before[static_cast<size_t>(step)]) {
+    Blob& owner = *blobs_[static_cast<size_t>(plan_.group_blob[static_cast<size_t>(g)])];
+    Tensor& held = held_[static_cast<size_t>(g)];
+    held = activation_pool_.Acquire(owner.data.shape(), owner.data.dtype());
+    owner.data = held;  // the layer's Reshape keeps it: it is the planned size
+  }
+}
+
+void Net::GiveBackBuffers(int step) {
+  for (int g : plan_.give_after[static_cast<size_t>(step)]) {
+    Tensor& held = held_[static_cast<size_t>(g)];
+    if (!held.defined()) continue;  // a second Backward after one Forward
+    if (options_.poison_released && (held.dtype() == DType::kF32 || held.dtype() == DType::kF64 ||
+                                     IsLowPrecision(held.dtype()))) {
+      held.Fill(std::nan(""));
+    }
+    activation_pool_.Release(held);
+  }
+}
+
 double Net::Forward() {
   double loss = 0;
+  const bool plan = options_.plan_memory;
+  if (plan) BeginPlannedPass();
   for (size_t i = 0; i < layers_.size(); ++i) {
     auto t0 = std::chrono::steady_clock::now();
     Layer& layer = *layers_[i];
+    if (plan) TakeBuffers(static_cast<int>(i));
     layer.Reshape(bottoms_[i], tops_[i]);
     layer.Forward(bottoms_[i], tops_[i]);
+    if (plan) GiveBackBuffers(static_cast<int>(i));
     if (layer.IsLoss()) loss += layer.loss_weight() * ElementAsDouble(tops_[i][0]->data, 0);
     if (profiling_) {
       layer_times_[i].name = layer.name();
@@ -193,10 +272,21 @@ double Net::Forward() {
       layer_times_[i].backward_s = 0;
     }
   }
+  // Another batch or input size than the plan's: the next pass plans again for these shapes
+  // (this one took buffers of the old sizes; a layer that outgrew one allocated its own).
+  if (plan) {
+    for (size_t b = 0; b < blobs_.size(); ++b) {
+      if (blobs_[b]->data.nbytes() != planned_bytes_[b]) planned_ = false;
+    }
+  }
   return loss;
 }
 
 void Net::Backward(double loss_scale) {
+  CORTADO_CHECK(!inference(), "Backward on an inference net (it has no gradients)");
+  const bool plan = options_.plan_memory;
+  CORTADO_CHECK(!plan || held_.size() == plan_.group_bytes.size(), "Net::Backward before Forward");
+  const int steps = 2 * static_cast<int>(layers_.size());
   // Activation gradients live in grad_pool_: each is acquired when its consumer's backward is
   // about to write it (or at the start, for loss seeds and gradients nobody writes) and
   // released once its producer's backward has read it, so only the gradients of the layers
@@ -233,7 +323,11 @@ void Net::Backward(double loss_scale) {
     }
   }
   for (size_t i = layers_.size(); i-- > 0;) {
-    if (!runs_backward_[i]) continue;
+    const int step = steps - 1 - static_cast<int>(i);
+    if (!runs_backward_[i]) {
+      if (plan) GiveBackBuffers(step);
+      continue;
+    }
     auto t0 = std::chrono::steady_clock::now();
     Layer& layer = *layers_[i];
     for (size_t j = 0; j < bottoms_[i].size(); ++j) {
@@ -248,6 +342,7 @@ void Net::Backward(double loss_scale) {
         grad_pooled_[index] = false;
       }
     }
+    if (plan) GiveBackBuffers(step);
     if (profiling_) {
       layer_times_[i].backward_start = t0;
       layer_times_[i].backward_s = Seconds(t0, std::chrono::steady_clock::now());

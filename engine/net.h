@@ -12,6 +12,16 @@
 // The loss is the sum of the loss layers' outputs times their loss_weight. Backward(scale)
 // seeds each loss output's gradient with loss_weight * scale (scale is the loss scale of mixed
 // precision, 1 otherwise).
+//
+// Memory (NetOptions): with plan_memory the activations come from a pool following a memory
+// plan (engine/memory_plan.h), computed from the graph once per set of shapes: each buffer is
+// taken just before the forward of the layer that writes it and given back after the last
+// forward or backward that reads it, so a pass holds the largest live set, not the sum. A blob
+// whose buffer was given back keeps its shape, but its data is another blob's: read only the
+// net inputs and the results (blobs nothing consumes, kept until the next Forward) after a
+// pass. An inference net (NetMode::kInference) runs in test phase only, plans its memory for
+// forward alone (a buffer goes back once its last reader has run) and has no parameter
+// gradients, no activation gradients and no Split layers; Backward throws.
 #pragma once
 
 #include <chrono>
@@ -24,6 +34,7 @@
 #include "engine/buffer_pool.h"
 #include "engine/checkpoint.h"
 #include "engine/layer.h"
+#include "engine/memory_plan.h"
 
 namespace cortado {
 
@@ -39,12 +50,24 @@ struct NetSpec {
   std::vector<LayerSpec> layers;
 };
 
+enum class NetMode { kTrain, kInference };
+
+struct NetOptions {
+  NetMode mode = NetMode::kTrain;
+  // Activations from the plan's pool (always on in inference). Off, every blob keeps its own
+  // storage for the net's lifetime and can be read after a pass (tests, tools that look inside).
+  bool plan_memory = false;
+  // Fills every buffer the plan gives back with NaN (float blobs): a test mode that makes a read
+  // of a given-back activation show up in the results.
+  bool poison_released = false;
+};
+
 class Net : public CheckpointState {
  public:
   // Builds and sets up every layer. dtype: the compute dtype for floating inputs (f32; f64
   // for gradient checks; bf16 or f16 for mixed precision, with f32 params). Throws naming the layer
   // and blob for a malformed graph.
-  Net(const NetSpec& spec, uint64_t seed, DType dtype = DType::kF32);
+  Net(const NetSpec& spec, uint64_t seed, DType dtype = DType::kF32, NetOptions options = {});
 
   // Runs every layer forward; returns the total loss (0 when the net has no loss layer).
   double Forward();
@@ -53,6 +76,13 @@ class Net : public CheckpointState {
   // footprint); afterwards only the net inputs' gradients can be read, until the next call.
   void Backward(double loss_scale = 1.0);
   size_t grad_bytes_peak() const { return grad_pool_.bytes_created(); }
+  bool inference() const { return options_.mode == NetMode::kInference; }
+  bool plans_memory() const { return options_.plan_memory; }
+  // The memory plan for the current shapes (made on first use; plans_memory() nets only).
+  const MemoryPlan& memory_plan();
+  // The activation pool: peak_bytes_lent() is the measured high-water mark that the plan's
+  // peak_bytes predicts, bytes_created() the storage behind it.
+  const BufferPool& activation_pool() const { return activation_pool_; }
   // Bytes of the forward activations (every blob's data; storage shared by in-place layers,
   // splits and flattens counted once), net inputs included.
   size_t activation_bytes() const;
@@ -75,7 +105,8 @@ class Net : public CheckpointState {
   void SaveState(Checkpoint& checkpoint) const override;
   void LoadState(const Checkpoint& checkpoint, const std::string& path) override;
 
-  void set_phase(Phase phase) { context_.phase = phase; }
+  // An inference net refuses Phase::kTrain.
+  void set_phase(Phase phase);
   Phase phase() const { return context_.phase; }
   void set_iteration(int64_t iteration) { context_.iteration = iteration; }
   LayerContext& context() { return context_; }
@@ -100,6 +131,12 @@ class Net : public CheckpointState {
   void AddLayer(LayerSpec spec);
   // Marks the layers that may overwrite their input (Layer::CanRunInPlace).
   void PlanInPlaceLayers();
+  // The graph as the memory planner sees it, at the blobs' current shapes.
+  PlanGraph MakePlanGraph() const;
+  // Gives back every planned buffer still held, and replans when the shapes have changed.
+  void BeginPlannedPass();
+  void TakeBuffers(int step);
+  void GiveBackBuffers(int step);
 
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::vector<Blob*>> bottoms_, tops_;
@@ -114,6 +151,13 @@ class Net : public CheckpointState {
   ScratchSpace scratch_;  // shared by the layers (LayerContext::scratch)
   LayerContext context_;
   GradReadyHook grad_ready_hook_;
+  NetOptions options_;
+  MemoryPlan plan_;
+  bool planned_ = false;  // plan_ is made (planned_bytes_: the sizes it was made for)
+  std::vector<size_t> planned_bytes_;
+  std::vector<Tensor> held_;    // by plan group: the buffer taken for it, empty when given back
+  std::vector<bool> external_;  // by blob: a net input (the caller's storage)
+  BufferPool activation_pool_;  // activations (plan_memory)
   bool profiling_ = false;
   std::vector<LayerTime> layer_times_;
 };

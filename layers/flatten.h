@@ -14,6 +14,7 @@ class FlattenLayer : public Layer {
  public:
   using Layer::Layer;
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  int SharesInputStorage(int) const override { return 0; }
 
  protected:
   // Moves bytes only, so one implementation serves every dtype.

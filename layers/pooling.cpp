@@ -79,7 +79,16 @@ void PoolingLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<B
     }
   }
   top[0]->data.Resize({x.dim(0), x.dim(1), out_h_, out_w_}, x.dtype());
-  if (is_max_) argmax_.Resize(top[0]->data.shape(), DType::kI32);
+  if (!is_max_) return;
+  if (context().inference && context().scratch != nullptr) {
+    // Nothing reads the argmax after this forward: every pooling layer of the net uses one.
+    Tensor& shared = context().scratch->ForwardOnly();
+    argmax_ = Tensor();  // drops this layer's hold on a smaller buffer before the shared grows
+    shared.Resize(top[0]->data.shape(), DType::kI32);
+    argmax_ = shared;
+  } else {
+    argmax_.Resize(top[0]->data.shape(), DType::kI32);
+  }
 }
 
 namespace {

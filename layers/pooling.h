@@ -58,7 +58,9 @@ class PoolingLayer : public Layer {
   // Current geometry (set by Reshape).
   int64_t planes_ = 0, height_ = 0, width_ = 0, out_h_ = 0, out_w_ = 0;
   int64_t kh_ = 0, kw_ = 0, sh_ = 1, sw_ = 1, ph_ = 0, pw_ = 0;
-  Tensor argmax_;  // i32 (N, C, H_out, W_out): index h * W + w within the plane (max only)
+  // i32 (N, C, H_out, W_out): index h * W + w within the plane (max only); in an inference net
+  // the net's ScratchSpace::ForwardOnly buffer, shared by every pooling layer.
+  Tensor argmax_;
 };
 
 }  // namespace cortado

@@ -17,6 +17,7 @@ class SplitLayer : public Layer {
   int NumOutputs() const override { return -1; }
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   bool BackwardReadsInputs() const override { return false; }  // the sum of the top gradients
+  int SharesInputStorage(int) const override { return 0; }
 
  protected:
   // Forward shares storage, so one implementation serves every dtype.

@@ -1,7 +1,9 @@
 // `cortado bench train --config F [--iters N] [--warmup W] [--json] [--profile] [--infer]`:
 // training throughput of the config's model and data, without evaluation or checkpoints, and
-// the run's peak memory. --profile adds the per-layer forward/backward time and GFLOP/s, to see
-// where a step goes; --infer measures forward passes in test phase instead. Under `cortado launch`
+// the run's peak memory (and the activations' planned and measured peak, engine/memory_plan.h).
+// --profile adds the per-layer forward/backward time and GFLOP/s, to see where a step goes;
+// --infer measures forward passes of an inference net instead (test phase, no gradients, no
+// solver, no training step first). Under `cortado launch`
 // (or mpirun, srun) it measures data-parallel training: global images/s, and how much of each
 // step was spent waiting for gradients (the exposed communication).
 #include <sys/resource.h>
@@ -69,7 +71,8 @@ void AddBenchTrainCommand(CLI::App& bench) {
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->add_flag("--profile", args->profile, "Per-layer time");
   cmd->add_flag("--infer", args->infer,
-                "Inference instead: forward passes in test phase (no backward, no update)");
+                "Inference instead: forward passes of an inference net (test phase, no gradients "
+                "or solver state, activations given back once read)");
   cmd->callback([args] {
     RunConfig config = LoadRunConfig(args->config, args->sets);
     // Long enough for any run length: the schedule plays no part in a throughput measurement.
@@ -78,16 +81,34 @@ void AddBenchTrainCommand(CLI::App& bench) {
     World world = JoinWorld(config.distributed);
     JoinAsRank(world);
     ApplyThreadBudget(args->threads, world.local_size);
-    Trainer trainer(config, std::move(world));
-    trainer.Start("");
+    const int rank = world.rank, ranks = world.size;
+    // Training runs the trainer's steps; --infer an inference net alone (no gradients, no
+    // solver state, activations given back as soon as the next layer has read them) on one
+    // batch of the training data, fed once.
+    std::unique_ptr<Trainer> trainer;
+    std::unique_ptr<Net> infer_net;
+    if (args->infer) {
+      std::unique_ptr<BatchSource> source =
+          MakeTrainSource(config.data, ShardSpec{world.rank, world.size}, config.seed);
+      NetOptions options;
+      options.mode = NetMode::kInference;
+      infer_net = std::make_unique<Net>(MakeNetSpec(config, source->sample_shape(),
+                                                    source->num_classes(), config.data.batch_size),
+                                        config.seed, config.precision.compute, options);
+      source->Start(0, 0);
+      Batch batch;
+      CORTADO_CHECK(source->Next(batch), config.data.train, ": no batch to measure on");
+      FeedBatch(*infer_net, batch);
+      for (int64_t i = 0; i < args->warmup; ++i) infer_net->Forward();
+    } else {
+      trainer = std::make_unique<Trainer>(config, std::move(world));
+      trainer->Start("");
+      for (int64_t i = 0; i < args->warmup; ++i) trainer->Step();
+    }
+    Net& net = args->infer ? *infer_net : trainer->net();
     std::map<std::string, std::pair<double, double>> per_layer;  // name -> (fwd, bwd) seconds
     std::vector<std::string> order;
-    // A training step first even for --infer: it fills the inputs and sizes every buffer.
-    for (int64_t i = 0; i < std::max<int64_t>(args->warmup, args->infer ? 1 : 0); ++i) {
-      trainer.Step();
-    }
-    if (args->infer) trainer.net().set_phase(Phase::kTest);
-    trainer.net().set_profiling(args->profile);
+    net.set_profiling(args->profile);
     StepTimes sum;
     std::vector<double> step_s;
     auto t0 = std::chrono::steady_clock::now();
@@ -95,10 +116,10 @@ void AddBenchTrainCommand(CLI::App& bench) {
       auto s0 = std::chrono::steady_clock::now();
       StepTimes t;
       if (args->infer) {
-        trainer.net().Forward();
+        net.Forward();
         t.compute = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
       } else {
-        t = trainer.Step();
+        t = trainer->Step();
       }
       step_s.push_back(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count());
@@ -107,7 +128,7 @@ void AddBenchTrainCommand(CLI::App& bench) {
       sum.comm_wait += t.comm_wait;
       sum.sync_bn += t.sync_bn;
       if (args->profile) {
-        for (const auto& l : trainer.net().layer_times()) {
+        for (const auto& l : net.layer_times()) {
           if (!per_layer.count(l.name)) order.push_back(l.name);
           per_layer[l.name].first += l.forward_s;
           per_layer[l.name].second += l.backward_s;
@@ -116,19 +137,23 @@ void AddBenchTrainCommand(CLI::App& bench) {
     }
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double peak_rss_mb = PeakRssMb();
-    if (trainer.world().rank != 0) return SetExitCode(0);
+    if (rank != 0) return SetExitCode(0);
     // Per-layer arithmetic, for GFLOP/s: forward as the layer counts it, backward twice that
     // (the input and the weight gradient; the first layer computes only the latter).
     std::map<std::string, double> flops;
-    for (const auto& layer : trainer.net().layers()) flops[layer->name()] = layer->ForwardFlops();
+    for (const auto& layer : net.layers()) flops[layer->name()] = layer->ForwardFlops();
     const double gemm_peak = args->profile ? MeasuredGemmPeak() : 0.0;
     auto gflops = [](double f, double s) { return s > 0 ? f / s / 1e9 : 0.0; };
     std::sort(step_s.begin(), step_s.end());
     const double median = step_s[step_s.size() / 2];
     const double n = static_cast<double>(args->iters);
-    const double img_per_s = n * static_cast<double>(trainer.global_batch()) / seconds;
+    const double img_per_s = n * static_cast<double>(config.data.batch_size * ranks) / seconds;
+    // Activations: the plan's peak (the largest set alive at once), the pool's measured
+    // high-water mark, and the storage the pool holds for it.
+    const double planned_mb = static_cast<double>(net.memory_plan().peak_bytes) / 1e6;
+    const double measured_mb = static_cast<double>(net.activation_pool().peak_bytes_lent()) / 1e6;
+    const double pool_mb = static_cast<double>(net.activation_pool().bytes_created()) / 1e6;
     std::string model = config.model.builder.empty() ? "graph" : config.model.builder;
-    const int ranks = trainer.world().size;
     if (args->json) {
       nlohmann::ordered_json j;
       j["model"] = model;
@@ -148,8 +173,10 @@ void AddBenchTrainCommand(CLI::App& bench) {
       j["sync_bn_ms"] = 1000 * sum.sync_bn / n;
       j["data_ms_per_iter"] = 1000 * sum.data_wait / n;
       j["peak_rss_mb"] = peak_rss_mb;
-      j["activation_grad_mb"] = trainer.net().grad_bytes_peak() / 1e6;
-      j["activation_mb"] = static_cast<double>(trainer.net().activation_bytes()) / 1e6;
+      j["activation_grad_mb"] = net.grad_bytes_peak() / 1e6;
+      j["activation_mb"] = pool_mb;
+      j["activation_planned_peak_mb"] = planned_mb;
+      j["activation_measured_peak_mb"] = measured_mb;
       if (args->profile) {
         j["gemm_peak_gflops"] = gemm_peak;
         nlohmann::ordered_json layers = nlohmann::ordered_json::array();
@@ -170,12 +197,11 @@ void AddBenchTrainCommand(CLI::App& bench) {
       std::printf(
           "%s: batch %lld x %d rank(s), %d thread(s) each: %.1f img/s (%.2f ms/iter: "
           "compute %.2f, comm wait %.2f, data %.2f); peak memory %.0f MB (activations %.0f MB and "
-          "their gradients %.0f MB of it)\n",
+          "their gradients %.0f MB of it; activation peak planned %.1f MB, measured %.1f MB)\n",
           model.c_str(), static_cast<long long>(config.data.batch_size), ranks, NumThreads(),
           img_per_s, 1000 * seconds / n, 1000 * sum.compute / n, 1000 * sum.comm_wait / n,
-          1000 * sum.data_wait / n, peak_rss_mb,
-          static_cast<double>(trainer.net().activation_bytes()) / 1e6,
-          trainer.net().grad_bytes_peak() / 1e6);
+          1000 * sum.data_wait / n, peak_rss_mb, pool_mb, net.grad_bytes_peak() / 1e6, planned_mb,
+          measured_mb);
       if (args->profile) {
         std::printf("matrix-multiply peak (2048^3 fp32 GEMM, best of 3): %.1f GFLOP/s\n",
                     gemm_peak);

@@ -5,7 +5,8 @@
 // used, and --set overrides it (a data.val path on another machine); --config replaces it.
 // `--checkpoint auto` takes the newest loadable checkpoint in the config's checkpoint.dir, so it
 // needs --config. Under `cortado launch`, mpirun or srun the ranks split the validation set and
-// rank 0 prints the totals.
+// rank 0 prints the totals. The net is built for inference (engine/net.h: no gradients, no
+// solver state, each activation's buffer reused once the next layer has read it).
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -94,7 +95,11 @@ void AddEvalCommand(CLI::App& app) {
     int64_t batch =
         config.data.val_batch_size > 0 ? config.data.val_batch_size : config.data.batch_size;
     NetSpec spec = MakeNetSpec(config, val->sample_shape(), val->num_classes(), batch);
-    Net net(spec, config.seed, config.precision.compute);
+    // An inference net: the checkpoint's weights and batch-norm statistics load without any
+    // gradient or solver state, and activations go back to the pool once read.
+    NetOptions options;
+    options.mode = NetMode::kInference;
+    Net net(spec, config.seed, config.precision.compute, options);
     if (args->weights.empty()) {
       net.LoadState(ckpt, ckpt_path);
     } else {

@@ -1,6 +1,7 @@
 // `cortado inspect --config F [--set k=v]...` prints the net a config builds (layers, output
 // shapes, parameter counts) and what its data yields (records, and the samples an epoch is
-// made of; where the data is not on this machine, the net from the config alone and a note);
+// made of, and the activation memory plan: MB alive at each layer in training and inference;
+// where the data is not on this machine, the net from the config alone and a note);
 // `--checkpoint PATH` a checkpoint's position, its stored config and a table of its tensors; `--db
 // PATH` an LMDB of Datum records: record count, classes, the image sizes seen in a sample of
 // records, a few keys, and whether it is complete (data/lmdb.h). They combine.
@@ -18,6 +19,7 @@
 #include "engine/log.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
+#include "tools/metrics.h"
 #include "tools/trainer.h"
 
 namespace cortado::tools {
@@ -144,6 +146,48 @@ void PrintDb(const std::string& path) {
   std::printf("  keys       %s\n", keys.c_str());
 }
 
+std::string Megabytes(size_t bytes) { return StrCat(Fixed(static_cast<double>(bytes) / 1e6, 2)); }
+
+// The activation memory plan of the config's net (engine/memory_plan.h): bytes alive while each
+// layer's forward and backward run in training, and in inference, and the peaks.
+std::string MemoryPlanTable(const NetSpec& spec, const RunConfig& config) {
+  NetOptions train_options, infer_options;
+  train_options.plan_memory = true;
+  infer_options.mode = NetMode::kInference;
+  Net train(spec, config.seed, config.precision.compute, train_options);
+  Net infer(spec, config.seed, config.precision.compute, infer_options);
+  const MemoryPlan& t = train.memory_plan();
+  const MemoryPlan& f = infer.memory_plan();
+  size_t all = 0;
+  for (size_t b : t.group_bytes) all += b;
+  // Inference has no Split layers: its layers are the training net's without them.
+  std::map<std::string, size_t> infer_live;
+  for (size_t i = 0; i < infer.layers().size(); ++i) {
+    infer_live[infer.layers()[i]->name()] = f.live_bytes[i];
+  }
+  size_t name_w = 5;
+  for (const auto& layer : train.layers()) name_w = std::max(name_w, layer->name().size());
+  const int nw = static_cast<int>(name_w);
+  std::string out = StrCat("activation memory plan (MB alive while the layer runs):\n");
+  char line[256];
+  std::snprintf(line, sizeof line, "%-*s  %9s  %9s  %9s\n", nw, "layer", "train fwd", "train bwd",
+                "inference");
+  out += line;
+  for (size_t i = 0; i < train.layers().size(); ++i) {
+    const std::string& name = train.layers()[i]->name();
+    auto it = infer_live.find(name);
+    std::snprintf(line, sizeof line, "%-*s  %9s  %9s  %9s\n", nw, name.c_str(),
+                  Megabytes(t.live_bytes[i]).c_str(),
+                  Megabytes(t.live_bytes[static_cast<size_t>(t.steps) - 1 - i]).c_str(),
+                  it == infer_live.end() ? "-" : Megabytes(it->second).c_str());
+    out += line;
+  }
+  out +=
+      StrCat("planned activation peak: training ", Megabytes(t.peak_bytes), " MB (", Megabytes(all),
+             " MB if every activation were kept), inference ", Megabytes(f.peak_bytes), " MB\n");
+  return out;
+}
+
 }  // namespace
 
 void AddInspectCommand(CLI::App& app) {
@@ -186,6 +230,7 @@ void AddInspectCommand(CLI::App& app) {
                                  config.data.batch_size);
       Net net(spec, config.seed, config.precision.compute);
       std::printf("%s", NetTable(net).c_str());
+      std::printf("%s", MemoryPlanTable(spec, config).c_str());
       std::printf("%s", DataSummary(config, *source).c_str());
     }
     if (!args->checkpoint.empty()) PrintCheckpoint(args->checkpoint);

@@ -30,7 +30,17 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// Points the net's inputs at the batch (no copy: the net reads them during this step only).
+double BlobValue(Net& net, const std::string& name) {
+  if (!net.has_blob(name)) return NAN;
+  return ElementAsDouble(net.blob(name)->data, 0);
+}
+
+std::string Bytes(double bytes) {
+  return bytes < 1048576.0 ? Fixed(bytes / 1024.0, 0) + " KB" : Fixed(bytes / 1048576.0, 1) + " MB";
+}
+
+}  // namespace
+
 void FeedBatch(Net& net, const Batch& batch) {
   CORTADO_CHECK(batch.images.dtype() == DType::kF32 && batch.labels.dtype() == DType::kI32,
                 "data source produced ", batch.images.ToString(), " images and ",
@@ -50,17 +60,6 @@ void FeedBatch(Net& net, const Batch& batch) {
   }
   net.input("label") = batch.labels;
 }
-
-double BlobValue(Net& net, const std::string& name) {
-  if (!net.has_blob(name)) return NAN;
-  return ElementAsDouble(net.blob(name)->data, 0);
-}
-
-std::string Bytes(double bytes) {
-  return bytes < 1048576.0 ? Fixed(bytes / 1024.0, 0) + " KB" : Fixed(bytes / 1048576.0, 1) + " MB";
-}
-
-}  // namespace
 
 NetSpec MakeNetSpec(const RunConfig& config, const Shape& sample_shape, int64_t num_classes,
                     int64_t batch_size) {
@@ -225,7 +224,11 @@ Trainer::Trainer(RunConfig config, World world)
   }
   NetSpec spec = MakeNetSpec(config_, train_source_->sample_shape(), train_source_->num_classes(),
                              config_.data.batch_size);
-  net_ = std::make_unique<Net>(spec, seed, config_.precision.compute);
+  // Activations follow the net's memory plan: each goes back to the pool after the last
+  // backward that reads it (engine/memory_plan.h).
+  NetOptions net_options;
+  net_options.plan_memory = true;
+  net_ = std::make_unique<Net>(spec, seed, config_.precision.compute, net_options);
   solver_ = std::make_unique<SgdSolver>(net_->params(), config_.solver.sgd);
   if (config_.precision.loss_scaling) {
     scaler_ = std::make_unique<LossScaler>(config_.precision.scaler);

@@ -35,6 +35,10 @@ namespace cortado {
 NetSpec MakeNetSpec(const RunConfig& config, const Shape& sample_shape, int64_t num_classes,
                     int64_t batch_size);
 
+// Points the net's inputs at the batch (no copy: the net reads them during this step only); an
+// f64 net gets a converted copy. Throws when the images do not fit the net's input.
+void FeedBatch(Net& net, const Batch& batch);
+
 struct EvalResult {
   double top1 = 0, top5 = 0, loss = 0;  // fractions in [0, 1]; mean loss per image
   int64_t images = 0;

@@ -30,7 +30,7 @@ for r in $(seq "$rounds"); do
       flag=""; [[ $mode == inference ]] && flag=--infer
       "$cortado" bench train --config "$config" --iters "$iters" --warmup "$warmup" \
         --threads "$threads" --json $flag 2>/dev/null |
-        "$py" -c "import json,sys; j=json.load(sys.stdin); print(json.dumps({'round': $r, 'model': '$model', 'side': 'cortado', 'mode': 'fp32', 'run': '$mode', 'img_per_s': j['img_per_s'], 'peak_rss_mb': j['peak_rss_mb']}))" >> "$out/results.jsonl"
+        "$py" -c "import json,sys; j=json.load(sys.stdin); print(json.dumps({'round': $r, 'model': '$model', 'side': 'cortado', 'mode': 'fp32', 'run': '$mode', 'img_per_s': j['img_per_s'], 'peak_rss_mb': j['peak_rss_mb'], 'activation_planned_peak_mb': j['activation_planned_peak_mb'], 'activation_measured_peak_mb': j['activation_measured_peak_mb'], 'activation_mb': j['activation_mb']}))" >> "$out/results.jsonl"
       for tmode in nchw channels_last bf16; do
         "$py" scripts/bench/models/torch_models.py --model "$model" --mode "$tmode" --batch 16 \
           --threads "$threads" --iters "$iters" --warmup "$warmup" $flag |

@@ -327,6 +327,9 @@ TEST_F(CliTest, BenchTrainProfileReportsGflopsAgainstTheGemmPeakAndPeakMemory) {
   const nlohmann::json j = nlohmann::json::parse(out);
   EXPECT_GT(j["peak_rss_mb"].get<double>(), 1.0);
   EXPECT_GT(j["gemm_peak_gflops"].get<double>(), 0.1);
+  // The activations' measured high-water mark is the memory plan's peak.
+  EXPECT_GT(j["activation_planned_peak_mb"].get<double>(), 0.0);
+  EXPECT_EQ(j["activation_measured_peak_mb"], j["activation_planned_peak_mb"]);
   bool conv = false, fc = false, relu = false;
   for (const auto& l : j["layers"]) {
     const std::string name = l["name"];
@@ -357,6 +360,11 @@ TEST_F(CliTest, BenchTrainProfileReportsGflopsAgainstTheGemmPeakAndPeakMemory) {
   EXPECT_EQ(inference["mode"], "inference");
   EXPECT_GT(inference["img_per_s"].get<double>(), 0.0);
   EXPECT_EQ(inference["comm_wait_ms"].get<double>(), 0.0);
+  // An inference net: no activation gradients, and its plan holds less than training's.
+  EXPECT_EQ(inference["activation_grad_mb"].get<double>(), 0.0);
+  EXPECT_EQ(inference["activation_measured_peak_mb"], inference["activation_planned_peak_mb"]);
+  EXPECT_LT(inference["activation_planned_peak_mb"].get<double>(),
+            j["activation_planned_peak_mb"].get<double>());
 }
 
 TEST_F(CliTest, EvalNeedsOnlyTheCheckpoint) {
@@ -551,6 +559,8 @@ TEST_F(CliTest, InspectShowsTheStoredConfigTensorsDataAndDatabases) {
             std::string::npos)
       << out;
   EXPECT_NE(out.find("data.val: 100 records"), std::string::npos) << out;
+  EXPECT_NE(out.find("train fwd  train bwd  inference"), std::string::npos) << out;
+  EXPECT_NE(out.find("planned activation peak: training "), std::string::npos) << out;
 
   ASSERT_EQ(Cortado("train --no-progress --config " + config + " --stop-at-iter 3", nullptr, &err),
             130)
