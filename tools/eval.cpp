@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "data/class_names.h"
 #include "engine/checkpoint.h"
 #include "engine/log.h"
 #include "engine/safetensors.h"
@@ -86,6 +87,7 @@ void AddEvalCommand(CLI::App& app) {
     }
     CORTADO_CHECK(!config.data.val.empty() || config.data.type == "synthetic", config.file,
                   ": data.val is not set; there is nothing to evaluate on (--set data.val=PATH)");
+    const std::string classes_warning = CheckClassNames(config.data);
     World world = JoinWorld(config.distributed);
     JoinAsRank(world);
     ApplyThreadBudget(args->threads, world.local_size);
@@ -107,6 +109,7 @@ void AddEvalCommand(CLI::App& app) {
     CORTADO_CHECK(r.images > 0, "no record of ", config.data.val,
                   " could be read; there is nothing to evaluate");
     if (world.rank != 0) return SetExitCode(0);
+    if (!classes_warning.empty()) LogWarning(classes_warning);
     if (r.skipped > 0) {
       LogWarning(r.skipped, " unreadable record(s) of ", config.data.val,
                  " were left out of the evaluation (the first are named above)");

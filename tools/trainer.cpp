@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "data/class_names.h"
 #include "data/lmdb_source.h"
 #include "engine/error.h"
 #include "engine/gemm_lowp.h"
@@ -223,6 +224,8 @@ Trainer::Trainer(RunConfig config, World world)
   if (!config_.data.val.empty() || config_.data.type == "synthetic") {
     val_source_ = MakeEvalSource(config_.data, shard);
   }
+  const std::string classes_warning = CheckClassNames(config_.data);
+  if (!classes_warning.empty() && world_.rank == 0) LogWarning(classes_warning);
   NetSpec spec = MakeNetSpec(config_, train_source_->sample_shape(), train_source_->num_classes(),
                              config_.data.batch_size);
   net_ = std::make_unique<Net>(spec, seed, config_.precision.compute);
