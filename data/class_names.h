@@ -16,8 +16,9 @@ namespace cortado {
 std::optional<std::vector<std::string>> ReadClassNames(const std::string& db);
 
 // Compares the class names of data.train and data.val (LMDB only; nothing to compare for other
-// types, without data.val, or where data.train is not on this machine). Throws naming the first class that differs; returns a warning
-// (empty when none) when either database names no classes, so nothing could be compared.
+// types, without data.val, or where data.train is not on this machine). Throws naming the first
+// class that differs; returns a warning (empty when none) when either database names no classes, so
+// nothing could be compared.
 std::string CheckClassNames(const DataOptions& options);
 
 }  // namespace cortado

@@ -145,6 +145,7 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
   Require(c.model.base_width == 0 || !c.model.builder.empty(), m, "base_width",
           "applies to the resnet18 ... resnet152 builders, not to a layers graph");
   c.model.weights = m.String("weights", "");
+  c.model.weights_partial = m.Bool("weights_partial", false);
   m.Finish();
 
   // data

@@ -434,8 +434,11 @@ bool Trainer::Resume(const std::string& what) {
 void Trainer::InitFromWeights() {
   const std::string& path = config_.model.weights;
   const Safetensors file = LoadSafetensors(path);
+  const std::string other_builder = tools::BuilderWarning(file, config_.model.builder, path);
+  if (!other_builder.empty()) LogWarning(other_builder);
   const tools::WeightsReport report =
       tools::LoadWeights(*net_, config_.model.builder, file, path, /*strict=*/false);
+  tools::CheckFineTuning(report, path, config_.model.weights_partial);
   LogInfo(report.Summary(path));
 }
 

@@ -19,8 +19,8 @@ TEST_F(ClassNames, TrainDryRunAndEvalRefuseAValidationSetWithOtherClasses) {
   const std::string bad = Convert("val_two", "val_bad");  // classes.txt: n01, n03
   std::string out, err;
   const std::string config = Write("bad.yaml", LmdbConfig(train, bad));
-  for (const std::string& args : {"train --config " + config + " --dry-run",
-                                  "train --config " + config}) {
+  for (const std::string& args :
+       {"train --config " + config + " --dry-run", "train --config " + config}) {
     SCOPED_TRACE(args);
     EXPECT_EQ(Cortado(args, &out, &err), 1);
     EXPECT_NE(err.find("data.train and data.val name different classes (3 and 2): class 1 is "

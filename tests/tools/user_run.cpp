@@ -13,9 +13,9 @@ namespace cortado::tooltest {
 namespace fs = std::filesystem;
 
 void UserRun::SetUp() {
-  dir_ = fs::temp_directory_path() /
-         ("cortado_user_" + std::to_string(getpid()) + "_" +
-          ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  dir_ =
+      fs::temp_directory_path() / ("cortado_user_" + std::to_string(getpid()) + "_" +
+                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
   fs::remove_all(dir_);
   fs::create_directories(dir_);
 }
