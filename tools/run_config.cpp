@@ -349,11 +349,12 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
                                             : DType::kF32;
   LossScalerOptions& so = c.precision.scaler;
   const std::string loss_scale = pr.String("loss_scale", compute == "fp16" ? "dynamic" : "1");
-  so.init_scale = pr.Float("init_scale", so.init_scale);
-  so.growth_factor = pr.Float("growth_factor", so.growth_factor);
-  so.backoff_factor = pr.Float("backoff_factor", so.backoff_factor);
-  so.growth_interval = pr.Int("growth_interval", so.growth_interval);
   if (loss_scale == "dynamic") {
+    // Read (and so resolved) only here: with a static scale they must stay absent.
+    so.init_scale = pr.Float("init_scale", so.init_scale);
+    so.growth_factor = pr.Float("growth_factor", so.growth_factor);
+    so.backoff_factor = pr.Float("backoff_factor", so.backoff_factor);
+    so.growth_interval = pr.Int("growth_interval", so.growth_interval);
     so.dynamic = true;
     c.precision.loss_scaling = true;
   } else {
@@ -390,7 +391,7 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
   l.Finish();
 
   root.Finish();
-  c.resolved_yaml = yaml.Dump();
+  c.resolved_yaml = yaml.Resolved();
   return c;
 }
 

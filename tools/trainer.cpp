@@ -275,8 +275,10 @@ Trainer::~Trainer() = default;
 
 std::string Trainer::JobDescription() const {
   std::ostringstream out;
-  std::istringstream config(config_.resolved_yaml);
-  for (std::string line; std::getline(config, line);) out << "config: " << line << "\n";
+  // One key path per line, so a difference names its key ("solver.base_lr: 0.05").
+  for (const auto& [key, value] : FlattenYaml(config_.resolved_yaml, "the resolved config")) {
+    out << "config: " << key << ": " << value << "\n";
+  }
   for (Param* p : net_->params()) out << "model: " << p->name << " " << p->value.ToString() << "\n";
   for (Buffer* b : net_->buffers())
     out << "model: " << b->name << " " << b->value.ToString() << "\n";
@@ -309,6 +311,7 @@ void Trainer::SaveState(Checkpoint& ckpt) const {
   // the generator state is fully described by the seed and the position above.
   ckpt.meta["rng"] = "counter-based(seed, epoch, iteration)";
   ckpt.meta["config"] = config_.resolved_yaml;
+  ckpt.meta["config_form"] = "resolved";  // every key with its value, defaults included
   ckpt.meta["config_hash"] = ConfigHash(config_.resolved_yaml);
   ckpt.meta["run_id"] = run_id_;
   ckpt.meta["world_size"] = std::to_string(world_.size);
@@ -453,6 +456,11 @@ void Trainer::WarnAboutConfigChanges(const Checkpoint& ckpt, const std::string& 
   } catch (const Error& e) {
     LogWarning("checkpoint '", path, "': cannot compare its stored config: ", e.what());
     return;
+  }
+  if (!ckpt.meta.count("config_form")) {
+    // An older checkpoint stored the config as written: a key it lacks had the default of its
+    // time, which cannot be known, so only keys it wrote are compared.
+    std::erase_if(changes, [](const std::string& c) { return c.find(": (unset) -> ") != c.npos; });
   }
   if (changes.empty()) return;
   std::string list;
