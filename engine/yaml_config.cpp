@@ -185,6 +185,32 @@ YamlConfig YamlConfig::FromFile(const std::string& path) {
   return FromString(text.str(), path);
 }
 
+namespace {
+
+// yaml-cpp keeps every entry of a mapping that repeats a key, and lookups find the first: a
+// config's later `batch_size: 8` would be ignored. Refused, naming both lines.
+void RefuseDuplicateKeys(const YAML::Node& node, const std::string& path, const std::string& name) {
+  if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i) {
+      RefuseDuplicateKeys(node[i], StrCat(path, "[", i, "]"), name);
+    }
+  }
+  if (!node.IsMap()) return;
+  std::map<std::string, int> lines;
+  for (const auto& item : node) {
+    if (!item.first.IsScalar()) continue;  // Finish() names a key that is not a name
+    const std::string key = item.first.Scalar();
+    const std::string key_path = path.empty() ? key : path + "." + key;
+    const int line = item.first.Mark().line + 1;
+    const auto [first, fresh] = lines.emplace(key, line);
+    CORTADO_CHECK(fresh, name, ":", line, ": duplicate key '", key_path, "' (first at line ",
+                  first->second, "); give each key once");
+    RefuseDuplicateKeys(item.second, key_path, name);
+  }
+}
+
+}  // namespace
+
 YamlConfig YamlConfig::FromString(const std::string& text, const std::string& name) {
   YamlConfig config;
   config.file_ = name;
@@ -195,6 +221,7 @@ YamlConfig YamlConfig::FromString(const std::string& text, const std::string& na
   }
   if (config.root_.IsNull()) config.root_ = YAML::Node(YAML::NodeType::Map);
   CORTADO_CHECK(config.root_.IsMap(), name, ": the top level must be a mapping of keys");
+  RefuseDuplicateKeys(config.root_, "", name);
   return config;
 }
 

@@ -89,5 +89,12 @@ TEST(YamlConfig, ResolvedHoldsEveryKeyReadWithItsEffectiveValue) {
   EXPECT_EQ(again.Root().Section("s").String("name", "x"), "");
 }
 
+TEST(YamlConfig, DuplicateKeysAreRefusedWithBothLines) {
+  std::string m = ErrorOf([] { YamlConfig::FromString("a: 1\nb:\n  c: 2\n  c: 3\n", "d.yaml"); });
+  EXPECT_EQ(m, "d.yaml:4: duplicate key 'b.c' (first at line 3); give each key once");
+  m = ErrorOf([] { YamlConfig::FromString("l:\n  - {x: 1, x: 2}\n", "d.yaml"); });
+  EXPECT_NE(m.find("duplicate key 'l[0].x'"), std::string::npos) << m;
+}
+
 }  // namespace
 }  // namespace cortado
