@@ -85,8 +85,12 @@ void AddEvalCommand(CLI::App& app) {
         config = ParseRunConfig(yaml, /*need_train=*/false);
       }
     }
-    CORTADO_CHECK(!config.data.val.empty() || config.data.type == "synthetic", config.file,
-                  ": data.val is not set; there is nothing to evaluate on (--set data.val=PATH)");
+    CORTADO_CHECK(HasValidation(config.data), config.file,
+                  config.data.type == "synthetic"
+                      ? ": data.synthetic.val_samples is 0; there is nothing to evaluate on "
+                        "(--set data.synthetic.val_samples=N)"
+                      : ": data.val is not set; there is nothing to evaluate on "
+                        "(--set data.val=PATH)");
     const std::string classes_warning = CheckClassNames(config.data);
     World world = JoinWorld(config.distributed);
     JoinAsRank(world);

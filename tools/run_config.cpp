@@ -200,6 +200,8 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
   Require(o.synthetic_classes >= 1, syn, "classes", "must be >= 1");
   o.synthetic_samples = syn.Int("samples", o.synthetic_samples);
   Require(o.synthetic_samples >= 1, syn, "samples", "must be >= 1");
+  o.synthetic_val_samples = syn.Int("val_samples", o.synthetic_val_samples);
+  Require(o.synthetic_val_samples >= 0, syn, "val_samples", "must be >= 0 (0: no evaluation)");
   syn.Finish();
   d.Finish();
 

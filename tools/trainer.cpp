@@ -191,7 +191,11 @@ std::string DataSummary(const RunConfig& config, const BatchSource& train) {
   if (d.type == "synthetic") {
     out << "data: synthetic, " << d.synthetic_samples << " samples of "
         << ShapeString(train.sample_shape()) << "; an epoch is " << batches << " batches of "
-        << d.batch_size << " = " << per_epoch << " samples\n";
+        << d.batch_size << " = " << per_epoch << " samples; "
+        << (d.synthetic_val_samples > 0
+                ? StrCat(d.synthetic_val_samples, " samples evaluated")
+                : std::string("no evaluation (data.synthetic.val_samples: 0)"))
+        << "\n";
     return out.str();
   }
   const int64_t records = RecordCount(d, d.train);
@@ -221,7 +225,7 @@ Trainer::Trainer(RunConfig config, World world)
   const uint64_t seed = config_.seed;
   const ShardSpec shard{world_.rank, world_.size};
   train_source_ = MakeTrainSource(config_.data, shard, seed);
-  if (!config_.data.val.empty() || config_.data.type == "synthetic") {
+  if (HasValidation(config_.data)) {
     val_source_ = MakeEvalSource(config_.data, shard);
   }
   const std::string classes_warning = CheckClassNames(config_.data);
