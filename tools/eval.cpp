@@ -51,7 +51,10 @@ void AddEvalCommand(CLI::App& app) {
   cmd->add_flag("--no-progress", args->no_progress,
                 "Accepted for symmetry with train (eval draws no progress bar)");
   cmd->callback([args] {
-    if (args->checkpoint.empty() == args->weights.empty()) {
+    if (!args->checkpoint.empty() && !args->weights.empty()) {
+      UsageFail("give --checkpoint or --weights, not both: a checkpoint holds its own weights");
+    }
+    if (args->checkpoint.empty() && args->weights.empty()) {
       UsageFail("give --checkpoint (a checkpoint, or auto) or --weights (a safetensors file)");
     }
     if (!args->weights.empty() && args->config.empty()) {
