@@ -209,9 +209,24 @@ void RefuseDuplicateKeys(const YAML::Node& node, const std::string& path, const 
   }
 }
 
+// YAML forbids tabs in indentation; yaml-cpp's own word for it is "illegal map value".
+void RefuseTabIndentation(const std::string& text, const std::string& name) {
+  std::istringstream lines(text);
+  int number = 0;
+  for (std::string line; std::getline(lines, line);) {
+    ++number;
+    const size_t indent = line.find_first_not_of(" \t");
+    const size_t tab = line.find('\t');
+    if (indent == std::string::npos) continue;  // a blank line
+    CORTADO_CHECK(tab == std::string::npos || tab >= indent, name, ":", number, ":", tab + 1,
+                  ": tabs are not allowed in YAML indentation; indent with spaces");
+  }
+}
+
 }  // namespace
 
 YamlConfig YamlConfig::FromString(const std::string& text, const std::string& name) {
+  RefuseTabIndentation(text, name);
   YamlConfig config;
   config.file_ = name;
   try {

@@ -39,5 +39,12 @@ TEST_F(ConfigErrorsTest, ADuplicateKeyIsRefusedWithBothLines) {
       << nested;
 }
 
+TEST_F(ConfigErrorsTest, ATabInTheIndentationIsNamedAsSuch) {
+  const std::string err = ErrorOf(std::string(kBase) + "log:\n\tinterval: 5\n");
+  EXPECT_NE(err.find("run.yaml:8:1: tabs are not allowed in YAML indentation; indent with spaces"),
+            std::string::npos)
+      << err;
+}
+
 }  // namespace
 }  // namespace cortado::tooltest
