@@ -16,6 +16,7 @@
 #include "engine/thread_pool.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
+#include "tools/file_kind.h"
 #include "tools/trainer.h"
 #include "tools/weights.h"
 #include "tools/world.h"
@@ -68,6 +69,7 @@ void AddEvalCommand(CLI::App& app) {
     RunConfig config;
     if (!args->weights.empty()) {
       CheckInputFile("--weights", args->weights, "a safetensors file (cortado export)");
+      ExpectSafetensors("--weights", args->weights);
       config = LoadRunConfig(args->config, args->sets, /*need_train=*/false);
     } else if (ckpt_path == "auto") {
       config = LoadRunConfig(args->config, args->sets, /*need_train=*/false);
@@ -76,6 +78,8 @@ void AddEvalCommand(CLI::App& app) {
                     config.checkpoint.dir, "' (checkpoint.dir of ", args->config, ")");
     } else {
       CheckInputFile("--checkpoint", ckpt_path, "a checkpoint file (ckpt-*.cortado)");
+      ExpectCheckpoint("--checkpoint", ckpt_path,
+                       "evaluate it with --weights " + ckpt_path + " --config F");
       ckpt = LoadCheckpoint(ckpt_path);
       if (!args->config.empty()) {
         config = LoadRunConfig(args->config, args->sets, /*need_train=*/false);

@@ -17,6 +17,7 @@
 #include "engine/thread_pool.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
+#include "tools/file_kind.h"
 #include "tools/stop_signals.h"
 #include "tools/trainer.h"
 #include "tools/world.h"
@@ -154,9 +155,12 @@ void AddTrainCommand(CLI::App& app) {
       CheckInputFile("--resume", args->resume,
                      "a checkpoint file (ckpt-*.cortado), or 'auto' for the newest in "
                      "checkpoint.dir");
+      ExpectCheckpoint("--resume", args->resume,
+                       "start a run from its weights with --weights " + args->resume);
     }
     if (!args->weights.empty()) {
       CheckInputFile("--weights", args->weights, "a safetensors file (cortado export)");
+      ExpectSafetensors("--weights", args->weights);
       args->sets.push_back("model.weights=" + args->weights);
     }
     if (args->weights_partial) args->sets.push_back("model.weights_partial=true");
