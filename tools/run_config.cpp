@@ -8,6 +8,7 @@
 
 #include "engine/error.h"
 #include "engine/numbers.h"
+#include "models/builders.h"
 
 namespace cortado {
 namespace {
@@ -124,6 +125,13 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
   // model
   YamlSection m = root.Section("model");
   c.model.builder = m.String("builder", "");
+  const std::vector<std::string> builders = ModelNames();
+  if (!c.model.builder.empty() &&
+      std::find(builders.begin(), builders.end(), c.model.builder) == builders.end()) {
+    std::string known;
+    for (const std::string& b : builders) known += (known.empty() ? "" : ", ") + b;
+    m.Error("builder", "unknown builder '" + c.model.builder + "' (known: " + known + ")");
+  }
   if (m.Has("layers")) {
     YAML::Node layers = m.Node("layers");
     Require(layers.IsSequence(), m, "layers", "expected a list of layers");

@@ -23,5 +23,20 @@ TEST_F(UsageHints, ABareKeyValueSuggestsSetAndResumeSaysWhatItTakes) {
       << err;
 }
 
+TEST_F(UsageHints, AnUnknownBuilderIsNamedWithTheKnownOnes) {
+  const std::string config = Write("run.yaml",
+                                   "model: {builder: resnet50, base_width: 8}\ndata: {type: "
+                                   "synthetic}\nsolver: {max_iter: 1}\n");
+  std::string out, err;
+  EXPECT_EQ(
+      Cortado("train --dry-run --config " + config + " --set model.builder=resnet5", &out, &err),
+      1);
+  EXPECT_NE(err.find("--set model.builder=resnet5: model.builder: unknown builder 'resnet5' "
+                     "(known: "),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("resnet50"), std::string::npos) << err;
+}
+
 }  // namespace
 }  // namespace cortado::tooltest
