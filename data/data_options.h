@@ -35,7 +35,13 @@ struct DataOptions {
   std::vector<int64_t> synthetic_shape = {3, 224, 224};
   int64_t synthetic_classes = 1000;
   int64_t synthetic_samples = 12800;
+  int64_t synthetic_val_samples = 0;  // evaluation samples; 0: no evaluation
 };
+
+// Whether the options name data to evaluate on: data.val, or synthetic validation samples.
+inline bool HasValidation(const DataOptions& o) {
+  return !o.val.empty() || (o.type == "synthetic" && o.synthetic_val_samples > 0);
+}
 
 std::unique_ptr<BatchSource> MakeTrainSource(const DataOptions& options, ShardSpec shard,
                                              uint64_t seed);

@@ -21,8 +21,10 @@ class SyntheticSource final : public BatchSource {
                   "data.synthetic_shape must be [C, H, W] with positive sizes");
     CORTADO_CHECK(classes_ >= 1, "data.synthetic_classes must be at least 1");
     CORTADO_CHECK(batch_size_ > 0, "data.batch_size must be positive, got ", batch_size_);
-    CORTADO_CHECK(o.synthetic_samples >= 1, "data.synthetic_samples must be at least 1");
-    samples_ = std::max<int64_t>(1, o.synthetic_samples / shard.world_size);
+    const int64_t samples = training ? o.synthetic_samples : o.synthetic_val_samples;
+    CORTADO_CHECK(samples >= 1, "data.synthetic.", training ? "samples" : "val_samples",
+                  " must be at least 1");
+    samples_ = std::max<int64_t>(1, samples / shard.world_size);
     if (training_) samples_ = std::max<int64_t>(batch_size_, samples_ / batch_size_ * batch_size_);
     // A small pool of distinct random images, cycled.
     const int64_t per = ShapeNumel(shape_);

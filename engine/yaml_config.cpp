@@ -1,5 +1,6 @@
 #include "engine/yaml_config.h"
 
+#include <charconv>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -24,6 +25,23 @@ std::string Shown(const YAML::Node& node) {
 }
 
 bool ParseInt(const std::string& s, int64_t* out) { return ParseInt64(s, out); }
+
+// The YAML of an effective value: numbers in their shortest round-trip form.
+YAML::Node AsYaml(double v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return YAML::Node(std::string(buf, r.ptr));
+}
+YAML::Node AsYaml(int64_t v) { return YAML::Node(std::to_string(v)); }
+YAML::Node AsYaml(bool v) { return YAML::Node(v ? "true" : "false"); }
+YAML::Node AsYaml(const std::string& v) { return YAML::Node(v); }
+template <typename T>
+YAML::Node AsYaml(const std::vector<T>& v) {
+  YAML::Node list(YAML::NodeType::Sequence);
+  for (const T& x : v) list.push_back(AsYaml(x));
+  list.SetStyle(YAML::EmitterStyle::Flow);
+  return list;
+}
 bool ParseFloat(const std::string& s, double* out) { return ParseFiniteDouble(s, out); }
 
 }  // namespace
@@ -60,68 +78,74 @@ YAML::Node YamlSection::Get(const std::string& key) const {
   return node_[key];
 }
 
+template <typename T>
+T YamlSection::Effective(const std::string& key, const T& value) const {
+  config_->Record(path_, key, AsYaml(value));
+  return value;
+}
+
 int64_t YamlSection::Int(const std::string& key, int64_t fallback) const {
-  if (!Has(key)) return fallback;
+  if (!Has(key)) return Effective(key, fallback);
   YAML::Node n = Get(key);
   int64_t v = 0;
   if (!n.IsScalar() || !ParseInt(n.Scalar(), &v)) TypeError(key, "an integer");
-  return v;
+  return Effective(key, v);
 }
 
 double YamlSection::Float(const std::string& key, double fallback) const {
-  if (!Has(key)) return fallback;
+  if (!Has(key)) return Effective(key, fallback);
   YAML::Node n = Get(key);
   double v = 0;
   if (!n.IsScalar() || !ParseFloat(n.Scalar(), &v)) TypeError(key, "a number");
-  return v;
+  return Effective(key, v);
 }
 
 bool YamlSection::Bool(const std::string& key, bool fallback) const {
-  if (!Has(key)) return fallback;
+  if (!Has(key)) return Effective(key, fallback);
   YAML::Node n = Get(key);
   if (n.IsScalar()) {
     const std::string& s = n.Scalar();
-    if (s == "true" || s == "True" || s == "yes" || s == "on") return true;
-    if (s == "false" || s == "False" || s == "no" || s == "off") return false;
+    if (s == "true" || s == "True" || s == "yes" || s == "on") return Effective(key, true);
+    if (s == "false" || s == "False" || s == "no" || s == "off") return Effective(key, false);
   }
   TypeError(key, "true or false");
 }
 
 std::string YamlSection::String(const std::string& key, const std::string& fallback) const {
-  if (!Has(key)) return fallback;
+  if (!Has(key)) return Effective(key, fallback);
   YAML::Node n = Get(key);
   if (!n.IsScalar()) TypeError(key, "a string");
-  return n.Scalar();
+  return Effective(key, n.Scalar());
 }
 
 std::vector<double> YamlSection::Floats(const std::string& key,
                                         const std::vector<double>& fallback) const {
-  if (!Has(key)) return fallback;
+  if (!Has(key)) return Effective(key, fallback);
   YAML::Node n = Get(key);
   std::vector<double> out;
   double v = 0;
-  if (n.IsScalar() && ParseFloat(n.Scalar(), &v)) return {v};
+  if (n.IsScalar() && ParseFloat(n.Scalar(), &v)) return Effective(key, std::vector<double>{v});
   if (!n.IsSequence()) TypeError(key, "a list of numbers");
   for (const YAML::Node& item : n) {
     if (!item.IsScalar() || !ParseFloat(item.Scalar(), &v)) TypeError(key, "a list of numbers");
     out.push_back(v);
   }
-  return out;
+  return Effective(key, out);
 }
 
 std::vector<int64_t> YamlSection::Ints(const std::string& key,
                                        const std::vector<int64_t>& fallback) const {
-  if (!Has(key)) return fallback;
+  if (!Has(key)) return Effective(key, fallback);
   YAML::Node n = Get(key);
   std::vector<int64_t> out;
   int64_t v = 0;
-  if (n.IsScalar() && ParseInt(n.Scalar(), &v)) return {v};
+  if (n.IsScalar() && ParseInt(n.Scalar(), &v)) return Effective(key, std::vector<int64_t>{v});
   if (!n.IsSequence()) TypeError(key, "a list of integers");
   for (const YAML::Node& item : n) {
     if (!item.IsScalar() || !ParseInt(item.Scalar(), &v)) TypeError(key, "a list of integers");
     out.push_back(v);
   }
-  return out;
+  return Effective(key, out);
 }
 
 YamlSection YamlSection::Section(const std::string& key) const {
@@ -131,7 +155,11 @@ YamlSection YamlSection::Section(const std::string& key) const {
   return YamlSection(config_, n, Path(key));
 }
 
-YAML::Node YamlSection::Node(const std::string& key) const { return Get(key); }
+YAML::Node YamlSection::Node(const std::string& key) const {
+  YAML::Node n = Get(key);
+  if (n) config_->Record(path_, key, n);
+  return n;
+}
 
 void YamlSection::Finish() const {
   if (!node_.IsMap()) return;
@@ -157,7 +185,48 @@ YamlConfig YamlConfig::FromFile(const std::string& path) {
   return FromString(text.str(), path);
 }
 
+namespace {
+
+// yaml-cpp keeps every entry of a mapping that repeats a key, and lookups find the first: a
+// config's later `batch_size: 8` would be ignored. Refused, naming both lines.
+void RefuseDuplicateKeys(const YAML::Node& node, const std::string& path, const std::string& name) {
+  if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i) {
+      RefuseDuplicateKeys(node[i], StrCat(path, "[", i, "]"), name);
+    }
+  }
+  if (!node.IsMap()) return;
+  std::map<std::string, int> lines;
+  for (const auto& item : node) {
+    if (!item.first.IsScalar()) continue;  // Finish() names a key that is not a name
+    const std::string key = item.first.Scalar();
+    const std::string key_path = path.empty() ? key : path + "." + key;
+    const int line = item.first.Mark().line + 1;
+    const auto [first, fresh] = lines.emplace(key, line);
+    CORTADO_CHECK(fresh, name, ":", line, ": duplicate key '", key_path, "' (first at line ",
+                  first->second, "); give each key once");
+    RefuseDuplicateKeys(item.second, key_path, name);
+  }
+}
+
+// YAML forbids tabs in indentation; yaml-cpp's own word for it is "illegal map value".
+void RefuseTabIndentation(const std::string& text, const std::string& name) {
+  std::istringstream lines(text);
+  int number = 0;
+  for (std::string line; std::getline(lines, line);) {
+    ++number;
+    const size_t indent = line.find_first_not_of(" \t");
+    const size_t tab = line.find('\t');
+    if (indent == std::string::npos) continue;  // a blank line
+    CORTADO_CHECK(tab == std::string::npos || tab >= indent, name, ":", number, ":", tab + 1,
+                  ": tabs are not allowed in YAML indentation; indent with spaces");
+  }
+}
+
+}  // namespace
+
 YamlConfig YamlConfig::FromString(const std::string& text, const std::string& name) {
+  RefuseTabIndentation(text, name);
   YamlConfig config;
   config.file_ = name;
   try {
@@ -167,6 +236,7 @@ YamlConfig YamlConfig::FromString(const std::string& text, const std::string& na
   }
   if (config.root_.IsNull()) config.root_ = YAML::Node(YAML::NodeType::Map);
   CORTADO_CHECK(config.root_.IsMap(), name, ": the top level must be a mapping of keys");
+  RefuseDuplicateKeys(config.root_, "", name);
   return config;
 }
 
@@ -215,6 +285,26 @@ std::string YamlConfig::WhereOf(const YAML::Node& node, const std::string& path)
     return StrCat(file_, ":", node.Mark().line + 1, ":", node.Mark().column + 1);
   }
   return file_;
+}
+
+void YamlConfig::Record(const std::string& section, const std::string& key,
+                        const YAML::Node& value) const {
+  // As in Set: yaml-cpp nodes are references, so the walk re-seats its handle with reset().
+  YAML::Node node;
+  node.reset(resolved_);
+  std::stringstream ss(section);
+  for (std::string part; std::getline(ss, part, '.');) {
+    if (!node[part] || !node[part].IsMap()) node[part] = YAML::Node(YAML::NodeType::Map);
+    YAML::Node child = node[part];
+    node.reset(child);
+  }
+  node[key] = YAML::Clone(value);
+}
+
+std::string YamlConfig::Resolved() const {
+  YAML::Emitter out;
+  out << resolved_;
+  return out.c_str();
 }
 
 std::string YamlConfig::Dump() const {

@@ -1,5 +1,9 @@
 // Strict YAML reading for configuration files.
 //
+// Every getter also records the value it returns, the default where the key is absent, so
+// Resolved() is the whole configuration as it was used: every key read, with its effective
+// value (checkpoints store it, so a default that changes later cannot change an old run).
+//
 // A YamlConfig holds one parsed file plus command-line overrides (`--set a.b=v`). Sections are
 // read with typed getters that record which keys were read; Finish() then rejects any key
 // nobody read. Every error is one line naming the key path and where it came from:
@@ -46,6 +50,9 @@ class YamlSection {
 
  private:
   YAML::Node Get(const std::string& key) const;
+  // Records `value` as the effective value of `key` (YamlConfig::Resolved) and returns it.
+  template <typename T>
+  T Effective(const std::string& key, const T& value) const;
   [[noreturn]] void TypeError(const std::string& key, const std::string& want) const;
 
   const YamlConfig* config_;
@@ -69,11 +76,17 @@ class YamlConfig {
   std::string Dump() const;
   // Where a node came from: its mark in the file, or the --set argument that made it.
   std::string WhereOf(const YAML::Node& node, const std::string& path) const;
+  // Every key a getter read, with the value it returned (defaults included), in reading order,
+  // as YAML text.
+  std::string Resolved() const;
+  // Records the value of key `key` in section `section` ("" or "a.b") for Resolved().
+  void Record(const std::string& section, const std::string& key, const YAML::Node& value) const;
 
  private:
   std::string file_;
   YAML::Node root_;
   std::map<std::string, std::string> overrides_;  // key path -> the --set argument
+  mutable YAML::Node resolved_{YAML::NodeType::Map};
 };
 
 // Every leaf of a YAML document by its key path ("solver.base_lr", "model.layers[2].type"), as

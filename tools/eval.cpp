@@ -10,12 +10,14 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "data/class_names.h"
 #include "engine/checkpoint.h"
 #include "engine/log.h"
 #include "engine/safetensors.h"
 #include "engine/thread_pool.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
+#include "tools/file_kind.h"
 #include "tools/trainer.h"
 #include "tools/weights.h"
 #include "tools/world.h"
@@ -51,7 +53,10 @@ void AddEvalCommand(CLI::App& app) {
   cmd->add_flag("--no-progress", args->no_progress,
                 "Accepted for symmetry with train (eval draws no progress bar)");
   cmd->callback([args] {
-    if (args->checkpoint.empty() == args->weights.empty()) {
+    if (!args->checkpoint.empty() && !args->weights.empty()) {
+      UsageFail("give --checkpoint or --weights, not both: a checkpoint holds its own weights");
+    }
+    if (args->checkpoint.empty() && args->weights.empty()) {
       UsageFail("give --checkpoint (a checkpoint, or auto) or --weights (a safetensors file)");
     }
     if (!args->weights.empty() && args->config.empty()) {
@@ -65,6 +70,7 @@ void AddEvalCommand(CLI::App& app) {
     RunConfig config;
     if (!args->weights.empty()) {
       CheckInputFile("--weights", args->weights, "a safetensors file (cortado export)");
+      ExpectSafetensors("--weights", args->weights);
       config = LoadRunConfig(args->config, args->sets, /*need_train=*/false);
     } else if (ckpt_path == "auto") {
       config = LoadRunConfig(args->config, args->sets, /*need_train=*/false);
@@ -73,6 +79,8 @@ void AddEvalCommand(CLI::App& app) {
                     config.checkpoint.dir, "' (checkpoint.dir of ", args->config, ")");
     } else {
       CheckInputFile("--checkpoint", ckpt_path, "a checkpoint file (ckpt-*.cortado)");
+      ExpectCheckpoint("--checkpoint", ckpt_path,
+                       "evaluate it with --weights " + ckpt_path + " --config F");
       ckpt = LoadCheckpoint(ckpt_path);
       if (!args->config.empty()) {
         config = LoadRunConfig(args->config, args->sets, /*need_train=*/false);
@@ -85,8 +93,13 @@ void AddEvalCommand(CLI::App& app) {
         config = ParseRunConfig(yaml, /*need_train=*/false);
       }
     }
-    CORTADO_CHECK(!config.data.val.empty() || config.data.type == "synthetic", config.file,
-                  ": data.val is not set; there is nothing to evaluate on (--set data.val=PATH)");
+    CORTADO_CHECK(HasValidation(config.data), config.file,
+                  config.data.type == "synthetic"
+                      ? ": data.synthetic.val_samples is 0; there is nothing to evaluate on "
+                        "(--set data.synthetic.val_samples=N)"
+                      : ": data.val is not set; there is nothing to evaluate on "
+                        "(--set data.val=PATH)");
+    const std::string classes_warning = CheckClassNames(config.data);
     World world = JoinWorld(config.distributed);
     JoinAsRank(world);
     ApplyThreadBudget(args->threads, world.local_size);
@@ -112,6 +125,7 @@ void AddEvalCommand(CLI::App& app) {
     CORTADO_CHECK(r.images > 0, "no record of ", config.data.val,
                   " could be read; there is nothing to evaluate");
     if (world.rank != 0) return SetExitCode(0);
+    if (!classes_warning.empty()) LogWarning(classes_warning);
     if (r.skipped > 0) {
       LogWarning(r.skipped, " unreadable record(s) of ", config.data.val,
                  " were left out of the evaluation (the first are named above)");

@@ -93,6 +93,16 @@ std::string UsageMessage(const CLI::ParseError& e, const std::string& command) {
                     m.substr(eq + 3), "' as a number");
     }
   }
+  const std::string extra = "The following argument was not expected: ";
+  if (m.rfind(extra, 0) == 0 && m.find('=') != std::string::npos && m[extra.size()] != '-') {
+    const std::string arg = m.substr(extra.size());
+    return StrCat("unexpected argument '", arg, "'; a config key is overridden with --set ",
+                  "(--set ", arg, ")");
+  }
+  if (m == "--resume: 1 required TEXT missing") {
+    return "--resume needs a value: auto (the newest valid checkpoint in checkpoint.dir) or a "
+           "checkpoint file (ckpt-*.cortado)";
+  }
   if (command == "launch" && m == "command is required") {
     return "no command to run: cortado launch [OPTIONS] -- CMD [ARGS...]";
   }

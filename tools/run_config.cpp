@@ -8,6 +8,7 @@
 
 #include "engine/error.h"
 #include "engine/numbers.h"
+#include "models/builders.h"
 
 namespace cortado {
 namespace {
@@ -124,6 +125,13 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
   // model
   YamlSection m = root.Section("model");
   c.model.builder = m.String("builder", "");
+  const std::vector<std::string> builders = ModelNames();
+  if (!c.model.builder.empty() &&
+      std::find(builders.begin(), builders.end(), c.model.builder) == builders.end()) {
+    std::string known;
+    for (const std::string& b : builders) known += (known.empty() ? "" : ", ") + b;
+    m.Error("builder", "unknown builder '" + c.model.builder + "' (known: " + known + ")");
+  }
   if (m.Has("layers")) {
     YAML::Node layers = m.Node("layers");
     Require(layers.IsSequence(), m, "layers", "expected a list of layers");
@@ -145,6 +153,7 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
   Require(c.model.base_width == 0 || !c.model.builder.empty(), m, "base_width",
           "applies to the resnet18 ... resnet152 builders, not to a layers graph");
   c.model.weights = m.String("weights", "");
+  c.model.weights_partial = m.Bool("weights_partial", false);
   m.Finish();
 
   // data
@@ -199,6 +208,8 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
   Require(o.synthetic_classes >= 1, syn, "classes", "must be >= 1");
   o.synthetic_samples = syn.Int("samples", o.synthetic_samples);
   Require(o.synthetic_samples >= 1, syn, "samples", "must be >= 1");
+  o.synthetic_val_samples = syn.Int("val_samples", o.synthetic_val_samples);
+  Require(o.synthetic_val_samples >= 0, syn, "val_samples", "must be >= 0 (0: no evaluation)");
   syn.Finish();
   d.Finish();
 
@@ -348,11 +359,12 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
                                             : DType::kF32;
   LossScalerOptions& so = c.precision.scaler;
   const std::string loss_scale = pr.String("loss_scale", compute == "fp16" ? "dynamic" : "1");
-  so.init_scale = pr.Float("init_scale", so.init_scale);
-  so.growth_factor = pr.Float("growth_factor", so.growth_factor);
-  so.backoff_factor = pr.Float("backoff_factor", so.backoff_factor);
-  so.growth_interval = pr.Int("growth_interval", so.growth_interval);
   if (loss_scale == "dynamic") {
+    // Read (and so resolved) only here: with a static scale they must stay absent.
+    so.init_scale = pr.Float("init_scale", so.init_scale);
+    so.growth_factor = pr.Float("growth_factor", so.growth_factor);
+    so.backoff_factor = pr.Float("backoff_factor", so.backoff_factor);
+    so.growth_interval = pr.Int("growth_interval", so.growth_interval);
     so.dynamic = true;
     c.precision.loss_scaling = true;
   } else {
@@ -389,7 +401,7 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
   l.Finish();
 
   root.Finish();
-  c.resolved_yaml = yaml.Dump();
+  c.resolved_yaml = yaml.Resolved();
   return c;
 }
 

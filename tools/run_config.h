@@ -23,8 +23,9 @@ struct ModelConfig {
   int64_t in_channels = 0;        // 0: from the data
   double label_smoothing = 0.0;
   bool zero_init_residual = false;
-  int64_t base_width = 0;  // ImageNet ResNets' first-stage channels; 0: 64
-  std::string weights;     // a safetensors file to initialize from (tools/weights.h); "" none
+  int64_t base_width = 0;        // ImageNet ResNets' first-stage channels; 0: 64
+  std::string weights;           // a safetensors file to initialize from (tools/weights.h); "" none
+  bool weights_partial = false;  // load what fits even outside the final classifier
 };
 
 struct SolverConfig {

@@ -1,5 +1,6 @@
 // `cortado train --config F [--set k=v]... [--resume auto|PATH] [--weights F.safetensors]
-//  [--metrics PATH] [--threads N] [--stop-at-iter N] [--trace PATH [--trace-iters N]]
+//  [--weights-partial] [--metrics PATH] [--threads N] [--stop-at-iter N] [--trace PATH
+//  [--trace-iters N]]
 //  [--overwrite] [--dry-run]`; under `cortado launch`, mpirun or srun, one rank of a data-parallel
 //  job. Exits 0 at the end of training, 128 + the
 // signal after SIGINT/SIGTERM (130 after --stop-at-iter), having saved a checkpoint and printed
@@ -16,6 +17,7 @@
 #include "engine/thread_pool.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
+#include "tools/file_kind.h"
 #include "tools/stop_signals.h"
 #include "tools/trainer.h"
 #include "tools/world.h"
@@ -28,6 +30,7 @@ struct TrainArgs {
   std::vector<std::string> sets;
   std::string resume;
   std::string weights;
+  bool weights_partial = false;
   std::string metrics;
   int threads = 0;
   int64_t stop_at = 0;
@@ -118,9 +121,12 @@ void AddTrainCommand(CLI::App& app) {
                   "'auto' (the newest valid checkpoint in checkpoint.dir) or a checkpoint file");
   cmd->add_option("--weights", args->weights,
                   "Initialize from a safetensors file (cortado export, or torchvision's names): "
-                  "tensors whose shape differs, such as another class count's classifier, are "
-                  "listed and left at their initialization. Same as --set model.weights=PATH; "
-                  "a resumed run continues from its checkpoint instead");
+                  "a final classifier of another shape (another class count) is listed and left "
+                  "at its initialization; any other difference is refused. Same as --set "
+                  "model.weights=PATH; a resumed run continues from its checkpoint instead");
+  cmd->add_flag("--weights-partial", args->weights_partial,
+                "With --weights: load what fits even where the model differs outside its final "
+                "classifier (another architecture). Same as --set model.weights_partial=true");
   cmd->add_option("--metrics", args->metrics, "Write JSON-lines metrics to this file");
   cmd->add_option("--threads", args->threads,
                   "Thread budget per rank (0: CORTADO_NUM_THREADS, else the cores divided among "
@@ -149,11 +155,15 @@ void AddTrainCommand(CLI::App& app) {
       CheckInputFile("--resume", args->resume,
                      "a checkpoint file (ckpt-*.cortado), or 'auto' for the newest in "
                      "checkpoint.dir");
+      ExpectCheckpoint("--resume", args->resume,
+                       "start a run from its weights with --weights " + args->resume);
     }
     if (!args->weights.empty()) {
       CheckInputFile("--weights", args->weights, "a safetensors file (cortado export)");
+      ExpectSafetensors("--weights", args->weights);
       args->sets.push_back("model.weights=" + args->weights);
     }
+    if (args->weights_partial) args->sets.push_back("model.weights_partial=true");
     if (args->overwrite && !args->resume.empty()) {
       UsageFail("--overwrite starts a run over; it cannot be combined with --resume");
     }

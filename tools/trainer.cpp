@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "data/class_names.h"
 #include "data/lmdb_source.h"
 #include "engine/error.h"
 #include "engine/gemm_lowp.h"
@@ -189,7 +190,11 @@ std::string DataSummary(const RunConfig& config, const BatchSource& train) {
   if (d.type == "synthetic") {
     out << "data: synthetic, " << d.synthetic_samples << " samples of "
         << ShapeString(train.sample_shape()) << "; an epoch is " << batches << " batches of "
-        << d.batch_size << " = " << per_epoch << " samples\n";
+        << d.batch_size << " = " << per_epoch << " samples; "
+        << (d.synthetic_val_samples > 0
+                ? StrCat(d.synthetic_val_samples, " samples evaluated")
+                : std::string("no evaluation (data.synthetic.val_samples: 0)"))
+        << "\n";
     return out.str();
   }
   const int64_t records = RecordCount(d, d.train);
@@ -219,9 +224,11 @@ Trainer::Trainer(RunConfig config, World world)
   const uint64_t seed = config_.seed;
   const ShardSpec shard{world_.rank, world_.size};
   train_source_ = MakeTrainSource(config_.data, shard, seed);
-  if (!config_.data.val.empty() || config_.data.type == "synthetic") {
+  if (HasValidation(config_.data)) {
     val_source_ = MakeEvalSource(config_.data, shard);
   }
+  const std::string classes_warning = CheckClassNames(config_.data);
+  if (!classes_warning.empty() && world_.rank == 0) LogWarning(classes_warning);
   NetSpec spec = MakeNetSpec(config_, train_source_->sample_shape(), train_source_->num_classes(),
                              config_.data.batch_size);
   // Activations follow the net's memory plan: each goes back to the pool after the last
@@ -275,8 +282,10 @@ Trainer::~Trainer() = default;
 
 std::string Trainer::JobDescription() const {
   std::ostringstream out;
-  std::istringstream config(config_.resolved_yaml);
-  for (std::string line; std::getline(config, line);) out << "config: " << line << "\n";
+  // One key path per line, so a difference names its key ("solver.base_lr: 0.05").
+  for (const auto& [key, value] : FlattenYaml(config_.resolved_yaml, "the resolved config")) {
+    out << "config: " << key << ": " << value << "\n";
+  }
   for (Param* p : net_->params()) out << "model: " << p->name << " " << p->value.ToString() << "\n";
   for (Buffer* b : net_->buffers())
     out << "model: " << b->name << " " << b->value.ToString() << "\n";
@@ -309,6 +318,7 @@ void Trainer::SaveState(Checkpoint& ckpt) const {
   // the generator state is fully described by the seed and the position above.
   ckpt.meta["rng"] = "counter-based(seed, epoch, iteration)";
   ckpt.meta["config"] = config_.resolved_yaml;
+  ckpt.meta["config_form"] = "resolved";  // every key with its value, defaults included
   ckpt.meta["config_hash"] = ConfigHash(config_.resolved_yaml);
   ckpt.meta["run_id"] = run_id_;
   ckpt.meta["world_size"] = std::to_string(world_.size);
@@ -434,8 +444,11 @@ bool Trainer::Resume(const std::string& what) {
 void Trainer::InitFromWeights() {
   const std::string& path = config_.model.weights;
   const Safetensors file = LoadSafetensors(path);
+  const std::string other_builder = tools::BuilderWarning(file, config_.model.builder, path);
+  if (!other_builder.empty()) LogWarning(other_builder);
   const tools::WeightsReport report =
       tools::LoadWeights(*net_, config_.model.builder, file, path, /*strict=*/false);
+  tools::CheckFineTuning(report, path, config_.model.weights_partial);
   LogInfo(report.Summary(path));
 }
 
@@ -450,6 +463,11 @@ void Trainer::WarnAboutConfigChanges(const Checkpoint& ckpt, const std::string& 
   } catch (const Error& e) {
     LogWarning("checkpoint '", path, "': cannot compare its stored config: ", e.what());
     return;
+  }
+  if (!ckpt.meta.count("config_form")) {
+    // An older checkpoint stored the config as written: a key it lacks had the default of its
+    // time, which cannot be known, so only keys it wrote are compared.
+    std::erase_if(changes, [](const std::string& c) { return c.find(": (unset) -> ") != c.npos; });
   }
   if (changes.empty()) return;
   std::string list;

@@ -33,6 +33,17 @@ std::string List(const std::vector<std::string>& names, size_t max = 6) {
   return s;
 }
 
+// "layer1.0.conv1" of "layer1.0.conv1.weight".
+std::string LayerOf(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(0, dot);
+}
+
+// The layer of the net's last parameter: the final classifier.
+std::string ClassifierLayer(Net& net) {
+  return net.params().empty() ? std::string() : LayerOf(net.params().back()->name);
+}
+
 }  // namespace
 
 std::string TorchvisionName(const std::string& builder, const std::string& name) {
@@ -95,6 +106,10 @@ WeightsReport LoadWeights(Net& net, const std::string& builder, const Safetensor
                           const std::string& path, bool strict) {
   WeightsReport report;
   std::set<std::string> used;
+  const std::string classifier = ClassifierLayer(net);
+  auto outside = [&](const std::string& name, const std::string& what) {
+    if (LayerOf(name) != classifier) report.outside_classifier.push_back(what);
+  };
   auto load = [&](const std::string& name, Tensor& value) {
     const std::string file_name = TorchvisionName(builder, name);
     const SafetensorsEntry* e = file.Find(file_name);
@@ -102,6 +117,7 @@ WeightsReport LoadWeights(Net& net, const std::string& builder, const Safetensor
       CORTADO_CHECK(!strict, "weights file '", path, "' has no tensor '", file_name,
                     "' (the model's '", name, "')");
       report.missing.push_back(file_name);
+      outside(name, file_name + " (not in the file)");
       return;
     }
     used.insert(file_name);
@@ -111,6 +127,7 @@ WeightsReport LoadWeights(Net& net, const std::string& builder, const Safetensor
                                       ShapeString(value.shape()), " in the model)");
       CORTADO_CHECK(!strict, "weights file '", path, "': tensor ", what);
       report.resized.push_back(what);
+      outside(name, what);
       return;
     }
     Tensor t;
@@ -139,6 +156,23 @@ WeightsReport LoadWeights(Net& net, const std::string& builder, const Safetensor
       "' fits the model (its names: ", List(report.unused.empty() ? report.missing : report.unused),
       "); was it exported from another architecture?");
   return report;
+}
+
+void CheckFineTuning(const WeightsReport& report, const std::string& path, bool partial) {
+  if (partial || report.outside_classifier.empty()) return;
+  Fail("weights file '", path, "' does not fit the model outside its final classifier (",
+       report.outside_classifier.size(), " tensor(s): ", List(report.outside_classifier, 4),
+       "); is it another architecture's? --weights-partial (model.weights_partial: true) loads "
+       "what fits anyway");
+}
+
+std::string BuilderWarning(const Safetensors& file, const std::string& builder,
+                           const std::string& path) {
+  auto stored = file.metadata.find("cortado_builder");
+  const std::string ours = builder.empty() ? "graph" : builder;
+  if (stored == file.metadata.end() || stored->second == ours) return "";
+  return StrCat("weights file '", path, "' was exported from a '", stored->second,
+                "' model; this run builds '", ours, "'");
 }
 
 }  // namespace cortado::tools

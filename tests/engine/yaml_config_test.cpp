@@ -63,5 +63,32 @@ TEST(YamlConfig, SyntaxErrorHasLineAndColumn) {
   EXPECT_NE(m.find("YAML syntax error"), std::string::npos) << m;
 }
 
+TEST(YamlConfig, ResolvedHoldsEveryKeyReadWithItsEffectiveValue) {
+  YamlConfig c = YamlConfig::FromString("s:\n  given: 0.05\n", "x.yaml");
+  c.Set("s.set=3");
+  YamlSection s = c.Root().Section("s");
+  s.Float("given", 1);
+  s.Int("set", 1);
+  s.Float("absent", 5e-4);
+  s.Bool("flag", true);
+  s.String("name", "");
+  s.Floats("list", {0.08, 1});
+  c.Root().Section("t").Section("u").Int("deep", 7);
+  EXPECT_EQ(c.Resolved(),
+            "s:\n  given: 0.05\n  set: 3\n  absent: 5e-04\n  flag: true\n  name: \"\"\n"
+            "  list: [0.08, 1]\nt:\n  u:\n    deep: 7");
+  // Read back, it gives the same values.
+  YamlConfig again = YamlConfig::FromString(c.Resolved(), "stored");
+  EXPECT_DOUBLE_EQ(again.Root().Section("s").Float("absent", 0), 5e-4);
+  EXPECT_EQ(again.Root().Section("s").String("name", "x"), "");
+}
+
+TEST(YamlConfig, DuplicateKeysAreRefusedWithBothLines) {
+  std::string m = ErrorOf([] { YamlConfig::FromString("a: 1\nb:\n  c: 2\n  c: 3\n", "d.yaml"); });
+  EXPECT_EQ(m, "d.yaml:4: duplicate key 'b.c' (first at line 3); give each key once");
+  m = ErrorOf([] { YamlConfig::FromString("l:\n  - {x: 1, x: 2}\n", "d.yaml"); });
+  EXPECT_NE(m.find("duplicate key 'l[0].x'"), std::string::npos) << m;
+}
+
 }  // namespace
 }  // namespace cortado

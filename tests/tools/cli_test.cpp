@@ -703,6 +703,7 @@ TEST_F(CliTest, ExportEvalWeightsAndTrainWeightsAgreeWithTheCheckpoint) {
   ExpectOneLineError(err, "eval", "--weights without --config");
   EXPECT_EQ(Cortado("eval --checkpoint " + ckpt + " --weights " + weights, nullptr, &err), 2);
   ExpectOneLineError(err, "eval", "both");
+  EXPECT_NE(err.find("give --checkpoint or --weights, not both"), std::string::npos) << err;
 
   // A fresh run in another folder starts from the weights, and says what it loaded.
   ASSERT_EQ(Cortado("train --no-progress --config " + config + " --weights " + weights +

@@ -614,8 +614,8 @@ TEST_F(DataParallelTest, ADifferentConfigOnOneRankStopsEveryRankNamingIt) {
                             nullptr, &err);
   EXPECT_NE(code, 0);
   EXPECT_NE(err.find("rank(s) 1 do not run the same job as rank 0"), std::string::npos) << err;
-  EXPECT_NE(err.find("rank 1 has 'config: solver: {base_lr: 0.06"), std::string::npos) << err;
-  EXPECT_NE(err.find("where rank 0 has 'config: solver: {base_lr: 0.05"), std::string::npos) << err;
+  EXPECT_NE(err.find("rank 1 has 'config: solver.base_lr: 0.06'"), std::string::npos) << err;
+  EXPECT_NE(err.find("where rank 0 has 'config: solver.base_lr: 0.05'"), std::string::npos) << err;
   EXPECT_TRUE(ListCheckpoints((dir_ / "x").string()).empty());
 }
 

@@ -1,0 +1,43 @@
+// A checkpoint given where a weights file belongs, or the reverse, is named for what it is with
+// the flag that takes it (issue 30, item 9).
+#include <string>
+
+#include "engine/error.h"
+#include "tests/tools/user_run.h"
+
+namespace cortado::tooltest {
+namespace {
+
+using FileKinds = UserRun;
+
+TEST_F(FileKinds, CheckpointsAndWeightsFilesGivenToTheOtherFlagSayWhatToUse) {
+  const std::string config =
+      Write("run.yaml",
+            StrCat("model: {builder: lenet}\n", "data:\n  type: synthetic\n  batch_size: 2\n",
+                   "  synthetic: {shape: [1, 28, 28], classes: 10, samples: 4}\n",
+                   "solver: {max_iter: 1}\n", "checkpoint: {dir: ", (dir_ / "a").string(), "}\n"));
+  std::string out, err;
+  ASSERT_EQ(Cortado("train --config " + config, &out, &err), 0) << err;
+  const std::string ckpt = (dir_ / "a" / "ckpt-00000001.cortado").string();
+  const std::string weights = (dir_ / "w.safetensors").string();
+  ASSERT_EQ(Cortado("export --checkpoint " + ckpt + " --out " + weights, &out, &err), 0) << err;
+  EXPECT_EQ(Cortado("train --config " + config + " --weights " + ckpt, &out, &err), 2);
+  EXPECT_NE(err.find("--weights: '" + ckpt + "' is a Cortado checkpoint, not a safetensors file: " +
+                     "continue its run with --resume " + ckpt),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("cortado export --checkpoint " + ckpt), std::string::npos) << err;
+  EXPECT_EQ(Cortado("eval --weights " + ckpt + " --config " + config, &out, &err), 2);
+  EXPECT_NE(err.find("is a Cortado checkpoint"), std::string::npos) << err;
+  EXPECT_EQ(Cortado("train --config " + config + " --resume " + weights, &out, &err), 2);
+  EXPECT_NE(err.find("--resume: '" + weights + "' is a safetensors weights file, not a " +
+                     "checkpoint: start a run from its weights with --weights " + weights),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(Cortado("eval --checkpoint " + weights, &out, &err), 2);
+  EXPECT_NE(err.find("evaluate it with --weights " + weights + " --config F"), std::string::npos)
+      << err;
+}
+
+}  // namespace
+}  // namespace cortado::tooltest
