@@ -1,9 +1,8 @@
 #include "engine/cuda/cuda_check.h"
 
-#include <cublas_v2.h>
-
 #include <cstring>
 
+#include "engine/cuda/cuda_libraries.h"
 #include "engine/error.h"
 
 namespace cortado::cuda {
@@ -23,12 +22,13 @@ void FailCuda(cudaError_t status, const char* call, const char* file, int line) 
 }
 
 void FailCudnn(cudnnStatus_t status, const char* call, const char* file, int line) {
-  Fail(call, " failed: ", cudnnGetErrorString(status), " at ", RepoPath(file), ":", line);
+  Fail(call, " failed: ", Libraries().cudnnGetErrorString(status), " at ", RepoPath(file), ":",
+       line);
 }
 
 void FailCublas(cublasStatus_t status, const char* call, const char* file, int line) {
-  Fail(call, " failed: ", cublasGetStatusName(status), " (", cublasGetStatusString(status), ") at ",
-       RepoPath(file), ":", line);
+  Fail(call, " failed: ", Libraries().cublasGetStatusName(status), " (",
+       Libraries().cublasGetStatusString(status), ") at ", RepoPath(file), ":", line);
 }
 
 }  // namespace cortado::cuda

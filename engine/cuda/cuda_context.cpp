@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/cuda_libraries.h"
 
 namespace cortado::cuda {
 
@@ -22,9 +23,10 @@ CudaContext::CudaContext(int index) : index_(index) {
   // The copy stream must not wait behind the default stream's work.
   CORTADO_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   CORTADO_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
-  CORTADO_CUDNN_CHECK(cudnnCreate(&cudnn_));
-  CORTADO_CUDNN_CHECK(cudnnSetStream(cudnn_, compute_));
-  CORTADO_CUBLAS_CHECK(cublasLtCreate(&cublas_lt_));
+  const CudaLibraries& libraries = Libraries();
+  CORTADO_CUDNN_CHECK(libraries.cudnnCreate(&cudnn_));
+  CORTADO_CUDNN_CHECK(libraries.cudnnSetStream(cudnn_, compute_));
+  CORTADO_CUBLAS_CHECK(libraries.cublasLtCreate(&cublas_lt_));
 }
 
 void CudaContext::MakeCurrent() const { CORTADO_CUDA_CHECK(cudaSetDevice(index_)); }
