@@ -74,16 +74,7 @@ void PackGroups(const uint32_t* codes, size_t n, uint8_t* dst) {
       dst[8 + p] = static_cast<uint8_t>(((w >> p) & kByteLsbs) * kGather >> 56);
     }
   }
-  if (g < n) {  // the last, partial group
-    const size_t k = n - g;
-    uint32_t planes = 0;  // at most 3 * 7 bits
-    for (size_t j = 0; j < k; ++j) {
-      dst[j] = high[g + j];
-      for (int p = 0; p < S::kLow; ++p) planes |= ((low[g + j] >> p) & 1u) << (p * k + j);
-    }
-    for (size_t b = 0; b < (S::kLow * k + 7) / 8; ++b)
-      dst[k + b] = static_cast<uint8_t>(planes >> 8 * b);
-  }
+  if (g < n) PackGroup<K>(codes + g, static_cast<int>(n - g), dst);  // the last, partial one
 }
 
 template <CodecKind K>
@@ -100,18 +91,8 @@ void UnpackGroups(const uint8_t* src, size_t n, uint32_t* codes) {
     }
     StoreLittleEndian64(low + g, w);
   }
-  if (g < n) {  // the last, partial group
-    const size_t k = n - g;
-    uint32_t planes = 0;
-    for (size_t b = 0; b < (S::kLow * k + 7) / 8; ++b) planes |= uint32_t{src[k + b]} << 8 * b;
-    for (size_t j = 0; j < k; ++j) {
-      uint32_t bits = 0;
-      for (int p = 0; p < S::kLow; ++p) bits |= ((planes >> (p * k + j)) & 1u) << p;
-      high[g + j] = src[j];
-      low[g + j] = static_cast<uint8_t>(bits);
-    }
-  }
-  for (size_t i = 0; i < n; ++i) codes[i] = S::Join(high[i], low[i]);
+  for (size_t i = 0; i < g; ++i) codes[i] = S::Join(high[i], low[i]);
+  if (g < n) UnpackGroup<K>(src, static_cast<int>(n - g), codes + g);  // the last, partial one
 }
 
 template <CodecKind K>
