@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/closest_name.h"
 #include "engine/error.h"
 #include "engine/log.h"
 #include "tools/command_line.h"
@@ -20,22 +21,6 @@ namespace {
 int g_exit_code = 0;
 constexpr const char* kVersion = "cortado 0.1.0";
 constexpr int kUsageExit = 2;
-
-// Edit distance, for "did you mean".
-size_t Distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
 
 std::vector<std::string> Names(const CLI::App& app) {
   std::vector<std::string> out;
@@ -54,15 +39,7 @@ std::string Join(const std::vector<std::string>& names) {
 // "unknown command 'trian' (did you mean 'train'?)", or with the list of commands.
 std::string Unknown(const std::string& what, const std::string& name,
                     const std::vector<std::string>& known) {
-  std::string best;
-  size_t best_d = 3;  // suggest only close names
-  for (const std::string& k : known) {
-    const size_t d = k.rfind(name, 0) == 0 && name.size() >= 2 ? 0 : Distance(name, k);
-    if (d < best_d) {
-      best = k;
-      best_d = d;
-    }
-  }
+  const std::string best = ClosestName(name, known);
   if (!best.empty()) return StrCat("unknown ", what, " '", name, "' (did you mean '", best, "'?)");
   return StrCat("unknown ", what, " '", name, "' (known: ", Join(known), ")");
 }
