@@ -248,6 +248,7 @@ void AddInspectCommand(CLI::App& app) {
                   "tensors");
   cmd->add_option("--db", args->db, "LMDB folder: records, classes, image sizes, completeness");
   cmd->add_option("--set", args->sets, "Override a config key (with --config)");
+  AddExample(cmd, "cortado inspect --config configs/resnet50.yaml");
   cmd->callback([args] {
     if (args->config.empty() && args->checkpoint.empty() && args->weights.empty() &&
         args->db.empty()) {

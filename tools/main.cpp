@@ -119,10 +119,14 @@ class Formatter : public CLI::Formatter {
 // The first option in args that `cmd` does not know, as an error message; "" when all are
 // known. CLI11 would first complain about a missing required option, which hides the typo.
 std::string UnknownOption(const CLI::App& cmd, const std::vector<std::string>& args) {
+  // The help flag is among the options too: each name once.
   std::vector<std::string> known = {"--help", "-h"};
+  auto add = [&known](const std::string& name) {
+    if (std::find(known.begin(), known.end(), name) == known.end()) known.push_back(name);
+  };
   for (const CLI::Option* o : cmd.get_options()) {
-    for (const std::string& l : o->get_lnames()) known.push_back("--" + l);
-    for (const std::string& s : o->get_snames()) known.push_back("-" + s);
+    for (const std::string& l : o->get_lnames()) add("--" + l);
+    for (const std::string& s : o->get_snames()) add("-" + s);
   }
   for (const std::string& a : args) {
     if (a == "--") break;  // the rest belongs to launch's command
@@ -144,8 +148,12 @@ void SetExitCode(int code) { g_exit_code = code; }
 int ExitCode() { return g_exit_code; }
 
 void AddBenchCommand(CLI::App& app) {
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks (training speed, data loader, comm)");
+  CLI::App* bench = app.add_subcommand(
+      "bench",
+      "Benchmarks: train (a config's images/s), data (the loader), comm (collectives), "
+      "codec (gradient codecs)");
   bench->require_subcommand(1);
+  AddExample(bench, "cortado bench train --config configs/fashion_resnet20.yaml --infer");
   AddBenchTrainCommand(*bench);
   AddBenchDataCommand(*bench);
   AddBenchCommCommand(*bench);

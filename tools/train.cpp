@@ -136,7 +136,8 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("--stop-at-iter", args->stop_at,
                   "Stop at this iteration as if interrupted: checkpoint, exit 130 (for job time "
                   "limits; resume with --resume auto)")
-      ->check(IntAtLeast(1));
+      ->check(IntAtLeast(1))
+      ->default_str("none: run to the end");
   cmd->add_option("--trace", args->trace,
                   "Write a Chrome trace (Perfetto, chrome://tracing) of the first iterations to "
                   "this file (per rank: PATH with .rank<r> before the extension)");
@@ -148,6 +149,7 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_flag("--dry-run", args->dry_run,
                 "Check the config, build the net, open the data, check that the outputs can be "
                 "written, print the resolved config and the net, and exit without training");
+  AddExample(cmd, "cortado train --config configs/fashion_lenet.yaml --set solver.max_epochs=1");
   cmd->callback([args] {
     if (!args->metrics.empty()) CheckOutputFile("--metrics", args->metrics);
     if (!args->trace.empty()) CheckOutputFile("--trace", args->trace);
