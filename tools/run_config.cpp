@@ -176,6 +176,19 @@ constexpr std::string_view kDataKeys[] = {
     "crop",     "val_resize", "scale", "ratio",      "synthetic"};
 constexpr std::string_view kSyntheticKeys[] = {"shape", "classes", "samples", "val_samples"};
 
+// "'PATH' does not exist"; a relative path names the folder it was resolved against (the working
+// directory, not the config's folder), since that is where a user starting elsewhere looks.
+std::string Missing(const std::string& path) {
+  std::string message = "'" + path + "' does not exist";
+  std::error_code ec;
+  const std::filesystem::path cwd = std::filesystem::current_path(ec);
+  if (std::filesystem::path(path).is_relative() && !ec) {
+    message += " (a relative path is resolved against the working directory, " + cwd.string() +
+               ", not the config's folder)";
+  }
+  return message;
+}
+
 // data.train and data.val: required where training needs them, and present on this machine
 // where the data is read.
 void ParseDataPaths(const YamlSection& d, DataOptions& o, bool need_train, bool check_data) {
@@ -183,12 +196,10 @@ void ParseDataPaths(const YamlSection& d, DataOptions& o, bool need_train, bool 
   o.val = d.String("val", "");
   if (o.type != "synthetic" && need_train) {
     Require(!o.train.empty(), d, "train", "is required (path to the training data)");
-    Require(!check_data || std::filesystem::exists(o.train), d, "train",
-            "'" + o.train + "' does not exist");
+    Require(!check_data || std::filesystem::exists(o.train), d, "train", Missing(o.train));
   }
   if (o.type != "synthetic" && check_data) {
-    Require(o.val.empty() || std::filesystem::exists(o.val), d, "val",
-            "'" + o.val + "' does not exist");
+    Require(o.val.empty() || std::filesystem::exists(o.val), d, "val", Missing(o.val));
   }
 }
 
