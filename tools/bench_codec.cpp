@@ -249,7 +249,6 @@ void AddBenchCodecCommand(CLI::App& bench) {
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->add_flag("--cpu-time", args->cpu_time,
                 "Time rounds by the thread's CPU time, not the wall clock (shared machines)");
-  AddExample(cmd, "cortado bench codec --codec bf16,epgc8 --count 64K");
   cmd->callback([args] {
     RunBench(*args);
     SetExitCode(0);

@@ -378,7 +378,6 @@ void AddBenchCommCommand(CLI::App& bench) {
                   "All-reduce in a gradient codec: f32, f16, bf16, epgc11, epgc9, epgc8 "
                   "(reports wire bandwidth and the error against the exact result)");
   cmd->add_option("--rounding", args->rounding, "With --codec: nearest, truncate or stochastic");
-  AddExample(cmd, "cortado launch --nproc 2 -- cortado bench comm --sizes 4K:64M");
   cmd->callback([args] {
     RunBench(*args);
     SetExitCode(0);

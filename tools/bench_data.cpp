@@ -44,7 +44,6 @@ void AddBenchDataCommand(CLI::App& bench) {
   cmd->add_option("--warmup", args->warmup, "Batches before timing")->check(IntAtLeast(0));
   cmd->add_flag("--val", args->val, "Validation transform (resize + centre crop) instead");
   cmd->add_flag("--json", args->json, "Print one JSON object");
-  AddExample(cmd, "cortado bench data --db /data/imagenet/train_lmdb --threads 2");
   cmd->callback([args] {
     CheckInputDir("--db", args->db, "an LMDB folder (from cortado convert)");
     if (args->threads > 0) SetNumThreads(args->threads);

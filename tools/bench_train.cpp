@@ -73,8 +73,6 @@ void AddBenchTrainCommand(CLI::App& bench) {
   cmd->add_flag("--infer", args->infer,
                 "Inference instead: forward passes of an inference net (test phase, no gradients "
                 "or solver state, activations given back once read)");
-  AddExample(cmd,
-             "cortado bench train --config configs/fashion_resnet20.yaml --iters 20 --profile");
   cmd->callback([args] {
     RunConfig config = LoadRunConfig(args->config, args->sets);
     // Long enough for any run length: the schedule plays no part in a throughput measurement.

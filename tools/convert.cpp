@@ -85,9 +85,6 @@ void AddConvertCommand(CLI::App& app) {
   cmd->add_flag("--overwrite", o.overwrite,
                 "Replace an existing database (kept until the new one is complete)");
   cmd->add_flag("--json", args->json, "Print the summary as one JSON object");
-  AddExample(cmd,
-             "cortado convert --root /data/imagenet/train --out /data/imagenet/train_lmdb "
-             "--resize-shorter 256 --shuffle");
   cmd->callback([args] {
     ConvertOptions options = args->options;
     CheckInputDir("--root", options.root, "the image folder (ROOT/<class>/<image>)");

@@ -52,7 +52,6 @@ void AddEvalCommand(CLI::App& app) {
       ->check(IntAtLeast(0, "0: the default budget"));
   cmd->add_flag("--no-progress", args->no_progress,
                 "Accepted for symmetry with train (eval draws no progress bar)");
-  AddExample(cmd, "cortado eval --checkpoint runs/fashion_lenet/ckpt-00004680.cortado --json");
   cmd->callback([args] {
     if (!args->checkpoint.empty() && !args->weights.empty()) {
       UsageFail("give --checkpoint or --weights, not both: a checkpoint holds its own weights");

@@ -28,9 +28,6 @@ void AddExportCommand(CLI::App& app) {
   cmd->add_option("--checkpoint", args->checkpoint, "Checkpoint file (ckpt-*.cortado)")->required();
   cmd->add_option("--out", args->out, "Safetensors file to write")->required();
   cmd->add_flag("--overwrite", args->overwrite, "Replace --out if it exists");
-  AddExample(
-      cmd,
-      "cortado export --checkpoint runs/resnet50/ckpt-00450360.cortado --out resnet50.safetensors");
   cmd->callback([args] {
     CheckInputFile("--checkpoint", args->checkpoint, "a checkpoint file (ckpt-*.cortado)");
     std::error_code ec;

@@ -98,6 +98,76 @@ void PrintWeightsFile(const std::string& flag, const std::string& path) {
   }
 }
 
+// Whether the database is complete, as the training sources check it.
+std::string Completeness(const std::string& path, int64_t records) {
+  try {
+    const std::optional<LmdbCompletion> done = ReadLmdbCompletion(path);
+    CheckLmdbComplete(path, records);
+    return done ? StrCat("yes (", kLmdbCompleteFile, ": ", done->records, " records, ",
+                         done->skipped, " skipped inputs, converted from ",
+                         done->root.empty() ? "?" : done->root, ")")
+                : StrCat("unknown: no ", kLmdbCompleteFile,
+                         " and no classes.txt (another tool's database)");
+  } catch (const Error& e) {
+    return StrCat("NO: ", e.what());
+  }
+}
+
+// What an even sample of a database's records holds.
+struct RecordSample {
+  int64_t sampled = 0, encoded = 0, raw = 0, unreadable = 0;
+  std::map<std::string, int64_t> sizes;  // "WxHxC" -> records
+  std::map<int, int64_t> labels;         // label -> records
+};
+
+RecordSample SampleRecords(const LmdbReader& reader, int64_t records) {
+  RecordSample out;
+  out.sampled = std::min(records, kSampledRecords);
+  DatumParser parser;
+  JpegDecoder jpeg;
+  LmdbReader::ReadTxn txn = reader.BeginRead();
+  for (int64_t s = 0; s < out.sampled; ++s) {
+    const int64_t i = out.sampled > 1 ? s * (records - 1) / (out.sampled - 1) : 0;
+    const std::string_view value = txn.Get(i);
+    if (!parser.Parse(value.data(), value.size())) {
+      ++out.unreadable;
+      continue;
+    }
+    const DatumFields& f = parser.fields();
+    ++out.labels[f.label];
+    int w = f.width, h = f.height, c = f.channels;
+    if (f.encoded) {
+      ++out.encoded;
+      JpegHeader header;
+      const std::string_view data = parser.data();
+      if (!jpeg.Open(reinterpret_cast<const uint8_t*>(data.data()), data.size(), &header)) {
+        ++out.unreadable;
+        continue;
+      }
+      w = header.width;
+      h = header.height;
+      c = header.components;
+    } else {
+      ++out.raw;
+    }
+    ++out.sizes[StrCat(w, "x", h, "x", c)];
+  }
+  return out;
+}
+
+// "8x6x3 (10), 16x12x3 (2)": the six commonest sizes, most records first.
+std::string CommonSizes(const std::map<std::string, int64_t>& sizes) {
+  std::vector<std::pair<int64_t, std::string>> by_count;
+  for (const auto& [size, n] : sizes) by_count.emplace_back(n, size);
+  std::sort(by_count.rbegin(), by_count.rend());
+  std::string seen;
+  for (size_t i = 0; i < by_count.size() && i < 6; ++i) {
+    seen += StrCat(i ? ", " : "", by_count[i].second, " (", by_count[i].first, ")");
+  }
+  if (by_count.size() > 6) seen += StrCat(", and ", by_count.size() - 6, " other sizes");
+  return seen.empty() ? "-" : seen;
+}
+
 void PrintDb(const std::string& path) {
   CheckInputDir("--db", path, "an LMDB folder (from cortado convert)");
   std::shared_ptr<const LmdbReader> reader = LmdbReader::Open(path);
@@ -118,70 +188,15 @@ void PrintDb(const std::string& path) {
   } else {
     std::printf("  classes    unknown (no classes.txt)\n");
   }
-  // Completeness, as the training sources check it.
-  std::string complete;
-  try {
-    const std::optional<LmdbCompletion> done = ReadLmdbCompletion(path);
-    CheckLmdbComplete(path, records);
-    complete = done ? StrCat("yes (", kLmdbCompleteFile, ": ", done->records, " records, ",
-                             done->skipped, " skipped inputs, converted from ",
-                             done->root.empty() ? "?" : done->root, ")")
-                    : StrCat("unknown: no ", kLmdbCompleteFile,
-                             " and no classes.txt (another tool's database)");
-  } catch (const Error& e) {
-    complete = StrCat("NO: ", e.what());
-  }
-  std::printf("  complete   %s\n", complete.c_str());
-  // Sizes and labels over an even sample of the records.
-  const int64_t sample = std::min(records, kSampledRecords);
-  std::map<std::string, int64_t> sizes;
-  std::map<int, int64_t> labels;
-  int64_t encoded = 0, raw = 0, unreadable = 0;
-  DatumParser parser;
-  JpegDecoder jpeg;
-  LmdbReader::ReadTxn txn = reader->BeginRead();
-  for (int64_t s = 0; s < sample; ++s) {
-    const int64_t i = sample > 1 ? s * (records - 1) / (sample - 1) : 0;
-    const std::string_view value = txn.Get(i);
-    if (!parser.Parse(value.data(), value.size())) {
-      ++unreadable;
-      continue;
-    }
-    const DatumFields& f = parser.fields();
-    ++labels[f.label];
-    int w = f.width, h = f.height, c = f.channels;
-    if (f.encoded) {
-      ++encoded;
-      JpegHeader header;
-      const std::string_view data = parser.data();
-      if (jpeg.Open(reinterpret_cast<const uint8_t*>(data.data()), data.size(), &header)) {
-        w = header.width;
-        h = header.height;
-        c = header.components;
-      } else {
-        ++unreadable;
-        continue;
-      }
-    } else {
-      ++raw;
-    }
-    ++sizes[StrCat(w, "x", h, "x", c)];
-  }
-  std::vector<std::pair<int64_t, std::string>> by_count;
-  for (const auto& [size, n] : sizes) by_count.emplace_back(n, size);
-  std::sort(by_count.rbegin(), by_count.rend());
-  std::string seen;
-  for (size_t i = 0; i < by_count.size() && i < 6; ++i) {
-    seen += StrCat(i ? ", " : "", by_count[i].second, " (", by_count[i].first, ")");
-  }
-  if (by_count.size() > 6) seen += StrCat(", and ", by_count.size() - 6, " other sizes");
+  std::printf("  complete   %s\n", Completeness(path, records).c_str());
+  const RecordSample sample = SampleRecords(*reader, records);
   std::printf(
       "  sampled    %lld of %lld records: %lld encoded (JPEG), %lld raw, %lld unreadable; "
       "%zu distinct labels\n",
-      static_cast<long long>(sample), static_cast<long long>(records),
-      static_cast<long long>(encoded), static_cast<long long>(raw),
-      static_cast<long long>(unreadable), labels.size());
-  std::printf("  sizes      WxHxC (records): %s\n", seen.empty() ? "-" : seen.c_str());
+      static_cast<long long>(sample.sampled), static_cast<long long>(records),
+      static_cast<long long>(sample.encoded), static_cast<long long>(sample.raw),
+      static_cast<long long>(sample.unreadable), sample.labels.size());
+  std::printf("  sizes      WxHxC (records): %s\n", CommonSizes(sample.sizes).c_str());
   std::string keys;
   for (int64_t i = 0; i < records && i < 3; ++i) keys += StrCat(i ? ", " : "", reader->key(i));
   if (records > 3) keys += StrCat(", ..., ", reader->key(records - 1));
@@ -248,7 +263,6 @@ void AddInspectCommand(CLI::App& app) {
                   "tensors");
   cmd->add_option("--db", args->db, "LMDB folder: records, classes, image sizes, completeness");
   cmd->add_option("--set", args->sets, "Override a config key (with --config)");
-  AddExample(cmd, "cortado inspect --config configs/resnet50.yaml");
   cmd->callback([args] {
     if (args->config.empty() && args->checkpoint.empty() && args->weights.empty() &&
         args->db.empty()) {

@@ -95,7 +95,9 @@ TEST_F(ConfigErrorsTest, EveryShippedConfigReadsExactlyItsSectionsDeclaredKeys) 
     for (const std::string scale : {"1", "dynamic"}) {
       std::string out, err;
       EXPECT_EQ(Cortado("inspect --config " + entry.path().string() +
-                            " --set data.type=synthetic --set precision.loss_scale=" + scale,
+                            " --set data.type=synthetic --set data.synthetic.shape=[3,32,32]"
+                            " --set data.batch_size=1 --set precision.loss_scale=" +
+                            scale,
                         &out, &err),
                 0)
           << entry.path() << "\n"
