@@ -194,8 +194,8 @@ void AddExamples(CLI::App& app) {
 }
 
 // The command path that errors name ("train", "bench comm"); "" for none. An unknown benchmark
-// is a usage error, returned in *exit.
-std::string CommandPath(CLI::App& app, const std::vector<std::string>& args, int* exit) {
+// is a usage error, its exit code returned in *early_exit.
+std::string CommandPath(CLI::App& app, const std::vector<std::string>& args, int* early_exit) {
   const std::vector<std::string> commands = Names(app);
   if (args.empty() || std::find(commands.begin(), commands.end(), args[0]) == commands.end()) {
     return "";
@@ -204,7 +204,7 @@ std::string CommandPath(CLI::App& app, const std::vector<std::string>& args, int
   if (command == "bench" && args.size() > 1 && args[1][0] != '-') {
     const std::vector<std::string> benches = Names(*app.get_subcommand("bench"));
     if (std::find(benches.begin(), benches.end(), args[1]) == benches.end()) {
-      *exit = PrintError("bench", Unknown("benchmark", args[1], benches), kUsageExit);
+      *early_exit = PrintError("bench", Unknown("benchmark", args[1], benches), kUsageExit);
       return "";
     }
     command += " " + args[1];
@@ -281,9 +281,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> all = Names(app);
   all.push_back("help");
   all.push_back("version");
-  int exit = -1;
-  const std::string command = CommandPath(app, args, &exit);
-  if (exit >= 0) return exit;
+  int early_exit = -1;
+  const std::string command = CommandPath(app, args, &early_exit);
+  if (early_exit >= 0) return early_exit;
   if (args.empty()) {
     return PrintError("", "a command is required: " + Join(all) + " (see 'cortado help')",
                       kUsageExit);
