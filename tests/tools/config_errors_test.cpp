@@ -96,7 +96,8 @@ TEST_F(ConfigErrorsTest, EveryShippedConfigReadsExactlyItsSectionsDeclaredKeys) 
       std::string out, err;
       EXPECT_EQ(Cortado("inspect --config " + entry.path().string() +
                             " --set data.type=synthetic --set data.synthetic.shape=[3,32,32]"
-                            " --set data.batch_size=1 --set precision.loss_scale=" +
+                            " --set data.synthetic.classes=10 --set data.batch_size=1"
+                            " --set precision.loss_scale=" +
                             scale,
                         &out, &err),
                 0)
