@@ -45,6 +45,9 @@ struct Item {
   int label = 0;
 };
 
+// Why the folder walk passes a file over (ConvertSummary::ignored_files, skipped.txt).
+constexpr const char* kIgnoredReason = "no image extension";
+
 // torchvision's IMG_EXTENSIONS.
 bool HasImageExtension(const fs::path& p) {
   std::string ext = p.extension().string();
@@ -90,7 +93,7 @@ bool StopRequested(const ConvertOptions& o) { return o.stop != nullptr && o.stop
 // ImageFolder's walk: class folders in sorted order, files below each (recursively) sorted by
 // (folder, name). Hidden entries (".name") are left out.
 std::vector<Item> ListFolder(const ConvertOptions& o, std::vector<std::string>* classes,
-                             int64_t* ignored) {
+                             std::vector<std::string>* ignored) {
   CORTADO_CHECK(fs::is_directory(o.root), "--root: '", o.root, "' is not a folder");
   std::vector<std::string> folders;
   for (const fs::directory_entry& e : fs::directory_iterator(o.root)) {
@@ -127,7 +130,7 @@ std::vector<Item> ListFolder(const ConvertOptions& o, std::vector<std::string>* 
       }
       if (!it->is_regular_file()) continue;
       if (!HasImageExtension(it->path())) {
-        ++*ignored;
+        ignored->push_back(fs::relative(it->path(), o.root).generic_string());
         continue;
       }
       files.emplace_back(fs::relative(it->path().parent_path(), o.root).generic_string(), name);
@@ -151,6 +154,14 @@ std::vector<Item> ListFile(const ConvertOptions& o, std::vector<std::string>* cl
     line = TrimLine(line);
     if (line.empty()) continue;
     const size_t space = line.find_last_of(" \t");
+    // The devkit's validation ground truth: a class number per line, in the devkit's order.
+    CORTADO_CHECK(
+        space != std::string::npos || line.find_first_not_of("0123456789") != std::string::npos,
+        o.list, ":", line_no, ": '", line,
+        "' is a bare class number, as in the devkit's "
+        "ILSVRC2012_validation_ground_truth.txt, whose numbers are the devkit's own "
+        "class order; make the list with scripts/imagenet_val_list.py --labels "
+        "LOC_val_solution.csv (docs/IMAGENET.md)");
     CORTADO_CHECK(space != std::string::npos && space > 0, o.list, ":", line_no,
                   ": expected 'relative/path label', got '", line, "'");
     std::string path = TrimLine(line.substr(0, space));
@@ -514,7 +525,9 @@ class ItemEncoder {
 
 }  // namespace
 
-ConvertSummary ConvertImages(const ConvertOptions& o) {
+namespace {
+
+void CheckOptions(const ConvertOptions& o) {
   CORTADO_CHECK(!o.root.empty(), "--root: no image folder given");
   CORTADO_CHECK(o.quality >= 1 && o.quality <= 100, "--quality must be in 1..100, got ", o.quality);
   CORTADO_CHECK(o.resize_shorter >= 0 && o.resize_width >= 0 && o.resize_height >= 0,
@@ -524,6 +537,146 @@ ConvertSummary ConvertImages(const ConvertOptions& o) {
   CORTADO_CHECK(!(o.resize_shorter > 0 && o.resize_width > 0),
                 "give --resize-shorter or --resize, not both");
   CORTADO_CHECK(o.threads >= 0, "--threads must be >= 0, got ", o.threads);
+}
+
+// Workers decode items in any order into a window of results; the calling thread writes them
+// in list order. The window bounds memory to a few hundred encoded images.
+class OrderedWindow {
+ public:
+  OrderedWindow(const ConvertOptions& o, const std::vector<Item>& items, int64_t window)
+      : o_(o),
+        items_(items),
+        ring_(static_cast<size_t>(window)),
+        ready_(static_cast<size_t>(window), 0) {}
+
+  // A worker: takes the next item while it fits in the window, until none is left.
+  void Work() {
+    ItemEncoder encoder(o_);
+    const int64_t n = static_cast<int64_t>(items_.size());
+    const int64_t window = static_cast<int64_t>(ring_.size());
+    for (;;) {
+      int64_t i;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (next_ >= n || abort_) return;
+        i = next_++;
+        room_cv_.wait(lock, [&] { return i < written_ + window || abort_; });
+        if (abort_) return;
+      }
+      Result r;
+      try {
+        r = encoder.Process(items_[static_cast<size_t>(i)], i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!error_) error_ = std::current_exception();
+        Abort();
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      ring_[static_cast<size_t>(i % window)] = std::move(r);
+      ready_[static_cast<size_t>(i % window)] = 1;
+      result_cv_.notify_all();
+    }
+  }
+
+  // Item i's result, once a worker has it; rethrows a worker's exception.
+  Result Take(int64_t i) {
+    const size_t slot = static_cast<size_t>(i % static_cast<int64_t>(ring_.size()));
+    Result r;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      result_cv_.wait(lock, [&] { return ready_[slot] || abort_; });
+      if (error_) std::rethrow_exception(error_);
+      r = std::move(ring_[slot]);
+      ready_[slot] = 0;
+      written_ = i + 1;
+    }
+    room_cv_.notify_all();
+    return r;
+  }
+
+  void Stop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    Abort();
+  }
+
+ private:
+  void Abort() {  // with mu_ held
+    abort_ = true;
+    result_cv_.notify_all();
+    room_cv_.notify_all();
+  }
+
+  const ConvertOptions& o_;
+  const std::vector<Item>& items_;
+  std::vector<Result> ring_;
+  std::vector<char> ready_;
+  std::mutex mu_;
+  std::condition_variable result_cv_, room_cv_;
+  int64_t next_ = 0, written_ = 0;
+  bool abort_ = false;
+  std::exception_ptr error_;
+};
+
+// Decodes every item on `threads` workers and writes the records in list order; the items that
+// do not decode go to `skipped_out` with their reason.
+void WriteRecords(const ConvertOptions& o, const std::vector<Item>& items, LmdbWriter& writer,
+                  std::ofstream& skipped_out, ConvertSummary& summary,
+                  const std::function<double()>& elapsed) {
+  const int threads = o.threads > 0 ? o.threads : NumThreads();
+  const int64_t n = static_cast<int64_t>(items.size());
+  OrderedWindow window(o, items, std::max<int64_t>(64, 16 * threads));
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) workers.emplace_back([&window] { window.Work(); });
+  double last_progress = 0;
+  try {
+    for (int64_t i = 0; i < n; ++i) {
+      if (StopRequested(o)) FailStopped(o, StrCat("converting item ", i + 1, " of ", n));
+      Result r = window.Take(i);
+      summary.bytes_read += r.bytes_read;
+      if (r.ok) {
+        summary.bytes_written += static_cast<int64_t>(r.key.size() + r.record.size());
+        ++summary.converted;
+        if (r.reencoded) ++summary.reencoded;
+        writer.Put(std::move(r.key), std::move(r.record));
+      } else {
+        ++summary.skipped;
+        skipped_out << items[static_cast<size_t>(i)].path << '\t' << r.reason << '\n';
+      }
+      if (o.progress && (elapsed() - last_progress > 0.2)) {
+        last_progress = elapsed();
+        o.progress(i + 1, n, last_progress);
+      }
+      if (o.on_record) o.on_record(i + 1);
+    }
+    writer.Close();  // synced to disk
+  } catch (...) {
+    window.Stop();
+    for (std::thread& t : workers) t.join();
+    throw;
+  }
+  for (std::thread& t : workers) t.join();
+}
+
+// The completion record, then the rename into place.
+void Finish(const ConvertOptions& o, const OutputPlan& plan, const ConvertSummary& summary) {
+  if (StopRequested(o)) FailStopped(o, "syncing the database");
+  LmdbCompletion completion;
+  completion.records = summary.converted;
+  completion.skipped = summary.skipped;
+  completion.classes = summary.classes;
+  completion.channels = o.gray ? 1 : 3;
+  std::error_code ec;
+  const fs::path root = fs::absolute(o.root, ec);
+  completion.root = ec ? o.root : root.lexically_normal().string();
+  WriteLmdbCompletion(plan.staging, completion);
+  Publish(plan);
+}
+
+}  // namespace
+
+ConvertSummary ConvertImages(const ConvertOptions& o) {
+  CheckOptions(o);
   const OutputPlan plan = PlanOutput(o);  // refuses an existing --out before any work
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] {
@@ -534,7 +687,8 @@ ConvertSummary ConvertImages(const ConvertOptions& o) {
   summary.db = plan.out;
   std::vector<std::string> classes;
   std::vector<Item> items =
-      o.list.empty() ? ListFolder(o, &classes, &summary.ignored) : ListFile(o, &classes);
+      o.list.empty() ? ListFolder(o, &classes, &summary.ignored_files) : ListFile(o, &classes);
+  summary.ignored = static_cast<int64_t>(summary.ignored_files.size());
   CORTADO_CHECK(!items.empty(), "no images found under '", o.root, "'");
   if (o.shuffle) {
     Rng rng(HashCombine(o.seed, 0x434f4e56ull));
@@ -554,110 +708,19 @@ ConvertSummary ConvertImages(const ConvertOptions& o) {
     CORTADO_CHECK(out, "cannot write ", plan.staging, "/classes.txt");
   }
   LmdbWriter writer(plan.staging, o.initial_map_size);
-
-  // Workers decode items in any order into a window of results; this thread writes them in
-  // list order. The window bounds memory to a few hundred encoded images.
-  const int threads = o.threads > 0 ? o.threads : NumThreads();
-  const int64_t n = summary.items;
-  const int64_t window = std::max<int64_t>(64, 16 * threads);
-  std::vector<Result> ring(static_cast<size_t>(window));
-  std::vector<char> ready(static_cast<size_t>(window), 0);
-  std::mutex mu;
-  std::condition_variable result_cv, room_cv;
-  int64_t next = 0, written = 0;
-  bool abort = false;
-  std::exception_ptr error;
-
-  auto work = [&] {
-    ItemEncoder encoder(o);
-    for (;;) {
-      int64_t i;
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        if (next >= n || abort) return;
-        i = next++;
-        room_cv.wait(lock, [&] { return i < written + window || abort; });
-        if (abort) return;
-      }
-      Result r;
-      try {
-        r = encoder.Process(items[i], i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!error) error = std::current_exception();
-        abort = true;
-        result_cv.notify_all();
-        room_cv.notify_all();
-        return;
-      }
-      std::lock_guard<std::mutex> lock(mu);
-      ring[i % window] = std::move(r);
-      ready[i % window] = 1;
-      result_cv.notify_all();
-    }
-  };
-  std::vector<std::thread> workers;
-  for (int t = 0; t < threads; ++t) workers.emplace_back(work);
-
   std::ofstream skipped_out(staging / "skipped.txt");
-  double last_progress = 0;
-  try {
-    for (int64_t i = 0; i < n; ++i) {
-      if (StopRequested(o)) FailStopped(o, StrCat("converting item ", i + 1, " of ", n));
-      Result r;
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        result_cv.wait(lock, [&] { return ready[i % window] || abort; });
-        if (error) std::rethrow_exception(error);
-        r = std::move(ring[i % window]);
-        ready[i % window] = 0;
-        written = i + 1;
-      }
-      room_cv.notify_all();
-      summary.bytes_read += r.bytes_read;
-      if (r.ok) {
-        summary.bytes_written += static_cast<int64_t>(r.key.size() + r.record.size());
-        ++summary.converted;
-        if (r.reencoded) ++summary.reencoded;
-        writer.Put(std::move(r.key), std::move(r.record));
-      } else {
-        ++summary.skipped;
-        skipped_out << items[i].path << '\t' << r.reason << '\n';
-      }
-      if (o.progress && (elapsed() - last_progress > 0.2)) {
-        last_progress = elapsed();
-        o.progress(i + 1, n, last_progress);
-      }
-      if (o.on_record) o.on_record(i + 1);
-    }
-    writer.Close();  // synced to disk
-  } catch (...) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      abort = true;
-    }
-    room_cv.notify_all();
-    for (std::thread& t : workers) t.join();
-    throw;
+  // Files the folder walk passed over are named first, so a user sees what was not converted.
+  for (const std::string& path : summary.ignored_files) {
+    skipped_out << path << "\tignored: " << kIgnoredReason << '\n';
   }
-  for (std::thread& t : workers) t.join();
+  WriteRecords(o, items, writer, skipped_out, summary, elapsed);
   skipped_out.close();
   CORTADO_CHECK(skipped_out, "cannot write ", plan.staging, "/skipped.txt");
-  if (StopRequested(o)) FailStopped(o, "syncing the database");
-  LmdbCompletion completion;
-  completion.records = summary.converted;
-  completion.skipped = summary.skipped;
-  completion.classes = summary.classes;
-  completion.channels = o.gray ? 1 : 3;
-  std::error_code ec;
-  const fs::path root = fs::absolute(o.root, ec);
-  completion.root = ec ? o.root : root.lexically_normal().string();
-  WriteLmdbCompletion(plan.staging, completion);
-  Publish(plan);
+  Finish(o, plan, summary);
   guard.Release();
   summary.map_growths = writer.map_growths();
   summary.seconds = elapsed();
-  if (o.progress) o.progress(n, n, summary.seconds);
+  if (o.progress) o.progress(summary.items, summary.items, summary.seconds);
   return summary;
 }
 
@@ -690,7 +753,12 @@ std::string SummaryText(const ConvertSummary& s) {
                 s.seconds > 0 ? s.items / s.seconds : 0.0, s.db.c_str());
   std::string text = line;
   if (s.ignored > 0) {
-    text += StrCat("\nignored ", s.ignored, " files without an image extension");
+    std::string some;
+    for (size_t i = 0; i < s.ignored_files.size() && i < 3; ++i) {
+      some += (i ? ", " : "") + s.ignored_files[i];
+    }
+    text += StrCat("\nignored ", s.ignored, " file(s) without an image extension: ", some,
+                   s.ignored > 3 ? ", ..." : "", " (listed in skipped.txt)");
   }
   return text;
 }

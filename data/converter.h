@@ -18,7 +18,8 @@
 // data) is re-encoded from what libjpeg recovered, so the loader never meets the warning. With
 // a resize option every image is resized and re-encoded. Items that do not decode (truncated
 // beyond decoding, empty, not an image) are skipped, counted, and listed with the reason in
-// DB/skipped.txt.
+// DB/skipped.txt; so are the files of the folder walk without an image extension ("ignored: no
+// image extension"), which are not items.
 //
 // Output: everything is written into `<out>.partial-<host>-<pid>`, a sibling of `out`; when the
 // last record is synced, DB/cortado-complete.json (data/lmdb.h) is written and the folder is
@@ -34,6 +35,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace cortado {
 
@@ -67,6 +69,7 @@ struct ConvertSummary {
   int64_t reencoded = 0;  // of which re-encoded (resized, converted colour, repaired)
   int64_t skipped = 0;    // items that could not be read or decoded (DB/skipped.txt)
   int64_t ignored = 0;    // folder mode: files without an image extension, not listed
+  std::vector<std::string> ignored_files;  // their paths under root (also in DB/skipped.txt)
   int64_t classes = 0;
   int64_t bytes_read = 0;     // input file bytes
   int64_t bytes_written = 0;  // record bytes (keys + values)

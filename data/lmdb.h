@@ -41,7 +41,7 @@ inline constexpr const char* kLmdbCompleteFile = "cortado-complete.json";
 // by the LMDB sources against the database before training (data/lmdb_source.h).
 struct LmdbCompletion {
   int64_t records = 0;  // records in data.mdb
-  int64_t skipped = 0;  // inputs listed in skipped.txt
+  int64_t skipped = 0;  // inputs that did not decode (skipped.txt also names ignored files)
   int64_t classes = 0;  // lines of classes.txt
   int channels = 0;     // channels of every record (3, or 1 with --gray)
   std::string root;     // the image folder it was converted from

@@ -1,10 +1,12 @@
 #include "engine/yaml_config.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <fstream>
 #include <sstream>
 
+#include "engine/closest_name.h"
 #include "engine/error.h"
 #include "engine/numbers.h"
 
@@ -44,6 +46,14 @@ YAML::Node AsYaml(const std::vector<T>& v) {
 }
 bool ParseFloat(const std::string& s, double* out) { return ParseFiniteDouble(s, out); }
 
+// A list or mapping where a key belongs (`[a, b]: 1`) names nothing.
+void RequireNameKey(const YamlConfig& config, const YAML::Node& key, const std::string& path) {
+  if (key.IsScalar()) return;
+  const std::string where = config.WhereOf(key, path);
+  Fail(where.empty() ? "" : where + ": ", "a key ", path.empty() ? "" : "in " + path + " ",
+       "is not a name (a list or mapping where a key belongs)");
+}
+
 }  // namespace
 
 YamlSection::YamlSection(const YamlConfig* config, YAML::Node node, std::string path)
@@ -68,13 +78,21 @@ void YamlSection::TypeError(const std::string& key, const std::string& want) con
   Error(key, StrCat("expected ", want, ", got '", Shown(node_[key]), "'"));
 }
 
-bool YamlSection::Has(const std::string& key) const {
+void YamlSection::Ask(const std::string& key) const {
+  if (declared_ && std::find(keys_.begin(), keys_.end(), key) == keys_.end()) {
+    Fail("internal error: ", Path(key), " is read but not declared among the keys of ",
+         path_.empty() ? "the top level" : path_);
+  }
   asked_.insert(key);
+}
+
+bool YamlSection::Has(const std::string& key) const {
+  Ask(key);
   return node_.IsMap() && node_[key] && !node_[key].IsNull();
 }
 
 YAML::Node YamlSection::Get(const std::string& key) const {
-  asked_.insert(key);
+  Ask(key);
   return node_[key];
 }
 
@@ -161,19 +179,40 @@ YAML::Node YamlSection::Node(const std::string& key) const {
   return n;
 }
 
-void YamlSection::Finish() const {
+void YamlSection::Declare(std::span<const std::string_view> keys) {
+  declared_ = true;
+  keys_.assign(keys.begin(), keys.end());
   if (!node_.IsMap()) return;
   for (const auto& item : node_) {
-    if (!item.first.IsScalar()) {
-      const std::string where = config_->WhereOf(item.first, path_);
-      Fail(where.empty() ? "" : where + ": ", "a key ", path_.empty() ? "" : "in " + path_ + " ",
-           "is not a name (a list or mapping where a key belongs)");
+    RequireNameKey(*config_, item.first, path_);
+    if (std::find(keys_.begin(), keys_.end(), item.first.Scalar()) == keys_.end()) {
+      UnknownKey(item.first, keys_);
     }
-    std::string key = item.first.as<std::string>();
-    if (asked_.count(key)) continue;
-    std::string where = config_->WhereOf(item.first, Path(key));
-    Fail(where.empty() ? "" : where + ": ", "unknown key '", Path(key), "' (known",
-         path_.empty() ? "" : " in " + path_, ": ", Join(asked_), ")");
+  }
+}
+
+void YamlSection::UnknownKey(const YAML::Node& key, const std::vector<std::string>& known) const {
+  const std::string name = key.Scalar();
+  const std::string where = config_->WhereOf(key, Path(name));
+  const std::string best = ClosestName(name, known);
+  const std::string hint = !best.empty()
+                               ? "did you mean '" + best + "'?"
+                               : StrCat("known", path_.empty() ? "" : " in " + path_, ": ",
+                                        Join(std::set<std::string>(known.begin(), known.end())));
+  Fail(where.empty() ? "" : where + ": ", "unknown key '", Path(name), "' (", hint, ")");
+}
+
+void YamlSection::Finish() const {
+  for (const std::string& key : keys_) {
+    CORTADO_CHECK(asked_.count(key), "internal error: ", Path(key),
+                  " is declared but nothing read it");
+  }
+  if (!node_.IsMap()) return;
+  for (const auto& item : node_) {
+    RequireNameKey(*config_, item.first, path_);
+    if (!asked_.count(item.first.Scalar())) {
+      UnknownKey(item.first, std::vector<std::string>(asked_.begin(), asked_.end()));
+    }
   }
 }
 

@@ -6,9 +6,11 @@
 //
 // A YamlConfig holds one parsed file plus command-line overrides (`--set a.b=v`). Sections are
 // read with typed getters that record which keys were read; Finish() then rejects any key
-// nobody read. Every error is one line naming the key path and where it came from:
+// nobody read. A section that Declare()s its keys is checked against them before any value is
+// read, so a misspelled required key is named as unknown, not as missing. Every error is one
+// line naming the key path and where it came from:
 //   configs/x.yaml:12:5: solver.base_lr: expected a number, got 'fast'
-//   --set solver.base_lrr=0.05: unknown key 'solver.base_lrr' (known: base_lr, momentum, ...)
+//   --set solver.base_lrr=0.05: unknown key 'solver.base_lrr' (did you mean 'base_lr'?)
 #pragma once
 
 #include <yaml-cpp/yaml.h>
@@ -17,7 +19,9 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace cortado {
@@ -44,12 +48,22 @@ class YamlSection {
   // "file.yaml:line:col" or "--set k=v" for the key (or the section when key is empty).
   std::string Where(const std::string& key = "") const;
   std::string Path(const std::string& key) const;  // "solver.base_lr"
+  // The keys this section accepts, checked at once: the first key of the section not among them
+  // is refused with its place and the closest declared key ("did you mean 'max_iter'?"), or the
+  // declared list when none is close. From then on a getter (or Has) on an undeclared key, and
+  // a declared key that nothing asked about by Finish(), are internal errors: the list and the
+  // code that reads the section cannot drift apart unnoticed.
+  void Declare(std::span<const std::string_view> keys);
   // Throws on the first key that no getter asked for.
   void Finish() const;
   [[noreturn]] void Error(const std::string& key, const std::string& message) const;
 
  private:
   YAML::Node Get(const std::string& key) const;
+  // Records that `key` was asked about; an undeclared key of a declared section is an internal
+  // error.
+  void Ask(const std::string& key) const;
+  [[noreturn]] void UnknownKey(const YAML::Node& key, const std::vector<std::string>& known) const;
   // Records `value` as the effective value of `key` (YamlConfig::Resolved) and returns it.
   template <typename T>
   T Effective(const std::string& key, const T& value) const;
@@ -59,6 +73,8 @@ class YamlSection {
   YAML::Node node_;
   std::string path_;
   mutable std::set<std::string> asked_;
+  bool declared_ = false;
+  std::vector<std::string> keys_;  // the declared keys, in declaration order
 };
 
 class YamlConfig {

@@ -23,6 +23,12 @@ import os
 import sys
 
 
+DEVKIT_HINT = ("this looks like the devkit's ILSVRC2012_validation_ground_truth.txt: one class "
+               "number per line in the devkit's own class order, not synsets, so it cannot be "
+               "matched with classes.txt; give --labels LOC_val_solution.csv (Kaggle's copy of "
+               "the validation labels, see docs/IMAGENET.md) or a 'FILE WNID' text file")
+
+
 def read_labels(path):
     """{image id without extension: wnid}"""
     labels = {}
@@ -40,6 +46,8 @@ def read_labels(path):
                 parts = line.split()
                 if not parts:
                     continue
+                if len(parts) == 1 and parts[0].isdigit():
+                    sys.exit("%s:%d: %s" % (path, n, DEVKIT_HINT))
                 if len(parts) != 2:
                     sys.exit("%s:%d: expected 'FILE WNID', got %r" % (path, n, line.strip()))
                 labels[os.path.splitext(parts[0])[0]] = parts[1]

@@ -102,6 +102,11 @@ CLI::Validator OneOf(const std::vector<std::string>& choices) {
       "");
 }
 
+void AddExample(CLI::App* cmd, const std::string& example) {
+  const std::string inherited = cmd->get_footer();
+  cmd->footer("Example: " + example + (inherited.empty() ? "" : "\n" + inherited));
+}
+
 void SetCommandLine(int argc, char** argv) { g_command_line.assign(argv, argv + argc); }
 const std::vector<std::string>& CommandLine() { return g_command_line; }
 

@@ -50,6 +50,10 @@ CLI::Validator NumberAbove(double min);
 // One of a fixed set of words: "--op: must be one of allreduce, broadcast; got 'x'".
 CLI::Validator OneOf(const std::vector<std::string>& choices);
 
+// Puts "Example: CMD" at the top of the command's help footer (above what it inherited), so
+// every command's help shows one line a user can start from.
+void AddExample(CLI::App* cmd, const std::string& example);
+
 // The process's argv, recorded by main before parsing.
 void SetCommandLine(int argc, char** argv);
 const std::vector<std::string>& CommandLine();

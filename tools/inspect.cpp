@@ -2,8 +2,9 @@
 // shapes, parameter counts) and what its data yields (records, and the samples an epoch is
 // made of, and the activation memory plan: MB alive at each layer in training and inference;
 // where the data is not on this machine, the net from the config alone and a note);
-// `--checkpoint PATH` a checkpoint's position, its stored config and a table of its tensors; `--db
-// PATH` an LMDB of Datum records: record count, classes, the image sizes seen in a sample of
+// `--checkpoint PATH` a checkpoint's position, its stored config and a table of its tensors;
+// `--weights PATH` a safetensors file's metadata and tensors (either flag takes either format);
+// `--db PATH` an LMDB of Datum records: record count, classes, the image sizes seen in a sample of
 // records, a few keys, and whether it is complete (data/lmdb.h). They combine.
 #include <algorithm>
 #include <cstdio>
@@ -17,8 +18,10 @@
 #include "data/lmdb_source.h"
 #include "engine/checkpoint.h"
 #include "engine/log.h"
+#include "engine/safetensors.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
+#include "tools/file_kind.h"
 #include "tools/metrics.h"
 #include "tools/trainer.h"
 
@@ -28,8 +31,30 @@ namespace {
 // Records whose sizes `--db` reads, spread evenly over the database.
 constexpr int64_t kSampledRecords = 200;
 
+// One row of a tensor table: name, shape, dtype, number of values.
+struct TensorRow {
+  std::string name, shape, dtype;
+  int64_t values = 0;
+};
+
+void PrintTensorTable(const std::vector<TensorRow>& rows) {
+  size_t name_w = 4, shape_w = 5;
+  for (const TensorRow& r : rows) {
+    name_w = std::max(name_w, r.name.size());
+    shape_w = std::max(shape_w, r.shape.size());
+  }
+  const int nw = static_cast<int>(name_w), sw = static_cast<int>(shape_w);
+  std::printf("%-*s  %-*s  %-5s  %s\n", nw, "name", sw, "shape", "dtype", "values");
+  int64_t total = 0;
+  for (const TensorRow& r : rows) {
+    total += r.values;
+    std::printf("%-*s  %-*s  %-5s  %lld\n", nw, r.name.c_str(), sw, r.shape.c_str(),
+                r.dtype.c_str(), static_cast<long long>(r.values));
+  }
+  std::printf("%zu tensors, %lld values\n", rows.size(), static_cast<long long>(total));
+}
+
 void PrintCheckpoint(const std::string& path) {
-  CheckInputFile("--checkpoint", path, "a checkpoint file (ckpt-*.cortado)");
   Checkpoint ckpt = LoadCheckpoint(path);
   std::printf("checkpoint %s\n", path.c_str());
   for (const auto& [k, v] : ckpt.meta) {
@@ -40,20 +65,107 @@ void PrintCheckpoint(const std::string& path) {
     std::istringstream lines(c->second);
     for (std::string line; std::getline(lines, line);) std::printf("  %s\n", line.c_str());
   }
-  size_t name_w = 4, shape_w = 5;
+  std::vector<TensorRow> rows;
   for (const auto& [name, t] : ckpt.tensors) {
-    name_w = std::max(name_w, name.size());
-    shape_w = std::max(shape_w, ShapeString(t.shape()).size());
+    rows.push_back({name, ShapeString(t.shape()), DTypeName(t.dtype()), t.numel()});
   }
-  const int nw = static_cast<int>(name_w), sw = static_cast<int>(shape_w);
-  std::printf("%-*s  %-*s  %-5s  %s\n", nw, "name", sw, "shape", "dtype", "values");
-  int64_t total = 0;
-  for (const auto& [name, t] : ckpt.tensors) {
-    total += t.numel();
-    std::printf("%-*s  %-*s  %-5s  %lld\n", nw, name.c_str(), sw, ShapeString(t.shape()).c_str(),
-                DTypeName(t.dtype()), static_cast<long long>(t.numel()));
+  PrintTensorTable(rows);
+}
+
+// A safetensors file (`cortado export`'s, or PyTorch's): its metadata (cortado_builder names
+// the architecture the weights are for) and its tensors, in the order of their data.
+void PrintSafetensors(const std::string& path) {
+  const Safetensors file = LoadSafetensors(path);
+  std::printf("safetensors %s\n", path.c_str());
+  if (file.metadata.empty()) std::printf("  (no metadata)\n");
+  for (const auto& [k, v] : file.metadata) std::printf("  %-20s %s\n", k.c_str(), v.c_str());
+  std::vector<TensorRow> rows;
+  for (const SafetensorsEntry& e : file.entries) {
+    int64_t values = 1;
+    for (int64_t d : e.shape) values *= d;
+    rows.push_back({e.name, ShapeString(e.shape), e.dtype, values});
   }
-  std::printf("%zu tensors, %lld values\n", ckpt.tensors.size(), static_cast<long long>(total));
+  PrintTensorTable(rows);
+}
+
+// --checkpoint and --weights take either format: the file's first bytes say which it is.
+void PrintWeightsFile(const std::string& flag, const std::string& path) {
+  CheckInputFile(flag, path, "a checkpoint (ckpt-*.cortado) or a safetensors file");
+  if (SniffFileKind(path) == FileKind::kSafetensors) {
+    PrintSafetensors(path);
+  } else {
+    PrintCheckpoint(path);
+  }
+}
+
+// Whether the database is complete, as the training sources check it.
+std::string Completeness(const std::string& path, int64_t records) {
+  try {
+    const std::optional<LmdbCompletion> done = ReadLmdbCompletion(path);
+    CheckLmdbComplete(path, records);
+    return done ? StrCat("yes (", kLmdbCompleteFile, ": ", done->records, " records, ",
+                         done->skipped, " skipped inputs, converted from ",
+                         done->root.empty() ? "?" : done->root, ")")
+                : StrCat("unknown: no ", kLmdbCompleteFile,
+                         " and no classes.txt (another tool's database)");
+  } catch (const Error& e) {
+    return StrCat("NO: ", e.what());
+  }
+}
+
+// What an even sample of a database's records holds.
+struct RecordSample {
+  int64_t sampled = 0, encoded = 0, raw = 0, unreadable = 0;
+  std::map<std::string, int64_t> sizes;  // "WxHxC" -> records
+  std::map<int, int64_t> labels;         // label -> records
+};
+
+RecordSample SampleRecords(const LmdbReader& reader, int64_t records) {
+  RecordSample out;
+  out.sampled = std::min(records, kSampledRecords);
+  DatumParser parser;
+  JpegDecoder jpeg;
+  LmdbReader::ReadTxn txn = reader.BeginRead();
+  for (int64_t s = 0; s < out.sampled; ++s) {
+    const int64_t i = out.sampled > 1 ? s * (records - 1) / (out.sampled - 1) : 0;
+    const std::string_view value = txn.Get(i);
+    if (!parser.Parse(value.data(), value.size())) {
+      ++out.unreadable;
+      continue;
+    }
+    const DatumFields& f = parser.fields();
+    ++out.labels[f.label];
+    int w = f.width, h = f.height, c = f.channels;
+    if (f.encoded) {
+      ++out.encoded;
+      JpegHeader header;
+      const std::string_view data = parser.data();
+      if (!jpeg.Open(reinterpret_cast<const uint8_t*>(data.data()), data.size(), &header)) {
+        ++out.unreadable;
+        continue;
+      }
+      w = header.width;
+      h = header.height;
+      c = header.components;
+    } else {
+      ++out.raw;
+    }
+    ++out.sizes[StrCat(w, "x", h, "x", c)];
+  }
+  return out;
+}
+
+// "8x6x3 (10), 16x12x3 (2)": the six commonest sizes, most records first.
+std::string CommonSizes(const std::map<std::string, int64_t>& sizes) {
+  std::vector<std::pair<int64_t, std::string>> by_count;
+  for (const auto& [size, n] : sizes) by_count.emplace_back(n, size);
+  std::sort(by_count.rbegin(), by_count.rend());
+  std::string seen;
+  for (size_t i = 0; i < by_count.size() && i < 6; ++i) {
+    seen += StrCat(i ? ", " : "", by_count[i].second, " (", by_count[i].first, ")");
+  }
+  if (by_count.size() > 6) seen += StrCat(", and ", by_count.size() - 6, " other sizes");
+  return seen.empty() ? "-" : seen;
 }
 
 void PrintDb(const std::string& path) {
@@ -76,70 +188,15 @@ void PrintDb(const std::string& path) {
   } else {
     std::printf("  classes    unknown (no classes.txt)\n");
   }
-  // Completeness, as the training sources check it.
-  std::string complete;
-  try {
-    const std::optional<LmdbCompletion> done = ReadLmdbCompletion(path);
-    CheckLmdbComplete(path, records);
-    complete = done ? StrCat("yes (", kLmdbCompleteFile, ": ", done->records, " records, ",
-                             done->skipped, " skipped inputs, converted from ",
-                             done->root.empty() ? "?" : done->root, ")")
-                    : StrCat("unknown: no ", kLmdbCompleteFile,
-                             " and no classes.txt (another tool's database)");
-  } catch (const Error& e) {
-    complete = StrCat("NO: ", e.what());
-  }
-  std::printf("  complete   %s\n", complete.c_str());
-  // Sizes and labels over an even sample of the records.
-  const int64_t sample = std::min(records, kSampledRecords);
-  std::map<std::string, int64_t> sizes;
-  std::map<int, int64_t> labels;
-  int64_t encoded = 0, raw = 0, unreadable = 0;
-  DatumParser parser;
-  JpegDecoder jpeg;
-  LmdbReader::ReadTxn txn = reader->BeginRead();
-  for (int64_t s = 0; s < sample; ++s) {
-    const int64_t i = sample > 1 ? s * (records - 1) / (sample - 1) : 0;
-    const std::string_view value = txn.Get(i);
-    if (!parser.Parse(value.data(), value.size())) {
-      ++unreadable;
-      continue;
-    }
-    const DatumFields& f = parser.fields();
-    ++labels[f.label];
-    int w = f.width, h = f.height, c = f.channels;
-    if (f.encoded) {
-      ++encoded;
-      JpegHeader header;
-      const std::string_view data = parser.data();
-      if (jpeg.Open(reinterpret_cast<const uint8_t*>(data.data()), data.size(), &header)) {
-        w = header.width;
-        h = header.height;
-        c = header.components;
-      } else {
-        ++unreadable;
-        continue;
-      }
-    } else {
-      ++raw;
-    }
-    ++sizes[StrCat(w, "x", h, "x", c)];
-  }
-  std::vector<std::pair<int64_t, std::string>> by_count;
-  for (const auto& [size, n] : sizes) by_count.emplace_back(n, size);
-  std::sort(by_count.rbegin(), by_count.rend());
-  std::string seen;
-  for (size_t i = 0; i < by_count.size() && i < 6; ++i) {
-    seen += StrCat(i ? ", " : "", by_count[i].second, " (", by_count[i].first, ")");
-  }
-  if (by_count.size() > 6) seen += StrCat(", and ", by_count.size() - 6, " other sizes");
+  std::printf("  complete   %s\n", Completeness(path, records).c_str());
+  const RecordSample sample = SampleRecords(*reader, records);
   std::printf(
       "  sampled    %lld of %lld records: %lld encoded (JPEG), %lld raw, %lld unreadable; "
       "%zu distinct labels\n",
-      static_cast<long long>(sample), static_cast<long long>(records),
-      static_cast<long long>(encoded), static_cast<long long>(raw),
-      static_cast<long long>(unreadable), labels.size());
-  std::printf("  sizes      WxHxC (records): %s\n", seen.empty() ? "-" : seen.c_str());
+      static_cast<long long>(sample.sampled), static_cast<long long>(records),
+      static_cast<long long>(sample.encoded), static_cast<long long>(sample.raw),
+      static_cast<long long>(sample.unreadable), sample.labels.size());
+  std::printf("  sizes      WxHxC (records): %s\n", CommonSizes(sample.sizes).c_str());
   std::string keys;
   for (int64_t i = 0; i < records && i < 3; ++i) keys += StrCat(i ? ", " : "", reader->key(i));
   if (records > 3) keys += StrCat(", ..., ", reader->key(records - 1));
@@ -192,7 +249,7 @@ std::string MemoryPlanTable(const NetSpec& spec, const RunConfig& config) {
 
 void AddInspectCommand(CLI::App& app) {
   struct Args {
-    std::string config, checkpoint, db;
+    std::string config, checkpoint, weights, db;
     std::vector<std::string> sets;
   };
   auto args = std::make_shared<Args>();
@@ -200,12 +257,16 @@ void AddInspectCommand(CLI::App& app) {
       "inspect", "Show a config's net and data, a checkpoint's contents, or an LMDB's records");
   cmd->add_option("--config", args->config, "YAML config file: the net and the data it yields");
   cmd->add_option("--checkpoint", args->checkpoint,
-                  "Checkpoint file: position, stored config, tensors");
+                  "Checkpoint file: position, stored config, tensors (a safetensors file too)");
+  cmd->add_option("--weights", args->weights,
+                  "Safetensors file (cortado export, PyTorch): metadata such as the builder, "
+                  "tensors");
   cmd->add_option("--db", args->db, "LMDB folder: records, classes, image sizes, completeness");
   cmd->add_option("--set", args->sets, "Override a config key (with --config)");
   cmd->callback([args] {
-    if (args->config.empty() && args->checkpoint.empty() && args->db.empty()) {
-      UsageFail("give --config, --checkpoint and/or --db");
+    if (args->config.empty() && args->checkpoint.empty() && args->weights.empty() &&
+        args->db.empty()) {
+      UsageFail("give --config, --checkpoint, --weights and/or --db");
     }
     if (!args->config.empty()) {
       RunConfig config;
@@ -233,7 +294,8 @@ void AddInspectCommand(CLI::App& app) {
       std::printf("%s", MemoryPlanTable(spec, config).c_str());
       std::printf("%s", DataSummary(config, *source).c_str());
     }
-    if (!args->checkpoint.empty()) PrintCheckpoint(args->checkpoint);
+    if (!args->checkpoint.empty()) PrintWeightsFile("--checkpoint", args->checkpoint);
+    if (!args->weights.empty()) PrintWeightsFile("--weights", args->weights);
     if (!args->db.empty()) PrintDb(args->db);
     SetExitCode(0);
   });

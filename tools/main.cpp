@@ -7,9 +7,12 @@
 #include <exception>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "engine/closest_name.h"
 #include "engine/error.h"
 #include "engine/log.h"
 #include "tools/command_line.h"
@@ -20,22 +23,6 @@ namespace {
 int g_exit_code = 0;
 constexpr const char* kVersion = "cortado 0.1.0";
 constexpr int kUsageExit = 2;
-
-// Edit distance, for "did you mean".
-size_t Distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
 
 std::vector<std::string> Names(const CLI::App& app) {
   std::vector<std::string> out;
@@ -54,15 +41,7 @@ std::string Join(const std::vector<std::string>& names) {
 // "unknown command 'trian' (did you mean 'train'?)", or with the list of commands.
 std::string Unknown(const std::string& what, const std::string& name,
                     const std::vector<std::string>& known) {
-  std::string best;
-  size_t best_d = 3;  // suggest only close names
-  for (const std::string& k : known) {
-    const size_t d = k.rfind(name, 0) == 0 && name.size() >= 2 ? 0 : Distance(name, k);
-    if (d < best_d) {
-      best = k;
-      best_d = d;
-    }
-  }
+  const std::string best = ClosestName(name, known);
   if (!best.empty()) return StrCat("unknown ", what, " '", name, "' (did you mean '", best, "'?)");
   return StrCat("unknown ", what, " '", name, "' (known: ", Join(known), ")");
 }
@@ -142,10 +121,14 @@ class Formatter : public CLI::Formatter {
 // The first option in args that `cmd` does not know, as an error message; "" when all are
 // known. CLI11 would first complain about a missing required option, which hides the typo.
 std::string UnknownOption(const CLI::App& cmd, const std::vector<std::string>& args) {
+  // The help flag is among the options too: each name once.
   std::vector<std::string> known = {"--help", "-h"};
+  auto add = [&known](const std::string& name) {
+    if (std::find(known.begin(), known.end(), name) == known.end()) known.push_back(name);
+  };
   for (const CLI::Option* o : cmd.get_options()) {
-    for (const std::string& l : o->get_lnames()) known.push_back("--" + l);
-    for (const std::string& s : o->get_snames()) known.push_back("-" + s);
+    for (const std::string& l : o->get_lnames()) add("--" + l);
+    for (const std::string& s : o->get_snames()) add("-" + s);
   }
   for (const std::string& a : args) {
     if (a == "--") break;  // the rest belongs to launch's command
@@ -167,7 +150,10 @@ void SetExitCode(int code) { g_exit_code = code; }
 int ExitCode() { return g_exit_code; }
 
 void AddBenchCommand(CLI::App& app) {
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks (training speed, data loader, comm)");
+  CLI::App* bench = app.add_subcommand(
+      "bench",
+      "Benchmarks: train (a config's images/s), data (the loader), comm (collectives), "
+      "codec (gradient codecs)");
   bench->require_subcommand(1);
   AddBenchTrainCommand(*bench);
   AddBenchDataCommand(*bench);
@@ -175,6 +161,94 @@ void AddBenchCommand(CLI::App& app) {
   AddBenchCodecCommand(*bench);
 }
 }  // namespace cortado::tools
+
+namespace {
+using namespace cortado::tools;
+
+// One example line for every command's help (launch writes its own, with its usage), added
+// once every command exists: a subcommand created later would inherit its parent's footer,
+// example included.
+void AddExamples(CLI::App& app) {
+  const std::pair<const char*, const char*> kExamples[] = {
+      {"train", "cortado train --config configs/fashion_lenet.yaml --set solver.max_epochs=1"},
+      {"eval", "cortado eval --checkpoint runs/fashion_lenet/ckpt-00004680.cortado --json"},
+      {"convert",
+       "cortado convert --root /data/imagenet/train --out /data/imagenet/train_lmdb "
+       "--resize-shorter 256 --shuffle"},
+      {"inspect", "cortado inspect --config configs/resnet50.yaml"},
+      {"export",
+       "cortado export --checkpoint runs/resnet50/ckpt-00450360.cortado --out "
+       "resnet50.safetensors"},
+      {"bench", "cortado bench train --config configs/fashion_resnet20.yaml --infer"},
+      {"bench train", "cortado bench train --config configs/fashion_resnet20.yaml --profile"},
+      {"bench data", "cortado bench data --db /data/imagenet/train_lmdb --threads 2"},
+      {"bench comm", "cortado launch --nproc 2 -- cortado bench comm --sizes 4K:64M"},
+      {"bench codec", "cortado bench codec --codec bf16,epgc8 --count 64K"},
+  };
+  for (const auto& [path, example] : kExamples) {
+    CLI::App* cmd = &app;
+    std::istringstream words(path);
+    for (std::string word; words >> word;) cmd = cmd->get_subcommand(word);
+    AddExample(cmd, example);
+  }
+}
+
+// The command path that errors name ("train", "bench comm"); "" for none. An unknown benchmark
+// is a usage error, its exit code returned in *early_exit.
+std::string CommandPath(CLI::App& app, const std::vector<std::string>& args, int* early_exit) {
+  const std::vector<std::string> commands = Names(app);
+  if (args.empty() || std::find(commands.begin(), commands.end(), args[0]) == commands.end()) {
+    return "";
+  }
+  std::string command = args[0];
+  if (command == "bench" && args.size() > 1 && args[1][0] != '-') {
+    const std::vector<std::string> benches = Names(*app.get_subcommand("bench"));
+    if (std::find(benches.begin(), benches.end(), args[1]) == benches.end()) {
+      *early_exit = PrintError("bench", Unknown("benchmark", args[1], benches), kUsageExit);
+      return "";
+    }
+    command += " " + args[1];
+  }
+  return command;
+}
+
+// `cortado help [COMMAND...]`.
+int Help(CLI::App& app, const std::vector<std::string>& args) {
+  const CLI::App* target = &app;
+  std::string prefix;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::vector<std::string> known = Names(*target);
+    if (std::find(known.begin(), known.end(), args[i]) == known.end()) {
+      return PrintError("help", Unknown("command", args[i], known), kUsageExit);
+    }
+    prefix += (prefix.empty() ? "" : " ") + target->get_name();
+    target = target->get_subcommand(args[i]);
+  }
+  std::cout << target->help(prefix);
+  return 0;
+}
+
+// A misspelled option of a known command, named before CLI11 parses (it would first complain
+// about a missing required option); -1 when every option is known.
+int CheckOptions(CLI::App& app, const std::string& command, const std::vector<std::string>& args) {
+  const CLI::App* cmd = app.get_subcommand(args[0]);
+  size_t skip = 1;
+  if (command.find(' ') != std::string::npos) {
+    cmd = cmd->get_subcommand(args[1]);
+    skip = 2;
+  }
+  const std::string unknown =
+      UnknownOption(*cmd, std::vector<std::string>(args.begin() + skip, args.end()));
+  if (unknown.empty()) return -1;
+  // `cortado launch -n 2 cortado train --config F`: the rank's options need the `--`.
+  const std::string hint = command == "launch"
+                               ? " (the command to run goes after --: cortado launch "
+                                 "[OPTIONS] -- CMD [ARGS...])"
+                               : " (see 'cortado help " + command + "')";
+  return PrintError(command, unknown + hint, kUsageExit);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace cortado::tools;
@@ -201,24 +275,15 @@ int main(int argc, char** argv) {
   AddInspectCommand(app);
   AddExportCommand(app);
   AddBenchCommand(app);
+  AddExamples(app);
 
   const std::vector<std::string> args(argv + 1, argv + argc);
-  const std::vector<std::string> commands = Names(app);
-  std::vector<std::string> all = commands;
+  std::vector<std::string> all = Names(app);
   all.push_back("help");
   all.push_back("version");
-  // The command path that errors name: "train", "bench comm".
-  std::string command;
-  if (!args.empty() && std::find(commands.begin(), commands.end(), args[0]) != commands.end()) {
-    command = args[0];
-    if (command == "bench" && args.size() > 1 && args[1][0] != '-') {
-      const std::vector<std::string> benches = Names(*app.get_subcommand("bench"));
-      if (std::find(benches.begin(), benches.end(), args[1]) == benches.end()) {
-        return PrintError("bench", Unknown("benchmark", args[1], benches), kUsageExit);
-      }
-      command += " " + args[1];
-    }
-  }
+  int early_exit = -1;
+  const std::string command = CommandPath(app, args, &early_exit);
+  if (early_exit >= 0) return early_exit;
   if (args.empty()) {
     return PrintError("", "a command is required: " + Join(all) + " (see 'cortado help')",
                       kUsageExit);
@@ -227,40 +292,12 @@ int main(int argc, char** argv) {
     std::printf("%s\n", kVersion);
     return 0;
   }
-  if (args[0] == "help") {
-    const CLI::App* target = &app;
-    std::string prefix;
-    for (size_t i = 1; i < args.size(); ++i) {
-      const std::vector<std::string> known = Names(*target);
-      if (std::find(known.begin(), known.end(), args[i]) == known.end()) {
-        return PrintError("help", Unknown("command", args[i], known), kUsageExit);
-      }
-      prefix += (prefix.empty() ? "" : " ") + target->get_name();
-      target = target->get_subcommand(args[i]);
-    }
-    std::cout << target->help(prefix);
-    return 0;
-  }
+  if (args[0] == "help") return Help(app, args);
   if (command.empty() && args[0][0] != '-') {
     return PrintError("", Unknown("command", args[0], all), kUsageExit);
   }
   if (!command.empty()) {
-    const CLI::App* cmd = app.get_subcommand(args[0]);
-    size_t skip = 1;
-    if (command.find(' ') != std::string::npos) {
-      cmd = cmd->get_subcommand(args[1]);
-      skip = 2;
-    }
-    const std::string unknown =
-        UnknownOption(*cmd, std::vector<std::string>(args.begin() + skip, args.end()));
-    if (!unknown.empty()) {
-      // `cortado launch -n 2 cortado train --config F`: the rank's options need the `--`.
-      const std::string hint = command == "launch"
-                                   ? " (the command to run goes after --: cortado launch "
-                                     "[OPTIONS] -- CMD [ARGS...])"
-                                   : " (see 'cortado help " + command + "')";
-      return PrintError(command, unknown + hint, kUsageExit);
-    }
+    if (const int code = CheckOptions(app, command, args); code >= 0) return code;
   }
 
   try {

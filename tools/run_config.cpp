@@ -4,7 +4,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <sstream>
+#include <string_view>
 
 #include "engine/error.h"
 #include "engine/numbers.h"
@@ -114,65 +116,123 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
   return ParseRunConfig(yaml, need_train, check_data);
 }
 
-RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
-  RunConfig c;
-  c.file = yaml.file();
-  YamlSection root = yaml.Root();
-  int64_t seed = root.Int("seed", 1);
-  Require(seed >= 0, root, "seed", "must be >= 0");
-  c.seed = static_cast<uint64_t>(seed);
+namespace {
 
-  // model
-  YamlSection m = root.Section("model");
-  c.model.builder = m.String("builder", "");
+// Every section's keys, beside the function that reads them. Declare() checks the whole file
+// against these lists before any value is read, so a misspelled key (max_iters, trian, buildr,
+// a top-level solvr) is named as unknown with the closest key instead of being reported as the
+// required key it was meant to be; a getter on a key missing from its list is an internal
+// error, so the lists cannot drift from the getters.
+constexpr std::string_view kTopKeys[] = {"seed",       "model",       "data",      "solver",
+                                         "checkpoint", "distributed", "precision", "log"};
+
+// The document's sections, each declared (checked against its key list) before any is read.
+struct Sections {
+  YamlSection root, model, data, synthetic, solver, checkpoint, distributed, precision, log;
+};
+
+constexpr std::string_view kModelKeys[] = {"builder",     "layers",          "num_classes",
+                                           "in_channels", "label_smoothing", "zero_init_residual",
+                                           "base_width",  "weights",         "weights_partial"};
+
+ModelConfig ParseModel(const YamlConfig& yaml, const YamlSection& m) {
+  ModelConfig model;
+  model.builder = m.String("builder", "");
   const std::vector<std::string> builders = ModelNames();
-  if (!c.model.builder.empty() &&
-      std::find(builders.begin(), builders.end(), c.model.builder) == builders.end()) {
+  if (!model.builder.empty() &&
+      std::find(builders.begin(), builders.end(), model.builder) == builders.end()) {
     std::string known;
     for (const std::string& b : builders) known += (known.empty() ? "" : ", ") + b;
-    m.Error("builder", "unknown builder '" + c.model.builder + "' (known: " + known + ")");
+    m.Error("builder", "unknown builder '" + model.builder + "' (known: " + known + ")");
   }
   if (m.Has("layers")) {
     YAML::Node layers = m.Node("layers");
     Require(layers.IsSequence(), m, "layers", "expected a list of layers");
     for (size_t i = 0; i < layers.size(); ++i)
-      c.model.layers.push_back(ParseLayer(yaml, layers[i], i));
+      model.layers.push_back(ParseLayer(yaml, layers[i], i));
   }
-  Require(c.model.builder.empty() != c.model.layers.empty(), m, "",
+  Require(model.builder.empty() != model.layers.empty(), m, "",
           "give exactly one of 'builder' (lenet, resnet20, ...) or 'layers' (a graph)");
-  c.model.num_classes = m.Int("num_classes", 0);
-  Require(c.model.num_classes >= 0, m, "num_classes", "must be >= 1 (or 0: from the data)");
-  c.model.in_channels = m.Int("in_channels", 0);
-  Require(c.model.in_channels >= 0, m, "in_channels", "must be >= 1 (or 0: from the data)");
-  c.model.label_smoothing = m.Float("label_smoothing", 0.0);
-  Require(c.model.label_smoothing >= 0 && c.model.label_smoothing < 1, m, "label_smoothing",
+  model.num_classes = m.Int("num_classes", 0);
+  Require(model.num_classes >= 0, m, "num_classes", "must be >= 1 (or 0: from the data)");
+  model.in_channels = m.Int("in_channels", 0);
+  Require(model.in_channels >= 0, m, "in_channels", "must be >= 1 (or 0: from the data)");
+  model.label_smoothing = m.Float("label_smoothing", 0.0);
+  Require(model.label_smoothing >= 0 && model.label_smoothing < 1, m, "label_smoothing",
           "must be in [0, 1)");
-  c.model.zero_init_residual = m.Bool("zero_init_residual", false);
-  c.model.base_width = m.Int("base_width", 0);
-  Require(c.model.base_width >= 0, m, "base_width", "must be >= 1 (or 0: the published 64)");
-  Require(c.model.base_width == 0 || !c.model.builder.empty(), m, "base_width",
+  model.zero_init_residual = m.Bool("zero_init_residual", false);
+  model.base_width = m.Int("base_width", 0);
+  Require(model.base_width >= 0, m, "base_width", "must be >= 1 (or 0: the published 64)");
+  Require(model.base_width == 0 || !model.builder.empty(), m, "base_width",
           "applies to the resnet18 ... resnet152 builders, not to a layers graph");
-  c.model.weights = m.String("weights", "");
-  c.model.weights_partial = m.Bool("weights_partial", false);
-  m.Finish();
+  model.weights = m.String("weights", "");
+  model.weights_partial = m.Bool("weights_partial", false);
+  return model;
+}
 
-  // data
-  YamlSection d = root.Section("data");
-  DataOptions& o = c.data;
-  o.type = d.String("type", o.type);
-  Require(o.type == "idx" || o.type == "lmdb" || o.type == "synthetic", d, "type",
-          "must be idx, lmdb or synthetic, got '" + o.type + "'");
+constexpr std::string_view kDataKeys[] = {
+    "type",     "train",      "val",   "batch_size", "val_batch_size", "threads",
+    "prefetch", "shuffle",    "flip",  "drop_last",  "mean",           "std",
+    "crop",     "val_resize", "scale", "ratio",      "synthetic"};
+constexpr std::string_view kSyntheticKeys[] = {"shape", "classes", "samples", "val_samples"};
+
+// "'PATH' does not exist"; a relative path names the folder it was resolved against (the working
+// directory, not the config's folder), since that is where a user starting elsewhere looks.
+std::string Missing(const std::string& path) {
+  std::string message = "'" + path + "' does not exist";
+  std::error_code ec;
+  const std::filesystem::path cwd = std::filesystem::current_path(ec);
+  if (std::filesystem::path(path).is_relative() && !ec) {
+    message += " (a relative path is resolved against the working directory, " + cwd.string() +
+               ", not the config's folder)";
+  }
+  return message;
+}
+
+// data.train and data.val: required where training needs them, and present on this machine
+// where the data is read.
+void ParseDataPaths(const YamlSection& d, DataOptions& o, bool need_train, bool check_data) {
   o.train = d.String("train", "");
   o.val = d.String("val", "");
   if (o.type != "synthetic" && need_train) {
     Require(!o.train.empty(), d, "train", "is required (path to the training data)");
-    Require(!check_data || std::filesystem::exists(o.train), d, "train",
-            "'" + o.train + "' does not exist");
+    Require(!check_data || std::filesystem::exists(o.train), d, "train", Missing(o.train));
   }
   if (o.type != "synthetic" && check_data) {
-    Require(o.val.empty() || std::filesystem::exists(o.val), d, "val",
-            "'" + o.val + "' does not exist");
+    Require(o.val.empty() || std::filesystem::exists(o.val), d, "val", Missing(o.val));
   }
+}
+
+// The random-resized-crop range [min, max] of data.scale or data.ratio.
+std::vector<double> ParseRange(const YamlSection& d, const std::string& key, double min, double max,
+                               bool at_most_one) {
+  std::vector<double> range = d.Floats(key, {min, max});
+  Require(
+      range.size() == 2 && range[0] > 0 && range[0] <= range[1] && (!at_most_one || range[1] <= 1),
+      d, key,
+      at_most_one ? "must be [min, max] with 0 < min <= max <= 1"
+                  : "must be [min, max] with 0 < min <= max");
+  return range;
+}
+
+void ParseSynthetic(const YamlSection& syn, DataOptions& o) {
+  o.synthetic_shape = syn.Ints("shape", o.synthetic_shape);
+  Require(o.synthetic_shape.size() == 3, syn, "shape", "must be [C, H, W]");
+  o.synthetic_classes = syn.Int("classes", o.synthetic_classes);
+  Require(o.synthetic_classes >= 1, syn, "classes", "must be >= 1");
+  o.synthetic_samples = syn.Int("samples", o.synthetic_samples);
+  Require(o.synthetic_samples >= 1, syn, "samples", "must be >= 1");
+  o.synthetic_val_samples = syn.Int("val_samples", o.synthetic_val_samples);
+  Require(o.synthetic_val_samples >= 0, syn, "val_samples", "must be >= 0 (0: no evaluation)");
+}
+
+DataOptions ParseData(const YamlSection& d, const YamlSection& syn, bool need_train,
+                      bool check_data) {
+  DataOptions o;
+  o.type = d.String("type", o.type);
+  Require(o.type == "idx" || o.type == "lmdb" || o.type == "synthetic", d, "type",
+          "must be idx, lmdb or synthetic, got '" + o.type + "'");
+  ParseDataPaths(d, o, need_train, check_data);
   o.batch_size = d.Int("batch_size", o.batch_size);
   Require(o.batch_size >= 1, d, "batch_size", "must be a positive integer");
   o.val_batch_size = d.Int("val_batch_size", 0);
@@ -191,46 +251,23 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
   Require(o.crop >= 1, d, "crop", "must be a positive integer");
   o.val_resize = d.Int("val_resize", o.val_resize);
   Require(o.val_resize >= o.crop, d, "val_resize", "must be >= crop");
-  std::vector<double> scale = d.Floats("scale", {o.scale_min, o.scale_max});
-  Require(scale.size() == 2 && scale[0] > 0 && scale[0] <= scale[1] && scale[1] <= 1, d, "scale",
-          "must be [min, max] with 0 < min <= max <= 1");
+  const std::vector<double> scale = ParseRange(d, "scale", o.scale_min, o.scale_max, true);
   o.scale_min = scale[0];
   o.scale_max = scale[1];
-  std::vector<double> ratio = d.Floats("ratio", {o.ratio_min, o.ratio_max});
-  Require(ratio.size() == 2 && ratio[0] > 0 && ratio[0] <= ratio[1], d, "ratio",
-          "must be [min, max] with 0 < min <= max");
+  const std::vector<double> ratio = ParseRange(d, "ratio", o.ratio_min, o.ratio_max, false);
   o.ratio_min = ratio[0];
   o.ratio_max = ratio[1];
-  YamlSection syn = d.Section("synthetic");
-  o.synthetic_shape = syn.Ints("shape", o.synthetic_shape);
-  Require(o.synthetic_shape.size() == 3, syn, "shape", "must be [C, H, W]");
-  o.synthetic_classes = syn.Int("classes", o.synthetic_classes);
-  Require(o.synthetic_classes >= 1, syn, "classes", "must be >= 1");
-  o.synthetic_samples = syn.Int("samples", o.synthetic_samples);
-  Require(o.synthetic_samples >= 1, syn, "samples", "must be >= 1");
-  o.synthetic_val_samples = syn.Int("val_samples", o.synthetic_val_samples);
-  Require(o.synthetic_val_samples >= 0, syn, "val_samples", "must be >= 0 (0: no evaluation)");
-  syn.Finish();
-  d.Finish();
+  ParseSynthetic(syn, o);
+  return o;
+}
 
-  // solver
-  YamlSection s = root.Section("solver");
-  SolverConfig& sv = c.solver;
-  sv.schedule.base_lr = s.Float("base_lr", 0.1);
-  Require(sv.schedule.base_lr > 0, s, "base_lr", "must be positive");
-  sv.sgd.momentum = s.Float("momentum", 0.9);
-  Require(sv.sgd.momentum >= 0 && sv.sgd.momentum < 1, s, "momentum", "must be in [0, 1)");
-  sv.sgd.nesterov = s.Bool("nesterov", false);
-  sv.sgd.weight_decay = s.Float("weight_decay", 5e-4);
-  Require(sv.sgd.weight_decay >= 0, s, "weight_decay", "must be >= 0");
-  sv.sgd.no_decay_bn_bias = s.Bool("no_decay_bn_bias", false);
-  sv.max_epochs = s.Int("max_epochs", 0);
-  sv.max_iter = s.Int("max_iter", 0);
-  Require(sv.max_epochs >= 0, s, "max_epochs", "must be positive");
-  Require(sv.max_iter >= 0, s, "max_iter", "must be positive");
-  Require((sv.max_epochs > 0) != (sv.max_iter > 0), s, "",
-          "give exactly one of max_epochs or max_iter");
-  sv.epoch_based = sv.max_epochs > 0;
+constexpr std::string_view kSolverKeys[] = {
+    "base_lr",  "momentum",      "nesterov",     "weight_decay",  "no_decay_bn_bias", "max_epochs",
+    "max_iter", "lr_policy",     "gamma",        "step_size",     "milestones",       "power",
+    "min_lr",   "warmup_epochs", "warmup_iters", "warmup_factor", "eval_interval"};
+
+// The schedule's shape after base_lr: policy, its parameters and the warm-up.
+void ParseSchedule(const YamlSection& s, SolverConfig& sv) {
   LrScheduleOptions& lr = sv.schedule;
   const std::optional<LrPolicy> policy = FindLrPolicy(s.String("lr_policy", "cosine"));
   Require(policy.has_value(), s, "lr_policy", "must be one of " + LrPolicyNames());
@@ -253,48 +290,94 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
   lr.warmup_factor = s.Float("warmup_factor", 0.0);
   Require(lr.warmup_factor >= 0 && lr.warmup_factor <= 1, s, "warmup_factor", "must be in [0, 1]");
   lr.total = static_cast<double>(sv.epoch_based ? sv.max_epochs : sv.max_iter);
+}
+
+SolverConfig ParseSolver(const YamlSection& s) {
+  SolverConfig sv;
+  sv.schedule.base_lr = s.Float("base_lr", 0.1);
+  Require(sv.schedule.base_lr > 0, s, "base_lr", "must be positive");
+  sv.sgd.momentum = s.Float("momentum", 0.9);
+  Require(sv.sgd.momentum >= 0 && sv.sgd.momentum < 1, s, "momentum", "must be in [0, 1)");
+  sv.sgd.nesterov = s.Bool("nesterov", false);
+  sv.sgd.weight_decay = s.Float("weight_decay", 5e-4);
+  Require(sv.sgd.weight_decay >= 0, s, "weight_decay", "must be >= 0");
+  sv.sgd.no_decay_bn_bias = s.Bool("no_decay_bn_bias", false);
+  sv.max_epochs = s.Int("max_epochs", 0);
+  sv.max_iter = s.Int("max_iter", 0);
+  Require(sv.max_epochs >= 0, s, "max_epochs", "must be positive");
+  Require(sv.max_iter >= 0, s, "max_iter", "must be positive");
+  Require((sv.max_epochs > 0) != (sv.max_iter > 0), s, "",
+          "give exactly one of max_epochs or max_iter");
+  sv.epoch_based = sv.max_epochs > 0;
+  ParseSchedule(s, sv);
   sv.eval_interval = s.Float("eval_interval", sv.epoch_based ? 1.0 : 0.0);
   Require(sv.eval_interval >= 0, s, "eval_interval", "must be >= 0");
-  s.Finish();
+  return sv;
+}
 
-  // checkpoint
-  YamlSection k = root.Section("checkpoint");
-  std::string stem = std::filesystem::path(c.file).stem().string();
-  c.checkpoint.dir = k.String("dir", "runs/" + (stem.empty() ? std::string("run") : stem));
-  c.checkpoint.every = k.Float("every", sv.epoch_based ? 1.0 : 0.0);
-  Require(c.checkpoint.every >= 0, k, "every", "must be >= 0");
-  c.checkpoint.keep = static_cast<int>(k.Int("keep", 3));
-  Require(c.checkpoint.keep >= 1, k, "keep", "must be >= 1");
-  k.Finish();
+constexpr std::string_view kCheckpointKeys[] = {"dir", "every", "keep"};
 
-  YamlSection dd = root.Section("distributed");
-  DistributedConfig& dc = c.distributed;
-  dc.backend = dd.String("backend", "");
-  Require(
-      dc.backend.empty() || dc.backend == "cortado" || dc.backend == "tcp" || dc.backend == "mpi",
-      dd, "backend", "must be cortado or mpi, got '" + dc.backend + "'");
-  dc.transport = dd.String("transport", "");
-  Require(dc.transport.empty() || dc.transport == "tcp" || dc.transport == "ucx", dd, "transport",
-          "must be tcp or ucx, got '" + dc.transport + "'");
-  dc.bucket_mb = dd.Float("bucket_mb", dc.bucket_mb);
-  Require(dc.bucket_mb > 0 && dc.bucket_mb <= 4096, dd, "bucket_mb", "must be in (0, 4096]");
-  dc.first_bucket_mb = dd.Float("first_bucket_mb", dc.first_bucket_mb);
-  Require(dc.first_bucket_mb > 0 && dc.first_bucket_mb <= 4096, dd, "first_bucket_mb",
-          "must be in (0, 4096]");
-  dc.last_bucket_mb = dd.Float("last_bucket_mb", dc.last_bucket_mb);
-  Require(dc.last_bucket_mb > 0 && dc.last_bucket_mb <= 4096, dd, "last_bucket_mb",
-          "must be in (0, 4096]");
-  dc.overlap = dd.Bool("overlap", dc.overlap);
-  dc.timeout_s = dd.Float("timeout_s", 0.0);
-  Require(dc.timeout_s >= 0, dd, "timeout_s", "must be >= 0 (0: CORTADO_TIMEOUT_S, else 300)");
-  dc.connect_timeout_s = dd.Float("connect_timeout_s", 0.0);
-  Require(dc.connect_timeout_s >= 0, dd, "connect_timeout_s",
-          "must be >= 0 (0: CORTADO_CONNECT_TIMEOUT_S, else timeout_s)");
-  dc.sync_bn = dd.Bool("sync_bn", dc.sync_bn);
-  const int64_t group = dd.Int("sync_bn_group", 0);
-  Require(group >= 0 && group <= 1 << 20, dd, "sync_bn_group",
-          "must be >= 1 (ranks per batch-norm group) or 0 (all ranks)");
-  dc.sync_bn_group = static_cast<int>(group);
+CheckpointConfig ParseCheckpoint(const YamlSection& k, const std::string& file, bool epoch_based) {
+  CheckpointConfig ck;
+  const std::string stem = std::filesystem::path(file).stem().string();
+  ck.dir = k.String("dir", "runs/" + (stem.empty() ? std::string("run") : stem));
+  ck.every = k.Float("every", epoch_based ? 1.0 : 0.0);
+  Require(ck.every >= 0, k, "every", "must be >= 0");
+  ck.keep = static_cast<int>(k.Int("keep", 3));
+  Require(ck.keep >= 1, k, "keep", "must be >= 1");
+  return ck;
+}
+
+constexpr std::string_view kDistributedKeys[] = {
+    "backend", "transport", "bucket_mb",         "first_bucket_mb", "last_bucket_mb",
+    "overlap", "timeout_s", "connect_timeout_s", "sync_bn",         "sync_bn_group",
+    "codec",   "rounding",  "error_feedback",    "codec_keep_f32",  "codec_overrides"};
+
+// distributed.codec_keep_f32: the parameter kinds every codec leaves in f32.
+void ParseKeepF32(const YamlSection& dd, CodecPolicy& codec) {
+  if (!dd.Has("codec_keep_f32")) return;
+  YAML::Node kinds = dd.Node("codec_keep_f32");
+  if (!kinds.IsSequence()) dd.Error("codec_keep_f32", "must be a list of batch_norm, bias, weight");
+  codec.keep_f32.clear();
+  for (const auto& k : kinds) {
+    const std::string kind = k.IsScalar() ? k.as<std::string>() : "";
+    if (kind == "batch_norm") {
+      codec.keep_f32.push_back(ParamKind::kNorm);
+    } else if (kind == "bias") {
+      codec.keep_f32.push_back(ParamKind::kBias);
+    } else if (kind == "weight") {
+      codec.keep_f32.push_back(ParamKind::kWeight);
+    } else {
+      dd.Error("codec_keep_f32",
+               "unknown parameter kind '" + kind + "' (known: batch_norm, bias, weight)");
+    }
+  }
+}
+
+// distributed.codec_overrides: parameter-name patterns mapped to codecs.
+void ParseCodecOverrides(const YamlSection& dd, CodecPolicy& codec) {
+  if (!dd.Has("codec_overrides")) return;
+  YAML::Node overrides = dd.Node("codec_overrides");
+  if (!overrides.IsMap()) {
+    dd.Error("codec_overrides", "must map parameter-name patterns to codecs, e.g. {\"fc.*\": f32}");
+  }
+  for (const auto& item : overrides) {
+    if (!item.first.IsScalar()) {
+      dd.Error("codec_overrides",
+               "a key is not a name pattern (write patterns as strings, e.g. {\"fc.*\": f32})");
+    }
+    const std::string pattern = item.first.as<std::string>();
+    const std::string name = item.second.IsScalar() ? item.second.as<std::string>() : "";
+    try {
+      codec.overrides.emplace_back(pattern, dist::CodecName(dist::ParseCodec(name)));
+    } catch (const std::exception& e) {
+      dd.Error("codec_overrides", "'" + pattern + "': " + e.what());
+    }
+  }
+}
+
+// distributed.codec, rounding and error_feedback: gradient compression.
+void ParseCodec(const YamlSection& dd, DistributedConfig& dc) {
   dc.codec.codec = dd.String("codec", "f32");
   try {
     dc.codec.codec = dist::CodecName(dist::ParseCodec(dc.codec.codec));
@@ -307,57 +390,50 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
     dd.Error("rounding", e.what());
   }
   dc.error_feedback = dd.Bool("error_feedback", false);
-  if (dd.Has("codec_keep_f32")) {
-    YAML::Node kinds = dd.Node("codec_keep_f32");
-    if (!kinds.IsSequence())
-      dd.Error("codec_keep_f32", "must be a list of batch_norm, bias, weight");
-    dc.codec.keep_f32.clear();
-    for (const auto& k : kinds) {
-      const std::string kind = k.IsScalar() ? k.as<std::string>() : "";
-      if (kind == "batch_norm") {
-        dc.codec.keep_f32.push_back(ParamKind::kNorm);
-      } else if (kind == "bias") {
-        dc.codec.keep_f32.push_back(ParamKind::kBias);
-      } else if (kind == "weight") {
-        dc.codec.keep_f32.push_back(ParamKind::kWeight);
-      } else {
-        dd.Error("codec_keep_f32",
-                 "unknown parameter kind '" + kind + "' (known: batch_norm, bias, weight)");
-      }
-    }
-  }
-  if (dd.Has("codec_overrides")) {
-    YAML::Node overrides = dd.Node("codec_overrides");
-    if (!overrides.IsMap()) {
-      dd.Error("codec_overrides",
-               "must map parameter-name patterns to codecs, e.g. {\"fc.*\": f32}");
-    }
-    for (const auto& item : overrides) {
-      if (!item.first.IsScalar()) {
-        dd.Error("codec_overrides",
-                 "a key is not a name pattern (write patterns as strings, "
-                 "e.g. {\"fc.*\": f32})");
-      }
-      const std::string pattern = item.first.as<std::string>();
-      const std::string codec = item.second.IsScalar() ? item.second.as<std::string>() : "";
-      try {
-        dc.codec.overrides.emplace_back(pattern, dist::CodecName(dist::ParseCodec(codec)));
-      } catch (const std::exception& e) {
-        dd.Error("codec_overrides", "'" + pattern + "': " + e.what());
-      }
-    }
-  }
-  dd.Finish();
+  ParseKeepF32(dd, dc.codec);
+  ParseCodecOverrides(dd, dc.codec);
+}
 
-  YamlSection pr = root.Section("precision");
-  const std::string compute = pr.String("compute", "fp32");
-  Require(compute == "fp32" || compute == "fp64" || compute == "bf16" || compute == "fp16", pr,
-          "compute", "must be fp32, fp64, bf16 or fp16, got '" + compute + "'");
-  c.precision.compute = compute == "fp64"   ? DType::kF64
-                        : compute == "bf16" ? DType::kBF16
-                        : compute == "fp16" ? DType::kF16
-                                            : DType::kF32;
-  LossScalerOptions& so = c.precision.scaler;
+// A bucket size in MB, in (0, 4096].
+double BucketMb(const YamlSection& dd, const std::string& key, double fallback) {
+  const double mb = dd.Float(key, fallback);
+  Require(mb > 0 && mb <= 4096, dd, key, "must be in (0, 4096]");
+  return mb;
+}
+
+DistributedConfig ParseDistributed(const YamlSection& dd) {
+  DistributedConfig dc;
+  dc.backend = dd.String("backend", "");
+  Require(
+      dc.backend.empty() || dc.backend == "cortado" || dc.backend == "tcp" || dc.backend == "mpi",
+      dd, "backend", "must be cortado or mpi, got '" + dc.backend + "'");
+  dc.transport = dd.String("transport", "");
+  Require(dc.transport.empty() || dc.transport == "tcp" || dc.transport == "ucx", dd, "transport",
+          "must be tcp or ucx, got '" + dc.transport + "'");
+  dc.bucket_mb = BucketMb(dd, "bucket_mb", dc.bucket_mb);
+  dc.first_bucket_mb = BucketMb(dd, "first_bucket_mb", dc.first_bucket_mb);
+  dc.last_bucket_mb = BucketMb(dd, "last_bucket_mb", dc.last_bucket_mb);
+  dc.overlap = dd.Bool("overlap", dc.overlap);
+  dc.timeout_s = dd.Float("timeout_s", 0.0);
+  Require(dc.timeout_s >= 0, dd, "timeout_s", "must be >= 0 (0: CORTADO_TIMEOUT_S, else 300)");
+  dc.connect_timeout_s = dd.Float("connect_timeout_s", 0.0);
+  Require(dc.connect_timeout_s >= 0, dd, "connect_timeout_s",
+          "must be >= 0 (0: CORTADO_CONNECT_TIMEOUT_S, else timeout_s)");
+  dc.sync_bn = dd.Bool("sync_bn", dc.sync_bn);
+  const int64_t group = dd.Int("sync_bn_group", 0);
+  Require(group >= 0 && group <= 1 << 20, dd, "sync_bn_group",
+          "must be >= 1 (ranks per batch-norm group) or 0 (all ranks)");
+  dc.sync_bn_group = static_cast<int>(group);
+  ParseCodec(dd, dc);
+  return dc;
+}
+
+constexpr std::string_view kPrecisionKeys[] = {
+    "compute", "loss_scale", "init_scale", "growth_factor", "backoff_factor", "growth_interval"};
+
+// precision.loss_scale: dynamic (with its growth and backoff), a static scale, or 1 (none).
+void ParseLossScale(const YamlSection& pr, const std::string& compute, PrecisionConfig& p) {
+  LossScalerOptions& so = p.scaler;
   const std::string loss_scale = pr.String("loss_scale", compute == "fp16" ? "dynamic" : "1");
   if (loss_scale == "dynamic") {
     // Read (and so resolved) only here: with a static scale they must stay absent.
@@ -366,7 +442,7 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
     so.backoff_factor = pr.Float("backoff_factor", so.backoff_factor);
     so.growth_interval = pr.Int("growth_interval", so.growth_interval);
     so.dynamic = true;
-    c.precision.loss_scaling = true;
+    p.loss_scaling = true;
   } else {
     double value = 0;
     const bool number = ParseFiniteDouble(loss_scale, &value);
@@ -374,7 +450,7 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
             "must be dynamic or a positive number, got '" + loss_scale + "'");
     so.dynamic = false;
     so.init_scale = value;
-    c.precision.loss_scaling = value != 1.0;
+    p.loss_scaling = value != 1.0;
     Require(!pr.Has("init_scale") && !pr.Has("growth_interval") && !pr.Has("growth_factor") &&
                 !pr.Has("backoff_factor"),
             pr, "loss_scale",
@@ -389,18 +465,70 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
   Require(so.backoff_factor > 0 && so.backoff_factor < 1, pr, "backoff_factor",
           "must be in (0, 1)");
   Require(so.growth_interval >= 1, pr, "growth_interval", "must be >= 1");
-  pr.Finish();
-  if (c.precision.compute == DType::kF64 && dc.codec.codec != "f32") {
-    dd.Error("codec", "the gradient codecs compress f32 gradients; precision.compute is " +
-                          compute + " (use distributed.codec: f32 with it)");
+}
+
+PrecisionConfig ParsePrecision(const YamlSection& pr) {
+  PrecisionConfig p;
+  const std::string compute = pr.String("compute", "fp32");
+  Require(compute == "fp32" || compute == "fp64" || compute == "bf16" || compute == "fp16", pr,
+          "compute", "must be fp32, fp64, bf16 or fp16, got '" + compute + "'");
+  p.compute = compute == "fp64"   ? DType::kF64
+              : compute == "bf16" ? DType::kBF16
+              : compute == "fp16" ? DType::kF16
+                                  : DType::kF32;
+  ParseLossScale(pr, compute, p);
+  return p;
+}
+
+constexpr std::string_view kLogKeys[] = {"interval"};
+
+// The root and every section, each checked against its key list: an unknown key anywhere in
+// the file stops here, before any value is read.
+Sections DeclareSections(const YamlConfig& yaml) {
+  YamlSection root = yaml.Root();
+  root.Declare(kTopKeys);
+  auto declared = [](YamlSection section, std::span<const std::string_view> keys) {
+    section.Declare(keys);
+    return section;
+  };
+  // Each Section() call asks the parent about the key, so the parents are copied last.
+  YamlSection model = declared(root.Section("model"), kModelKeys);
+  YamlSection data = declared(root.Section("data"), kDataKeys);
+  YamlSection synthetic = declared(data.Section("synthetic"), kSyntheticKeys);
+  YamlSection solver = declared(root.Section("solver"), kSolverKeys);
+  YamlSection checkpoint = declared(root.Section("checkpoint"), kCheckpointKeys);
+  YamlSection distributed = declared(root.Section("distributed"), kDistributedKeys);
+  YamlSection precision = declared(root.Section("precision"), kPrecisionKeys);
+  YamlSection log = declared(root.Section("log"), kLogKeys);
+  return Sections{root, model, data, synthetic, solver, checkpoint, distributed, precision, log};
+}
+
+}  // namespace
+
+RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
+  const Sections s = DeclareSections(yaml);
+  RunConfig c;
+  c.file = yaml.file();
+  const int64_t seed = s.root.Int("seed", 1);
+  Require(seed >= 0, s.root, "seed", "must be >= 0");
+  c.seed = static_cast<uint64_t>(seed);
+  c.model = ParseModel(yaml, s.model);
+  c.data = ParseData(s.data, s.synthetic, need_train, check_data);
+  c.solver = ParseSolver(s.solver);
+  c.checkpoint = ParseCheckpoint(s.checkpoint, c.file, c.solver.epoch_based);
+  c.distributed = ParseDistributed(s.distributed);
+  c.precision = ParsePrecision(s.precision);
+  if (c.precision.compute == DType::kF64 && c.distributed.codec.codec != "f32") {
+    s.distributed.Error("codec",
+                        "the gradient codecs compress f32 gradients; precision.compute "
+                        "is fp64 (use distributed.codec: f32 with it)");
   }
-
-  YamlSection l = root.Section("log");
-  c.log_interval = l.Int("interval", 50);
-  Require(c.log_interval >= 1, l, "interval", "must be >= 1");
-  l.Finish();
-
-  root.Finish();
+  c.log_interval = s.log.Int("interval", 50);
+  Require(c.log_interval >= 1, s.log, "interval", "must be >= 1");
+  for (const YamlSection* section : {&s.model, &s.data, &s.synthetic, &s.solver, &s.checkpoint,
+                                     &s.distributed, &s.precision, &s.log, &s.root}) {
+    section->Finish();
+  }
   c.resolved_yaml = yaml.Resolved();
   return c;
 }

@@ -112,6 +112,90 @@ void JoinAsRank(const World& world) {
   if (!LogLevelFromEnv()) SetLogLevel(LogLevel::kWarning);
 }
 
+namespace {
+
+// The flags checked and turned into options; --weights and --weights-partial become --set
+// overrides of their config keys.
+TrainOptions CheckTrainArgs(TrainArgs& args) {
+  if (!args.metrics.empty()) CheckOutputFile("--metrics", args.metrics);
+  if (!args.trace.empty()) CheckOutputFile("--trace", args.trace);
+  if (!args.resume.empty() && args.resume != "auto") {
+    CheckInputFile("--resume", args.resume,
+                   "a checkpoint file (ckpt-*.cortado), or 'auto' for the newest in "
+                   "checkpoint.dir");
+    ExpectCheckpoint("--resume", args.resume,
+                     "start a run from its weights with --weights " + args.resume);
+  }
+  if (!args.weights.empty()) {
+    CheckInputFile("--weights", args.weights, "a safetensors file (cortado export)");
+    ExpectSafetensors("--weights", args.weights);
+    args.sets.push_back("model.weights=" + args.weights);
+  }
+  if (args.weights_partial) args.sets.push_back("model.weights_partial=true");
+  if (args.overwrite && !args.resume.empty()) {
+    UsageFail("--overwrite starts a run over; it cannot be combined with --resume");
+  }
+  TrainOptions options;
+  options.resume = args.resume;
+  options.overwrite = args.overwrite;
+  options.metrics_path = args.metrics;
+  options.progress_bar = !args.no_progress && isatty(STDOUT_FILENO);
+  options.stop_at = args.stop_at;
+  options.trace_path = args.trace;
+  options.trace_iters = args.trace_iters;
+  options.argv = CommandLine();
+  return options;
+}
+
+// --dry-run. Data that is not on this machine fails it as it would fail training, but the net
+// is still shown where the config alone says what it is.
+void RunDryRun(const TrainArgs& args, const TrainOptions& options) {
+  ApplyThreadBudget(args.threads);
+  RunConfig config;
+  try {
+    config = LoadRunConfig(args.config, args.sets);
+  } catch (const Error&) {
+    try {
+      std::printf("%s", NetTableWithoutData(LoadRunConfig(args.config, args.sets,
+                                                          /*need_train=*/true,
+                                                          /*check_data=*/false))
+                            .c_str());
+    } catch (const Error&) {
+    }
+    throw;
+  }
+  SetExitCode(DryRun(std::move(config), options));
+}
+
+void RunTrain(TrainArgs& args) {
+  const TrainOptions options = CheckTrainArgs(args);
+  if (args.dry_run) return RunDryRun(args, options);
+  // SIGINT/SIGTERM finish the current step, save a checkpoint and exit non-zero. Set up
+  // first: the threads started below must inherit the blocked signals (stop_signals.h).
+  StopSignals stop;
+  RunConfig config = LoadRunConfig(args.config, args.sets);
+  World world = JoinWorld(config.distributed);
+  JoinAsRank(world);
+  ApplyThreadBudget(args.threads, world.local_size);
+  Trainer trainer(std::move(config), std::move(world));
+  int code = trainer.Run(options, stop.flag());
+  if (code == 0 && trainer.world().rank == 0) {
+    const EvalResult& e = trainer.last_eval();
+    if (e.images > 0) {
+      LogInfo("done: top1 ", e.top1 * 100, "%  top5 ", e.top5 * 100, "% on ", e.images,
+              " validation images");
+    } else {
+      LogInfo("done");
+    }
+  }
+  // Stopped by a signal: 128 + its number, the shell's convention (130 SIGINT, 143 SIGTERM);
+  // --stop-at-iter, or a stop another rank voted for, reads as SIGINT.
+  if (code != 0 && stop.signal() != 0) code = 128 + stop.signal();
+  SetExitCode(code);
+}
+
+}  // namespace
+
 void AddTrainCommand(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   CLI::App* cmd = app.add_subcommand("train", "Train a model from a YAML config");
@@ -136,7 +220,8 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("--stop-at-iter", args->stop_at,
                   "Stop at this iteration as if interrupted: checkpoint, exit 130 (for job time "
                   "limits; resume with --resume auto)")
-      ->check(IntAtLeast(1));
+      ->check(IntAtLeast(1))
+      ->default_str("none: run to the end");
   cmd->add_option("--trace", args->trace,
                   "Write a Chrome trace (Perfetto, chrome://tracing) of the first iterations to "
                   "this file (per rank: PATH with .rank<r> before the extension)");
@@ -148,76 +233,7 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_flag("--dry-run", args->dry_run,
                 "Check the config, build the net, open the data, check that the outputs can be "
                 "written, print the resolved config and the net, and exit without training");
-  cmd->callback([args] {
-    if (!args->metrics.empty()) CheckOutputFile("--metrics", args->metrics);
-    if (!args->trace.empty()) CheckOutputFile("--trace", args->trace);
-    if (!args->resume.empty() && args->resume != "auto") {
-      CheckInputFile("--resume", args->resume,
-                     "a checkpoint file (ckpt-*.cortado), or 'auto' for the newest in "
-                     "checkpoint.dir");
-      ExpectCheckpoint("--resume", args->resume,
-                       "start a run from its weights with --weights " + args->resume);
-    }
-    if (!args->weights.empty()) {
-      CheckInputFile("--weights", args->weights, "a safetensors file (cortado export)");
-      ExpectSafetensors("--weights", args->weights);
-      args->sets.push_back("model.weights=" + args->weights);
-    }
-    if (args->weights_partial) args->sets.push_back("model.weights_partial=true");
-    if (args->overwrite && !args->resume.empty()) {
-      UsageFail("--overwrite starts a run over; it cannot be combined with --resume");
-    }
-    TrainOptions options;
-    options.resume = args->resume;
-    options.overwrite = args->overwrite;
-    options.metrics_path = args->metrics;
-    options.progress_bar = !args->no_progress && isatty(STDOUT_FILENO);
-    options.stop_at = args->stop_at;
-    options.trace_path = args->trace;
-    options.trace_iters = args->trace_iters;
-    options.argv = CommandLine();
-    if (args->dry_run) {
-      ApplyThreadBudget(args->threads);
-      RunConfig config;
-      try {
-        config = LoadRunConfig(args->config, args->sets);
-      } catch (const Error&) {
-        // Data that is not on this machine fails the dry run as it would fail training, but
-        // the net is still shown where the config alone says what it is.
-        try {
-          std::printf("%s", NetTableWithoutData(LoadRunConfig(args->config, args->sets,
-                                                              /*need_train=*/true,
-                                                              /*check_data=*/false))
-                                .c_str());
-        } catch (const Error&) {
-        }
-        throw;
-      }
-      return SetExitCode(DryRun(std::move(config), options));
-    }
-    // SIGINT/SIGTERM finish the current step, save a checkpoint and exit non-zero. Set up
-    // first: the threads started below must inherit the blocked signals (stop_signals.h).
-    StopSignals stop;
-    RunConfig config = LoadRunConfig(args->config, args->sets);
-    World world = JoinWorld(config.distributed);
-    JoinAsRank(world);
-    ApplyThreadBudget(args->threads, world.local_size);
-    Trainer trainer(std::move(config), std::move(world));
-    int code = trainer.Run(options, stop.flag());
-    if (code == 0 && trainer.world().rank == 0) {
-      const EvalResult& e = trainer.last_eval();
-      if (e.images > 0) {
-        LogInfo("done: top1 ", e.top1 * 100, "%  top5 ", e.top5 * 100, "% on ", e.images,
-                " validation images");
-      } else {
-        LogInfo("done");
-      }
-    }
-    // Stopped by a signal: 128 + its number, the shell's convention (130 SIGINT, 143 SIGTERM);
-    // --stop-at-iter, or a stop another rank voted for, reads as SIGINT.
-    if (code != 0 && stop.signal() != 0) code = 128 + stop.signal();
-    SetExitCode(code);
-  });
+  cmd->callback([args] { RunTrain(*args); });
 }
 
 }  // namespace cortado::tools

@@ -49,6 +49,36 @@ TEST(YamlConfig, UnknownKeyFromSetNamesTheArgument) {
   EXPECT_NE(m.find("--set solver.base_lrr=0.05"), std::string::npos) << m;
 }
 
+TEST(YamlConfig, DeclaredKeysAreCheckedAtOnceWithTheClosestName) {
+  constexpr std::string_view kKeys[] = {"base_lr", "max_iter", "max_epochs"};
+  YamlConfig c = YamlConfig::FromString("solver:\n  base_lr: 1\n  max_iters: 2\n", "x.yaml");
+  YamlSection s = c.Root().Section("solver");
+  EXPECT_EQ(ErrorOf([&] { s.Declare(kKeys); }),
+            "x.yaml:3:3: unknown key 'solver.max_iters' (did you mean 'max_iter'?)");
+  YamlConfig far = YamlConfig::FromString("solver:\n  zzzzzz: 1\n", "x.yaml");
+  YamlSection f = far.Root().Section("solver");
+  EXPECT_EQ(ErrorOf([&] { f.Declare(kKeys); }),
+            "x.yaml:2:3: unknown key 'solver.zzzzzz' (known in solver: base_lr, max_epochs, "
+            "max_iter)");
+}
+
+TEST(YamlConfig, ADeclaredListAndTheGettersCannotDisagree) {
+  constexpr std::string_view kKeys[] = {"base_lr", "max_iter"};
+  YamlConfig c = YamlConfig::FromString("solver:\n  base_lr: 1\n", "x.yaml");
+  YamlSection s = c.Root().Section("solver");
+  s.Declare(kKeys);
+  EXPECT_DOUBLE_EQ(s.Float("base_lr", 0), 1);
+  // A getter on a key missing from the list.
+  EXPECT_EQ(ErrorOf([&] { s.Float("momentum", 0.9); }),
+            "internal error: solver.momentum is read but not declared among the keys of solver");
+  EXPECT_NE(ErrorOf([&] { s.Has("momentum"); }).find("internal error"), std::string::npos);
+  // A listed key nothing asked about.
+  EXPECT_EQ(ErrorOf([&] { s.Finish(); }),
+            "internal error: solver.max_iter is declared but nothing read it");
+  s.Has("max_iter");
+  EXPECT_EQ(ErrorOf([&] { s.Finish(); }), "");
+}
+
 TEST(YamlConfig, BadSetArguments) {
   YamlConfig c = YamlConfig::FromString("a: 1\n", "x.yaml");
   EXPECT_NE(ErrorOf([&] { c.Set("noequals"); }).find("expected key.path=value"), std::string::npos);

@@ -1,5 +1,6 @@
 // Config mistakes a new user makes, as `cortado train` reports them (issue 30): each error is
 // one line that names the real mistake and where it is.
+#include <filesystem>
 #include <string>
 
 #include "engine/error.h"
@@ -44,6 +45,68 @@ TEST_F(ConfigErrorsTest, ATabInTheIndentationIsNamedAsSuch) {
   EXPECT_NE(err.find("run.yaml:8:1: tabs are not allowed in YAML indentation; indent with spaces"),
             std::string::npos)
       << err;
+}
+
+// Keys are checked against each section's list before any value is read (issue 30 item 7): a
+// misspelled required key was reported as the missing key it was meant to be.
+TEST_F(ConfigErrorsTest, AMisspelledKeyIsNamedWithTheClosestKnownOneBeforeAnyValueIsRead) {
+  auto replaced = [](std::string text, const std::string& from, const std::string& to) {
+    text.replace(text.find(from), from.size(), to);
+    return text;
+  };
+  auto expect = [&](const std::string& text, const std::string& message,
+                    const std::string& sets = "") {
+    const std::string err = ErrorOf(text, sets);
+    EXPECT_NE(err.find(message), std::string::npos) << text << "\n" << err;
+    EXPECT_EQ(err.find("required"), std::string::npos) << err;
+    EXPECT_EQ(err.find("give exactly one"), std::string::npos) << err;
+  };
+  expect(replaced(kBase, "max_iter", "max_iters"),
+         "run.yaml:6:10: unknown key 'solver.max_iters' (did you mean 'max_iter'?)");
+  expect(replaced(kBase, "solver:", "solvr:"),
+         "run.yaml:6:1: unknown key 'solvr' (did you mean 'solver'?)");
+  expect(replaced(kBase, "builder:", "buildr:"),
+         "run.yaml:1:9: unknown key 'model.buildr' (did you mean 'builder'?)");
+  expect(replaced(replaced(kBase, "type: synthetic", "type: lmdb\n  trian: /data/train"),
+                  "  synthetic: {shape: [1, 28, 28], classes: 10, samples: 8}\n", ""),
+         "run.yaml:4:3: unknown key 'data.trian' (did you mean 'train'?)");
+  expect(replaced(kBase, "samples:", "sample:"),
+         "unknown key 'data.synthetic.sample' (did you mean 'samples'?)");
+  // Before any value: the unknown builder of the model section comes first in the file.
+  expect(replaced(replaced(kBase, "lenet", "nosuch"), "max_iter", "max_iters"),
+         "unknown key 'solver.max_iters' (did you mean 'max_iter'?)");
+  // From --set, the argument is named.
+  expect(kBase, "--set solver.max_iters=3: unknown key 'solver.max_iters' (did you mean",
+         "--set solver.max_iters=3");
+  // Nothing close: the section's keys are listed.
+  expect(std::string(kBase) + "log: {zzzzzz: 1}\n",
+         "unknown key 'log.zzzzzz' (known in log: interval)");
+}
+
+// Every getter's key must be in its section's list (an undeclared one is an internal error),
+// and every listed key must be read: every shipped config, with either kind of loss scaling,
+// parses to the end.
+TEST_F(ConfigErrorsTest, EveryShippedConfigReadsExactlyItsSectionsDeclaredKeys) {
+  int configs = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::string(CORTADO_SOURCE_DIR) + "/configs")) {
+    if (entry.path().extension() != ".yaml") continue;
+    ++configs;
+    for (const std::string scale : {"1", "dynamic"}) {
+      std::string out, err;
+      EXPECT_EQ(Cortado("inspect --config " + entry.path().string() +
+                            " --set data.type=synthetic --set data.synthetic.shape=[3,32,32]"
+                            " --set data.synthetic.classes=10 --set data.batch_size=1"
+                            " --set precision.loss_scale=" +
+                            scale,
+                        &out, &err),
+                0)
+          << entry.path() << "\n"
+          << err;
+      EXPECT_EQ(err.find("internal error"), std::string::npos) << err;
+    }
+  }
+  EXPECT_GE(configs, 5);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // A checkpoint given where a weights file belongs, or the reverse, is named for what it is with
-// the flag that takes it (issue 30, item 9).
+// the flag that takes it, and inspect reads either (issue 30, item 9).
+#include <regex>
 #include <string>
 
 #include "engine/error.h"
@@ -37,6 +38,32 @@ TEST_F(FileKinds, CheckpointsAndWeightsFilesGivenToTheOtherFlagSayWhatToUse) {
   EXPECT_EQ(Cortado("eval --checkpoint " + weights, &out, &err), 2);
   EXPECT_NE(err.find("evaluate it with --weights " + weights + " --config F"), std::string::npos)
       << err;
+}
+
+TEST_F(FileKinds, InspectShowsASafetensorsFilesMetadataAndTensors) {
+  const std::string config =
+      Write("run.yaml",
+            StrCat("model: {builder: lenet}\n", "data:\n  type: synthetic\n  batch_size: 2\n",
+                   "  synthetic: {shape: [1, 28, 28], classes: 10, samples: 4}\n",
+                   "solver: {max_iter: 1}\n", "checkpoint: {dir: ", (dir_ / "a").string(), "}\n"));
+  std::string out, err;
+  ASSERT_EQ(Cortado("train --config " + config, &out, &err), 0) << err;
+  const std::string ckpt = (dir_ / "a" / "ckpt-00000001.cortado").string();
+  const std::string weights = (dir_ / "w.safetensors").string();
+  ASSERT_EQ(Cortado("export --checkpoint " + ckpt + " --out " + weights, &out, &err), 0) << err;
+  for (const std::string flag : {"--weights", "--checkpoint"}) {
+    ASSERT_EQ(Cortado("inspect " + flag + " " + weights, &out, &err), 0) << err;
+    EXPECT_NE(out.find("safetensors " + weights + "\n"), std::string::npos) << out;
+    EXPECT_TRUE(std::regex_search(out, std::regex("\n  cortado_builder +lenet\n"))) << out;
+    EXPECT_TRUE(std::regex_search(out, std::regex("name +shape +dtype +values\n"))) << out;
+    EXPECT_TRUE(
+        std::regex_search(out, std::regex("\nconv1\\.weight +\\[32, 1, 5, 5\\] +F32 +800\n")))
+        << out;
+    EXPECT_EQ(out.find("bad magic"), std::string::npos) << out;
+  }
+  // A checkpoint given to --weights is shown as the checkpoint it is.
+  ASSERT_EQ(Cortado("inspect --weights " + ckpt, &out, &err), 0) << err;
+  EXPECT_NE(out.find("checkpoint " + ckpt + "\n"), std::string::npos) << out;
 }
 
 }  // namespace
