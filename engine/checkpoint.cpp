@@ -285,8 +285,8 @@ Checkpoint LoadCheckpoint(const std::string& path, const CheckpointFilter& keep)
   for (uint64_t done = 0; done < size;) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(piece.size(), size - done));
     in.read(piece.data(), static_cast<std::streamsize>(n));
-    CORTADO_CHECK(in.gcount() == static_cast<std::streamsize>(n), "cannot read checkpoint '",
-                  path, "' (it changed or shrank while being read)");
+    CORTADO_CHECK(in.gcount() == static_cast<std::streamsize>(n), "cannot read checkpoint '", path,
+                  "' (it changed or shrank while being read)");
     actual = crc32_z(actual, reinterpret_cast<const Bytef*>(piece.data()), n);
     done += n;
   }
@@ -303,8 +303,8 @@ Checkpoint ParseCheckpoint(const std::string& file, const std::string& path) {
   uint32_t crc;
   uint64_t size;
   CheckHeader(file.data(), file.size(), path, &crc, &size);
-  uLong actual =
-      crc32_z(0L, reinterpret_cast<const Bytef*>(file.data() + kHeaderBytes), file.size() - kHeaderBytes);
+  uLong actual = crc32_z(0L, reinterpret_cast<const Bytef*>(file.data() + kHeaderBytes),
+                         file.size() - kHeaderBytes);
   CORTADO_CHECK(static_cast<uint32_t>(actual) == crc, "checkpoint '", path,
                 "' is corrupt (CRC mismatch)");
   Reader r(file, path, kHeaderBytes);

@@ -8,7 +8,9 @@
 namespace cortado {
 namespace {
 
-size_t Aligned(size_t bytes) { return (bytes + kPlanAlignment - 1) / kPlanAlignment * kPlanAlignment; }
+size_t Aligned(size_t bytes) {
+  return (bytes + kPlanAlignment - 1) / kPlanAlignment * kPlanAlignment;
+}
 
 // Offsets in one arena: groups by size, largest first (ties: earlier first, then by index),
 // each at the lowest aligned offset where it overlaps no placed group alive at the same time.
@@ -20,8 +22,10 @@ void PlaceGroups(MemoryPlan& plan) {
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), size_t{0});
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    if (plan.group_bytes[a] != plan.group_bytes[b]) return plan.group_bytes[a] > plan.group_bytes[b];
-    if (plan.group_first[a] != plan.group_first[b]) return plan.group_first[a] < plan.group_first[b];
+    if (plan.group_bytes[a] != plan.group_bytes[b])
+      return plan.group_bytes[a] > plan.group_bytes[b];
+    if (plan.group_first[a] != plan.group_first[b])
+      return plan.group_first[a] < plan.group_first[b];
     return a < b;
   });
   std::vector<size_t> placed;

@@ -227,7 +227,11 @@ const MemoryPlan& Net::memory_plan() {
 
 void Net::BeginPlannedPass() {
   for (Tensor& t : held_) {
-    if (t.defined()) activation_pool_.Release(t);
+    if (activation_pool_.Holds(t)) {
+      activation_pool_.Give(t);
+    } else {
+      t = Tensor();
+    }
   }
   memory_plan();
   activation_pool_.Reserve(plan_.arena_bytes);

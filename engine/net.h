@@ -165,7 +165,7 @@ class Net : public CheckpointState {
   std::vector<size_t> planned_bytes_;
   std::vector<Tensor> held_;    // by plan group: the buffer taken for it, empty when given back
   std::vector<bool> external_;  // by blob: a net input (the caller's storage)
-  ArenaPool activation_pool_;  // activations and their gradients (plan_memory)
+  ArenaPool activation_pool_;   // activations and their gradients (plan_memory)
   bool profiling_ = false;
   std::vector<LayerTime> layer_times_;
 };

@@ -202,8 +202,8 @@ void ConvolutionLayer::ForwardT(const Tensor& xt, Tensor& yt) {
           } else {
             A* out = out_ws[t].data<A>();  // (C_out, cols)
             for (int64_t gi = 0; gi < groups_; ++gi) {
-              LayerGemm<T>(false, false, cog, cols, kg, w + gi * cog * kg, kg,
-                           col + gi * kg * cols, cols, A(0), out + gi * cog * cols, cols);
+              LayerGemm<T>(false, false, cog, cols, kg, w + gi * cog * kg, kg, col + gi * kg * cols,
+                           cols, A(0), out + gi * cog * cols, cols);
             }
             for (int64_t co = 0; co < cout; ++co) {
               A* src = out + co * cols;
@@ -360,8 +360,8 @@ void ConvolutionLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propa
           if (!propagate) continue;
           A* dcol = lowp ? wide_col_ws[t].data<A>() : reinterpret_cast<A*>(col);
           for (int64_t gi = 0; gi < groups_; ++gi) {
-            LayerGemm<T>(true, false, kg, cols, cog, w + gi * cog * kg, kg,
-                         dyn + gi * cog * p + at, p, A(0), dcol + gi * kg * cols, cols);
+            LayerGemm<T>(true, false, kg, cols, cog, w + gi * cog * kg, kg, dyn + gi * cog * p + at,
+                         p, A(0), dcol + gi * kg * cols, cols);
           }
           Col2Im(dcol, cols, band, dx_image, /*accumulate=*/true);
         }

@@ -92,7 +92,7 @@ class ConvolutionLayer : public Layer {
   ConvGeometry geo_{};
   int64_t block_ = 1;      // images per GEMM
   int64_t band_rows_ = 0;  // output rows per band: geo_.oh unless the image runs in bands
-  int64_t batch_ = 0;  // images at the current shape
+  int64_t batch_ = 0;      // images at the current shape
   // Workspaces by kind, per thread: the net's shared ones (LayerContext::scratch), else the
   // layer's own. Each kind keeps one dtype (a kind used in two would be reallocated per call):
   // columns, phase planes and the gathered top gradient in the storage type; GEMM outputs,

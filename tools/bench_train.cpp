@@ -201,8 +201,8 @@ void AddBenchTrainCommand(CLI::App& bench) {
           "gradients %.0f MB of it; their peak planned %.1f MB, measured %.1f MB)\n",
           model.c_str(), static_cast<long long>(config.data.batch_size), ranks, NumThreads(),
           img_per_s, 1000 * seconds / n, 1000 * sum.compute / n, 1000 * sum.comm_wait / n,
-          1000 * sum.data_wait / n, peak_rss_mb, pool_mb + net.grad_bytes_peak() / 1e6,
-          planned_mb, measured_mb);
+          1000 * sum.data_wait / n, peak_rss_mb, pool_mb + net.grad_bytes_peak() / 1e6, planned_mb,
+          measured_mb);
       if (args->profile) {
         std::printf("matrix-multiply peak (2048^3 fp32 GEMM, best of 3): %.1f GFLOP/s\n",
                     gemm_peak);

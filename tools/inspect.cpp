@@ -186,11 +186,10 @@ std::string MemoryPlanTable(const NetSpec& spec, const RunConfig& config) {
                   it == infer_live.end() ? "-" : Megabytes(it->second).c_str());
     out += line;
   }
-  out +=
-      StrCat("planned activation peak: training ", Megabytes(t.peak_bytes), " MB in a ",
-             Megabytes(t.arena_bytes), " MB arena (activations alone, every one kept: ",
-             Megabytes(all), " MB), inference ", Megabytes(f.peak_bytes), " MB in ",
-             Megabytes(f.arena_bytes), " MB\n");
+  out += StrCat(
+      "planned activation peak: training ", Megabytes(t.peak_bytes), " MB in a ",
+      Megabytes(t.arena_bytes), " MB arena (activations alone, every one kept: ", Megabytes(all),
+      " MB), inference ", Megabytes(f.peak_bytes), " MB in ", Megabytes(f.arena_bytes), " MB\n");
   return out;
 }
 
