@@ -128,7 +128,7 @@ MemoryPlan PlanMemory(const PlanGraph& graph, bool training) {
       for (int out : layer.outputs) {
         const size_t blob = static_cast<size_t>(out);
         if (graph.external[blob] || plan.grad_group[blob] >= 0) continue;
-        const int first = std::min(written_at[blob], num_layers);
+        const int first = written_at[blob] < plan.steps ? written_at[blob] : num_layers;
         plan.grad_group[blob] = static_cast<int>(plan.group_bytes.size());
         plan.group_bytes.push_back(graph.blob_bytes[blob]);
         plan.group_blob.push_back(out);
