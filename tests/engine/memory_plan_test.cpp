@@ -84,7 +84,9 @@ bool ExpectArenaLayoutIsSafe(const MemoryPlan& p, const std::string& what) {
       const bool disjoint = p.group_offset[a] + p.group_bytes[a] <= p.group_offset[b] ||
                             p.group_offset[b] + p.group_bytes[b] <= p.group_offset[a];
       const bool together = p.group_first[a] <= last(b) && p.group_first[b] <= last(a);
-      if (together) EXPECT_TRUE(disjoint) << what << ": groups " << a << " and " << b;
+      if (together) {
+        EXPECT_TRUE(disjoint) << what << ": groups " << a << " and " << b;
+      }
       if (!disjoint && p.group_is_grad[a] != p.group_is_grad[b]) reused = true;
     }
   }
@@ -237,9 +239,10 @@ TEST(MemoryPlan, PlannedPeakIsThePoolsHighWaterMark) {
       } else {
         EXPECT_EQ(grads, 0u) << c.name;
       }
-      std::printf("%s %s: peak %zu, arena %zu bytes\n", c.name.c_str(),
-                  mode == NetMode::kTrain ? "training" : "inference", plan.peak_bytes,
-                  plan.arena_bytes);
+      // The arena costs at most the groups' alignment over the peak (LeNet's and ResNet-20's
+      // are within 200 bytes of it): placement wastes no whole buffer.
+      EXPECT_LE(plan.arena_bytes, plan.peak_bytes + kPlanAlignment * plan.group_bytes.size())
+          << c.name;
       size_t all = 0;
       for (size_t g = 0; g < plan.group_bytes.size(); ++g) {
         if (!plan.group_is_grad[g]) all += plan.group_bytes[g];

@@ -172,7 +172,9 @@ TEST(ConvolutionReference, RunsLargeImagesInBandsOfRows) {
       const auto& conv = static_cast<ConvolutionLayer&>(h.layer());
       const int64_t oh = OutSize(c.h, c.kh, c.sh, c.ph, c.dh);
       EXPECT_LT(conv.band_rows(), oh) << "budget " << budget;
-      if (budget == 1) EXPECT_EQ(conv.band_rows(), 1);
+      if (budget == 1) {
+        EXPECT_EQ(conv.band_rows(), 1);
+      }
       for (int threads : {1, 2}) RunConfig(c, DType::kF64, threads);
       RunConfig(c, DType::kF32, 2);
     }
