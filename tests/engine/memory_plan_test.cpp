@@ -377,6 +377,46 @@ TEST(MemoryPlan, InferenceNetHasNoTrainingStateAndMatchesTestPhaseBitForBit) {
   }
 }
 
+// A batch larger than the plan's: buffers that outgrow their place in the arena get storage of
+// their own for that pass (so they cannot run into their neighbours), the next pass plans for
+// the new size, and a smaller batch again fits the larger arena; every pass computes what a net
+// that keeps every activation computes, bit for bit.
+TEST(MemoryPlan, ABatchLargerThanThePlansNeverOverlapsItsNeighbours) {
+  SetNumThreads(2);
+  for (const Case& c : Cases()) {
+    NetOptions options;
+    options.plan_memory = true;
+    options.poison_released = true;
+    Net net(c.spec, 3, DType::kF64, options);
+    Net plain(c.spec, 3, DType::kF64);
+    std::vector<size_t> arena;  // by pass
+    for (int64_t batch : {4, 6, 6, 3, 3}) {
+      net.SetBatchSize(batch);
+      plain.SetBatchSize(batch);
+      FillRandom(net, static_cast<uint64_t>(batch));
+      FillRandom(plain, static_cast<uint64_t>(batch));
+      const double loss = net.Forward();
+      EXPECT_EQ(loss, plain.Forward()) << c.name << " batch " << batch;
+      net.Backward();
+      plain.Backward();
+      const std::vector<Param*> params = net.params(), plain_params = plain.params();
+      for (size_t i = 0; i < params.size(); ++i) {
+        ASSERT_EQ(std::memcmp(params[i]->grad.raw_data(), plain_params[i]->grad.raw_data(),
+                              params[i]->grad.nbytes()),
+                  0)
+            << c.name << " batch " << batch << " " << params[i]->name;
+      }
+      arena.push_back(net.activation_pool().bytes_created());
+    }
+    // The first pass at 6 runs on the plan for 4 (what outgrew it on storage of its own), the
+    // second plans for 6; 3 fits the arena made for 6, which stays.
+    EXPECT_EQ(arena[1], arena[0]) << c.name;
+    EXPECT_GT(arena[2], arena[0]) << c.name;
+    EXPECT_EQ(arena[3], arena[2]) << c.name;
+    EXPECT_EQ(arena[4], arena[2]) << c.name;
+  }
+}
+
 // A checkpoint file with solver state (momentum, as large as the weights) loads into an
 // inference net with Net::IsNetState: the momentum is passed over in the file and never made
 // a tensor, the net's outputs are those of the full load, and the net has no gradient.
