@@ -45,3 +45,31 @@ void BufferPool::Release(Tensor& t) {
 }
 
 }  // namespace cortado
+
+namespace cortado {
+
+void ArenaPool::Reserve(size_t bytes) {
+  if (block_.defined() && block_.nbytes() >= bytes) return;
+  block_ = Tensor();  // this pool's hold on the old block goes before the new one is made
+  block_ = Tensor({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, DType::kU8);
+}
+
+Tensor ArenaPool::Take(const Shape& shape, DType dtype, size_t offset) {
+  const size_t bytes = static_cast<size_t>(ShapeNumel(shape)) * DTypeSize(dtype);
+  CORTADO_CHECK(offset % DTypeSize(dtype) == 0 && offset + bytes <= bytes_created(),
+                "ArenaPool::Take: ", bytes, " bytes at offset ", offset, " of a ", bytes_created(),
+                "-byte block");
+  Tensor t = block_.View({static_cast<int64_t>(bytes)}, static_cast<int64_t>(offset));
+  t.Resize(shape, dtype);  // the same place, retyped: the offset is a multiple of the size
+  bytes_lent_ += bytes;
+  peak_bytes_lent_ = std::max(peak_bytes_lent_, bytes_lent_);
+  return t;
+}
+
+void ArenaPool::Give(Tensor& t) {
+  CORTADO_CHECK(Holds(t), "ArenaPool::Give: ", t.ToString(), " is not from this pool's block");
+  bytes_lent_ -= t.nbytes();
+  t = Tensor();
+}
+
+}  // namespace cortado

@@ -42,3 +42,33 @@ class BufferPool {
 };
 
 }  // namespace cortado
+
+namespace cortado {
+
+// The storage of a memory plan (engine/memory_plan.h): one block of the plan's arena_bytes,
+// each group a view at its planned offset, so buffers given back in any order leave no holes
+// that a larger buffer cannot use. Counts what is lent as BufferPool does: the measured
+// high-water mark that the plan's peak predicts.
+class ArenaPool {
+ public:
+  // Makes the block at least `bytes` long; a larger block than before is new storage (views
+  // into the old one keep it alive until they are dropped).
+  void Reserve(size_t bytes);
+  // A tensor of this shape and dtype at byte `offset` of the block, counted as lent; its
+  // contents are undefined. Throws when it would not fit in the block.
+  Tensor Take(const Shape& shape, DType dtype, size_t offset);
+  // Takes back a tensor Take handed out; `t` is left empty.
+  void Give(Tensor& t);
+  bool Holds(const Tensor& t) const { return t.SharesStorageWith(block_); }
+  // Bytes of the block (the storage behind every buffer of the plan).
+  size_t bytes_created() const { return block_.defined() ? block_.nbytes() : 0; }
+  size_t bytes_lent() const { return bytes_lent_; }
+  size_t peak_bytes_lent() const { return peak_bytes_lent_; }
+  void ResetPeak() { peak_bytes_lent_ = bytes_lent_; }
+
+ private:
+  Tensor block_;  // u8
+  size_t bytes_lent_ = 0, peak_bytes_lent_ = 0;
+};
+
+}  // namespace cortado

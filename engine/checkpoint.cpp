@@ -35,14 +35,30 @@ void PutString(std::string& out, const std::string& s) {
   out += s;
 }
 
-// Bounds-checked reader over the payload; every overrun is a "truncated or corrupt" error.
+// Bounds-checked reader over the payload, held in memory (from `begin` of a string) or read
+// from a file as it goes; every overrun is a "truncated or corrupt" error.
 class Reader {
  public:
-  Reader(const std::string& data, const std::string& path) : data_(data), path_(path) {}
+  Reader(const std::string& data, const std::string& path, size_t begin = 0)
+      : data_(&data), path_(path), pos_(begin), end_(data.size()) {}
+  // The `size` bytes from the stream's position.
+  Reader(std::istream& in, uint64_t size, const std::string& path)
+      : in_(&in), path_(path), end_(size) {}
   void Bytes(void* out, size_t n) {
-    CORTADO_CHECK(n <= data_.size() - pos_, "checkpoint '", path_,
-                  "' is corrupt (record past end)");
-    std::memcpy(out, data_.data() + pos_, n);
+    CORTADO_CHECK(n <= Remaining(), "checkpoint '", path_, "' is corrupt (record past end)");
+    if (in_ != nullptr) {
+      in_->read(static_cast<char*>(out), static_cast<std::streamsize>(n));
+      CORTADO_CHECK(in_->gcount() == static_cast<std::streamsize>(n), "cannot read checkpoint '",
+                    path_, "' (it changed or shrank while being read)");
+    } else {
+      std::memcpy(out, data_->data() + pos_, n);
+    }
+    pos_ += n;
+  }
+  // Passes over n bytes without reading them.
+  void Skip(size_t n) {
+    CORTADO_CHECK(n <= Remaining(), "checkpoint '", path_, "' is corrupt (record past end)");
+    if (in_ != nullptr) in_->seekg(static_cast<std::streamoff>(n), std::ios::cur);
     pos_ += n;
   }
   template <typename T>
@@ -53,20 +69,79 @@ class Reader {
   }
   std::string String() {
     uint64_t n = Get<uint64_t>();
-    CORTADO_CHECK(n <= data_.size() - pos_, "checkpoint '", path_,
-                  "' is corrupt (string past end)");
-    std::string s = data_.substr(pos_, n);
-    pos_ += n;
+    CORTADO_CHECK(n <= Remaining(), "checkpoint '", path_, "' is corrupt (string past end)");
+    std::string s(n, '\0');
+    Bytes(s.data(), n);
     return s;
   }
-  bool AtEnd() const { return pos_ == data_.size(); }
-  size_t Remaining() const { return data_.size() - pos_; }
+  bool AtEnd() const { return pos_ == end_; }
+  size_t Remaining() const { return end_ - pos_; }
 
  private:
-  const std::string& data_;
+  const std::string* data_ = nullptr;
+  std::istream* in_ = nullptr;
   const std::string& path_;
-  size_t pos_ = 0;
+  size_t pos_ = 0, end_ = 0;
 };
+
+// The metadata and tensors of a payload; tensors `keep` refuses (when given) are skipped.
+Checkpoint ParsePayload(Reader& r, const std::string& path, const CheckpointFilter& keep) {
+  Checkpoint ckpt;
+  uint32_t n_meta = r.Get<uint32_t>();
+  for (uint32_t i = 0; i < n_meta; ++i) {
+    std::string k = r.String();
+    ckpt.meta[k] = r.String();
+  }
+  uint32_t n_tensors = r.Get<uint32_t>();
+  for (uint32_t i = 0; i < n_tensors; ++i) {
+    std::string name = r.String();
+    uint8_t dtype = r.Get<uint8_t>();
+    CORTADO_CHECK(dtype <= static_cast<uint8_t>(DType::kU8), "checkpoint '", path, "': tensor '",
+                  name, "' has unknown dtype ", int{dtype});
+    uint32_t ndim = r.Get<uint32_t>();
+    CORTADO_CHECK(ndim <= 8, "checkpoint '", path, "': tensor '", name, "' has ", ndim, " dims");
+    Shape shape(ndim);
+    for (auto& d : shape) {
+      d = r.Get<int64_t>();
+      CORTADO_CHECK(d >= 0 && d < (int64_t{1} << 40), "checkpoint '", path, "': tensor '", name,
+                    "' has a bad dimension");
+    }
+    // The declared size must fit in what is left before anything is allocated: a damaged
+    // shape must not ask for terabytes.
+    uint64_t bytes = DTypeSize(static_cast<DType>(dtype));
+    for (int64_t d : shape) {
+      CORTADO_CHECK(!__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes),
+                    "checkpoint '", path, "': tensor '", name, "' has an impossible shape");
+    }
+    CORTADO_CHECK(bytes <= r.Remaining(), "checkpoint '", path, "' is corrupt: tensor '", name,
+                  "' declares ", bytes, " bytes, ", r.Remaining(), " are left");
+    if (keep && !keep(name)) {
+      r.Skip(bytes);
+      continue;
+    }
+    Tensor t(shape, static_cast<DType>(dtype));
+    r.Bytes(t.raw_data(), t.nbytes());
+    ckpt.Add(name, t);
+  }
+  CORTADO_CHECK(r.AtEnd(), "checkpoint '", path, "' has trailing bytes");
+  return ckpt;
+}
+
+// The header's version and payload size, checked: magic, version, and (given the file's size)
+// that the payload is all there.
+void CheckHeader(const char* header, size_t file_bytes, const std::string& path, uint32_t* crc,
+                 uint64_t* size) {
+  CORTADO_CHECK(file_bytes >= kHeaderBytes && std::memcmp(header, kMagic, 8) == 0, "'", path,
+                "' is not a Cortado checkpoint (bad magic or too short)");
+  uint32_t version;
+  std::memcpy(&version, header + 8, 4);
+  std::memcpy(crc, header + 12, 4);
+  std::memcpy(size, header + 16, 8);
+  CORTADO_CHECK(version == kCheckpointVersion, "checkpoint '", path, "' has format version ",
+                version, "; this build reads version ", kCheckpointVersion);
+  CORTADO_CHECK(*size == file_bytes - kHeaderBytes, "checkpoint '", path, "' is truncated (",
+                file_bytes - kHeaderBytes, " of ", *size, " payload bytes)");
+}
 
 CheckpointWriteHook g_write_hook;
 
@@ -97,10 +172,11 @@ void WriteAll(int fd, const std::string& data, const std::string& path) {
 
 void SetCheckpointWriteHookForTesting(CheckpointWriteHook hook) { g_write_hook = std::move(hook); }
 
-std::string NewestLoadableCheckpoint(const std::string& dir, Checkpoint* checkpoint) {
+std::string NewestLoadableCheckpoint(const std::string& dir, Checkpoint* checkpoint,
+                                     const CheckpointFilter& keep) {
   for (const std::string& candidate : ListCheckpoints(dir)) {
     try {
-      *checkpoint = LoadCheckpoint(candidate);
+      *checkpoint = LoadCheckpoint(candidate, keep);
       return candidate;
     } catch (const Error& e) {
       LogWarning("skipping unusable checkpoint: ", e.what());
@@ -189,66 +265,50 @@ void SaveCheckpoint(const Checkpoint& checkpoint, const std::string& path) {
   }
 }
 
-Checkpoint LoadCheckpoint(const std::string& path) {
+Checkpoint LoadCheckpoint(const std::string& path, const CheckpointFilter& keep) {
+  // Read in two passes, never the whole file at once: the CRC over the payload in pieces, then
+  // the records, straight into their tensors (those `keep` refuses are passed over unread).
   std::ifstream in(path, std::ios::binary);
   CORTADO_CHECK(in.good(), "cannot open checkpoint '", path, "'");
-  std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return ParseCheckpoint(file, path);
+  in.seekg(0, std::ios::end);
+  const std::streamoff end = in.tellg();
+  CORTADO_CHECK(end >= 0, "cannot read checkpoint '", path, "'");
+  const size_t file_bytes = static_cast<size_t>(end);
+  char header[kHeaderBytes] = {};
+  in.seekg(0);
+  in.read(header, static_cast<std::streamsize>(std::min(file_bytes, kHeaderBytes)));
+  uint32_t crc;
+  uint64_t size;
+  CheckHeader(header, file_bytes, path, &crc, &size);
+  std::vector<char> piece(size_t{4} << 20);
+  uLong actual = crc32_z(0L, nullptr, 0);
+  for (uint64_t done = 0; done < size;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(piece.size(), size - done));
+    in.read(piece.data(), static_cast<std::streamsize>(n));
+    CORTADO_CHECK(in.gcount() == static_cast<std::streamsize>(n), "cannot read checkpoint '", path,
+                  "' (it changed or shrank while being read)");
+    actual = crc32_z(actual, reinterpret_cast<const Bytef*>(piece.data()), n);
+    done += n;
+  }
+  CORTADO_CHECK(static_cast<uint32_t>(actual) == crc, "checkpoint '", path,
+                "' is corrupt (CRC mismatch)");
+  piece = {};
+  in.clear();
+  in.seekg(static_cast<std::streamoff>(kHeaderBytes));
+  Reader r(in, size, path);
+  return ParsePayload(r, path, keep);
 }
 
 Checkpoint ParseCheckpoint(const std::string& file, const std::string& path) {
-  CORTADO_CHECK(file.size() >= kHeaderBytes && std::memcmp(file.data(), kMagic, 8) == 0, "'", path,
-                "' is not a Cortado checkpoint (bad magic or too short)");
-  uint32_t version, crc;
+  uint32_t crc;
   uint64_t size;
-  std::memcpy(&version, file.data() + 8, 4);
-  std::memcpy(&crc, file.data() + 12, 4);
-  std::memcpy(&size, file.data() + 16, 8);
-  CORTADO_CHECK(version == kCheckpointVersion, "checkpoint '", path, "' has format version ",
-                version, "; this build reads version ", kCheckpointVersion);
-  CORTADO_CHECK(size == file.size() - kHeaderBytes, "checkpoint '", path, "' is truncated (",
-                file.size() - kHeaderBytes, " of ", size, " payload bytes)");
-  std::string payload = file.substr(kHeaderBytes);
-  uLong actual = crc32_z(0L, reinterpret_cast<const Bytef*>(payload.data()), payload.size());
+  CheckHeader(file.data(), file.size(), path, &crc, &size);
+  uLong actual = crc32_z(0L, reinterpret_cast<const Bytef*>(file.data() + kHeaderBytes),
+                         file.size() - kHeaderBytes);
   CORTADO_CHECK(static_cast<uint32_t>(actual) == crc, "checkpoint '", path,
                 "' is corrupt (CRC mismatch)");
-
-  Checkpoint ckpt;
-  Reader r(payload, path);
-  uint32_t n_meta = r.Get<uint32_t>();
-  for (uint32_t i = 0; i < n_meta; ++i) {
-    std::string k = r.String();
-    ckpt.meta[k] = r.String();
-  }
-  uint32_t n_tensors = r.Get<uint32_t>();
-  for (uint32_t i = 0; i < n_tensors; ++i) {
-    std::string name = r.String();
-    uint8_t dtype = r.Get<uint8_t>();
-    CORTADO_CHECK(dtype <= static_cast<uint8_t>(DType::kU8), "checkpoint '", path, "': tensor '",
-                  name, "' has unknown dtype ", int{dtype});
-    uint32_t ndim = r.Get<uint32_t>();
-    CORTADO_CHECK(ndim <= 8, "checkpoint '", path, "': tensor '", name, "' has ", ndim, " dims");
-    Shape shape(ndim);
-    for (auto& d : shape) {
-      d = r.Get<int64_t>();
-      CORTADO_CHECK(d >= 0 && d < (int64_t{1} << 40), "checkpoint '", path, "': tensor '", name,
-                    "' has a bad dimension");
-    }
-    // The declared size must fit in what is left before anything is allocated: a damaged
-    // shape must not ask for terabytes.
-    uint64_t bytes = DTypeSize(static_cast<DType>(dtype));
-    for (int64_t d : shape) {
-      CORTADO_CHECK(!__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes),
-                    "checkpoint '", path, "': tensor '", name, "' has an impossible shape");
-    }
-    CORTADO_CHECK(bytes <= r.Remaining(), "checkpoint '", path, "' is corrupt: tensor '", name,
-                  "' declares ", bytes, " bytes, ", r.Remaining(), " are left");
-    Tensor t(shape, static_cast<DType>(dtype));
-    r.Bytes(t.raw_data(), t.nbytes());
-    ckpt.Add(name, t);
-  }
-  CORTADO_CHECK(r.AtEnd(), "checkpoint '", path, "' has trailing bytes");
-  return ckpt;
+  Reader r(file, path, kHeaderBytes);
+  return ParsePayload(r, path, {});
 }
 
 std::string CheckpointFileName(int64_t iteration) {

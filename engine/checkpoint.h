@@ -41,8 +41,13 @@ void SaveCheckpoint(const Checkpoint& checkpoint, const std::string& path);
 // also kill its process from here. Empty function: none.
 using CheckpointWriteHook = std::function<int(const char* stage, size_t offset)>;
 void SetCheckpointWriteHookForTesting(CheckpointWriteHook hook);
+// Which tensors (by name) a load materialises; the others are passed over in the file.
+using CheckpointFilter = std::function<bool(const std::string& name)>;
 // Throws naming the file and what is wrong (not a checkpoint, truncated, CRC mismatch, ...).
-Checkpoint LoadCheckpoint(const std::string& path);
+// The file is read piece by piece (its CRC first, then its records straight into their
+// tensors), never held whole in memory. With `keep`, only the tensors it accepts are loaded:
+// an inference net takes the weights and statistics (Net::IsNetState) and no solver state.
+Checkpoint LoadCheckpoint(const std::string& path, const CheckpointFilter& keep = {});
 // The file's bytes, and back (`path` names the source in errors): data-parallel ranks receive
 // rank 0's state this way.
 std::string SerializeCheckpoint(const Checkpoint& checkpoint);
@@ -65,7 +70,8 @@ std::vector<std::string> ListCheckpoints(const std::string& dir);
 std::string CheckpointFileName(int64_t iteration);  // "ckpt-00001234.cortado"
 // The newest checkpoint in dir that loads (corrupt or truncated ones are skipped with a
 // warning), into *checkpoint; "" when there is none. What `--resume auto` resumes from.
-std::string NewestLoadableCheckpoint(const std::string& dir, Checkpoint* checkpoint);
+std::string NewestLoadableCheckpoint(const std::string& dir, Checkpoint* checkpoint,
+                                     const CheckpointFilter& keep = {});
 // The metadata alone, read from the front of the file without loading the tensors (so
 // without the CRC check of the whole payload): which run and config a file belongs to. Throws
 // as LoadCheckpoint does when the header or the metadata is damaged.

@@ -196,6 +196,7 @@ PlanGraph Net::MakePlanGraph() const {
   PlanGraph graph;
   for (const auto& b : blobs_) graph.blob_bytes.push_back(b->data.nbytes());
   graph.external = external_;
+  graph.gradients = !inference();
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& layer = *layers_[i];
     PlanLayer l;
@@ -204,6 +205,7 @@ PlanGraph Net::MakePlanGraph() const {
       l.outputs.push_back(static_cast<int>(blob_index_.at(tops_[i][j]->name)));
       l.shares_input.push_back(layer.SharesInputStorage(static_cast<int>(j)));
     }
+    l.propagate = propagate_down_[i];
     l.runs_backward = runs_backward_[i];
     l.backward_reads_inputs = layer.BackwardReadsInputs();
     l.backward_reads_outputs = layer.BackwardReadsOutputs();
@@ -225,18 +227,44 @@ const MemoryPlan& Net::memory_plan() {
 
 void Net::BeginPlannedPass() {
   for (Tensor& t : held_) {
-    if (t.defined()) activation_pool_.Release(t);
+    if (activation_pool_.Holds(t)) {
+      activation_pool_.Give(t);
+    } else {
+      t = Tensor();
+    }
   }
   memory_plan();
+  activation_pool_.Reserve(plan_.arena_bytes);
   held_.assign(plan_.group_bytes.size(), Tensor());
 }
 
 void Net::TakeBuffers(int step) {
   for (int g : plan_.take_before[static_cast<size_t>(step)]) {
-    Blob& owner = *blobs_[static_cast<size_t>(plan_.group_blob[static_cast<size_t>(g)])];
-    Tensor& held = held_[static_cast<size_t>(g)];
-    held = activation_pool_.Acquire(owner.data.shape(), owner.data.dtype());
-    owner.data = held;  // the layer's Reshape keeps it: it is the planned size
+    const size_t group = static_cast<size_t>(g);
+    Blob& owner = *blobs_[static_cast<size_t>(plan_.group_blob[group])];
+    Tensor& held = held_[group];
+    const Shape& shape = owner.data.shape();
+    const DType dtype = owner.data.dtype();
+    if (static_cast<size_t>(ShapeNumel(shape)) * DTypeSize(dtype) <= plan_.group_bytes[group]) {
+      held = activation_pool_.Take(shape, dtype, plan_.group_offset[group]);
+    } else {
+      held = Tensor(shape, dtype);  // larger than planned (shapes changed): storage of its own
+    }
+    (plan_.group_is_grad[group] ? owner.grad : owner.data) = held;
+  }
+}
+
+void Net::KeepWithinPlan(int step) {
+  // A layer's Reshape keeps a planned buffer of the planned size; one that grew (another
+  // batch or input size than the plan's) would run into its neighbours in the arena, so it
+  // gets storage of its own for this pass (the next pass plans for the new sizes).
+  for (int g : plan_.take_before[static_cast<size_t>(step)]) {
+    const size_t group = static_cast<size_t>(g);
+    if (plan_.group_is_grad[group]) continue;
+    Tensor& data = blobs_[static_cast<size_t>(plan_.group_blob[group])]->data;
+    if (data.nbytes() > held_[group].nbytes() && activation_pool_.Holds(data)) {
+      data = Tensor(data.shape(), data.dtype());
+    }
   }
 }
 
@@ -248,7 +276,11 @@ void Net::GiveBackBuffers(int step) {
                                      IsLowPrecision(held.dtype()))) {
       held.Fill(std::nan(""));
     }
-    activation_pool_.Release(held);
+    if (activation_pool_.Holds(held)) {
+      activation_pool_.Give(held);
+    } else {
+      held = Tensor();
+    }
   }
 }
 
@@ -261,6 +293,7 @@ double Net::Forward() {
     Layer& layer = *layers_[i];
     if (plan) TakeBuffers(static_cast<int>(i));
     layer.Reshape(bottoms_[i], tops_[i]);
+    if (plan) KeepWithinPlan(static_cast<int>(i));
     layer.Forward(bottoms_[i], tops_[i]);
     if (plan) GiveBackBuffers(static_cast<int>(i));
     if (layer.IsLoss()) loss += layer.loss_weight() * ElementAsDouble(tops_[i][0]->data, 0);
@@ -287,10 +320,13 @@ void Net::Backward(double loss_scale) {
   const bool plan = options_.plan_memory;
   CORTADO_CHECK(!plan || held_.size() == plan_.group_bytes.size(), "Net::Backward before Forward");
   const int steps = 2 * static_cast<int>(layers_.size());
-  // Activation gradients live in grad_pool_: each is acquired when its consumer's backward is
-  // about to write it (or at the start, for loss seeds and gradients nobody writes) and
-  // released once its producer's backward has read it, so only the gradients of the layers
-  // around the current one hold memory. Those of net inputs stay readable until the next call.
+  const int first_step = static_cast<int>(layers_.size());
+  // Activation gradients are taken when their consumer's backward is about to write them (or
+  // at the start, for loss seeds and gradients nobody writes) and given back once their
+  // producer's backward has read them, so only the gradients of the layers around the current
+  // one hold memory: with a memory plan as its groups (in the arena, over activations already
+  // given back), else from grad_pool_. Those of net inputs stay readable until the next call.
+  if (plan) TakeBuffers(first_step);
   for (size_t b = 0; b < blobs_.size(); ++b) {
     if (grad_pooled_[b]) {
       grad_pool_.Release(blobs_[b]->grad);
@@ -299,7 +335,7 @@ void Net::Backward(double loss_scale) {
   }
   auto acquire = [&](Blob* blob) {
     const size_t index = blob_index_.at(blob->name);
-    if (grad_pooled_[index]) return;
+    if (plan || grad_pooled_[index]) return;  // planned: TakeBuffers did
     blob->grad = grad_pool_.Acquire(blob->data.shape(), blob->data.dtype());
     grad_pooled_[index] = true;
   };
@@ -324,6 +360,7 @@ void Net::Backward(double loss_scale) {
   }
   for (size_t i = layers_.size(); i-- > 0;) {
     const int step = steps - 1 - static_cast<int>(i);
+    if (plan && step != first_step) TakeBuffers(step);
     if (!runs_backward_[i]) {
       if (plan) GiveBackBuffers(step);
       continue;
@@ -374,6 +411,10 @@ void Net::SaveState(Checkpoint& checkpoint) const {
   for (const auto& layer : layers_) {
     for (const Buffer& b : layer->buffers()) checkpoint.Add("buffer/" + b.name, b.value);
   }
+}
+
+bool Net::IsNetState(const std::string& name) {
+  return name.rfind("param/", 0) == 0 || name.rfind("buffer/", 0) == 0;
 }
 
 void Net::LoadState(const Checkpoint& checkpoint, const std::string& path) {

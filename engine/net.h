@@ -16,7 +16,9 @@
 // Memory (NetOptions): with plan_memory the activations come from a pool following a memory
 // plan (engine/memory_plan.h), computed from the graph once per set of shapes: each buffer is
 // taken just before the forward of the layer that writes it and given back after the last
-// forward or backward that reads it, so a pass holds the largest live set, not the sum. A blob
+// forward or backward that reads it, and each activation gradient lives from the backward that
+// writes it to the backward of the layer that made the activation, all in one arena at planned
+// offsets, so a pass holds the largest live set of activations and gradients, not the sum. A blob
 // whose buffer was given back keeps its shape, but its data is another blob's: read only the
 // net inputs and the results (blobs nothing consumes, kept until the next Forward) after a
 // pass. An inference net (NetMode::kInference) runs in test phase only, plans its memory for
@@ -73,16 +75,18 @@ class Net : public CheckpointState {
   double Forward();
   // Runs every layer backward, seeding loss gradients with loss_weight * loss_scale.
   // Activation gradients exist only while backward needs them (grad_bytes_peak() is their
-  // footprint); afterwards only the net inputs' gradients can be read, until the next call.
+  // footprint without a memory plan; with one they are planned buffers of activation_pool(),
+  // and this is 0); afterwards only the net inputs' gradients can be read, until the next call.
   void Backward(double loss_scale = 1.0);
   size_t grad_bytes_peak() const { return grad_pool_.bytes_created(); }
   bool inference() const { return options_.mode == NetMode::kInference; }
   bool plans_memory() const { return options_.plan_memory; }
   // The memory plan for the current shapes (made on first use; plans_memory() nets only).
   const MemoryPlan& memory_plan();
-  // The activation pool: peak_bytes_lent() is the measured high-water mark that the plan's
-  // peak_bytes predicts, bytes_created() the storage behind it.
-  const BufferPool& activation_pool() const { return activation_pool_; }
+  // The activation pool (activations and, in training, their gradients): peak_bytes_lent() is
+  // the measured high-water mark that the plan's peak_bytes predicts, bytes_created() the
+  // storage behind it (the plan's arena_bytes).
+  const ArenaPool& activation_pool() const { return activation_pool_; }
   // Bytes of the forward activations (every blob's data; storage shared by in-place layers,
   // splits and flattens counted once), net inputs included.
   size_t activation_bytes() const;
@@ -104,6 +108,9 @@ class Net : public CheckpointState {
   // first one that is missing or has another shape.
   void SaveState(Checkpoint& checkpoint) const override;
   void LoadState(const Checkpoint& checkpoint, const std::string& path) override;
+  // Whether a checkpoint entry is the net's own ("param/..." or "buffer/..."): the filter with
+  // which an inference net's checkpoint loads without the solver state (momentum).
+  static bool IsNetState(const std::string& name);
 
   // An inference net refuses Phase::kTrain.
   void set_phase(Phase phase);
@@ -136,6 +143,7 @@ class Net : public CheckpointState {
   // Gives back every planned buffer still held, and replans when the shapes have changed.
   void BeginPlannedPass();
   void TakeBuffers(int step);
+  void KeepWithinPlan(int step);
   void GiveBackBuffers(int step);
 
   std::vector<std::unique_ptr<Layer>> layers_;
@@ -157,7 +165,7 @@ class Net : public CheckpointState {
   std::vector<size_t> planned_bytes_;
   std::vector<Tensor> held_;    // by plan group: the buffer taken for it, empty when given back
   std::vector<bool> external_;  // by blob: a net input (the caller's storage)
-  BufferPool activation_pool_;  // activations (plan_memory)
+  ArenaPool activation_pool_;   // activations and their gradients (plan_memory)
   bool profiling_ = false;
   std::vector<LayerTime> layer_times_;
 };

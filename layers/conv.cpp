@@ -1,6 +1,7 @@
 #include "layers/conv.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "engine/math.h"
@@ -10,9 +11,13 @@
 
 namespace cortado {
 using im2col::AddKernel;  // the data-movement kernels of layers/im2col.h
+using im2col::Col2Im;
 using im2col::ColumnsToImage;
+using im2col::Im2Col;
 using im2col::ImageToColumns;
+using im2col::IsStrided;
 using im2col::PhaseSize;
+using im2col::RowBand;
 
 namespace {
 
@@ -21,7 +26,14 @@ namespace {
 constexpr int64_t kTargetColumns = 512;
 constexpr int64_t kMaxBlockImages = 32;
 
+std::atomic<int64_t> g_column_budget{int64_t{4} << 20};
+
 }  // namespace
+
+int64_t ConvolutionLayer::column_budget() { return g_column_budget.load(); }
+void ConvolutionLayer::SetColumnBudgetForTesting(int64_t elements) {
+  g_column_budget.store(std::max<int64_t>(elements, 1));
+}
 
 void ConvolutionLayer::LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
   num_output_ = settings().GetInt("num_output");
@@ -94,6 +106,13 @@ void ConvolutionLayer::Reshape(const std::vector<Blob*>& bottom, const std::vect
                       stride_h_, stride_w_, pad_h_, pad_w_, dilation_h_, dilation_w_};
   const int64_t positions = oh * ow;
   block_ = std::clamp<int64_t>((kTargetColumns + positions - 1) / positions, 1, kMaxBlockImages);
+  band_rows_ = oh;
+  const int64_t rows = channels_ * kernel_h_ * kernel_w_;  // of the column matrix
+  if (block_ == 1 && !is_1x1_ && !IsStrided(geo_) && rows * positions > column_budget()) {
+    // At the default budget a band is thousands of columns wide (a full-width GEMM) for any
+    // column matrix of fewer than 8192 rows.
+    band_rows_ = std::clamp<int64_t>(column_budget() / (rows * ow), 1, oh);
+  }
   top[0]->data.Resize({x.dim(0), num_output_, oh, ow}, x.dtype());
 }
 
@@ -149,9 +168,11 @@ void ConvolutionLayer::ForwardT(const Tensor& xt, Tensor& yt) {
   for (auto* pool : {&col_ws, &out_ws, &phase_ws}) {
     if (static_cast<int>(pool->size()) < tasks) pool->resize(tasks);
   }
+  const bool banded = band_rows_ < g.oh;  // one image at a time, in bands of output rows
+  const int64_t gemm_cols = banded ? band_rows_ * g.ow : block * p;
   for (int t = 0; t < tasks; ++t) {
-    Workspace<T>(col_ws, t, k * block * p);
-    if (block > 1 || lowp) Workspace<A>(out_ws, t, cout * block * p);
+    Workspace<T>(col_ws, t, k * gemm_cols);
+    if (block > 1 || lowp) Workspace<A>(out_ws, t, cout * gemm_cols);
     Workspace<T>(phase_ws, t, PhaseSize(g));
   }
 
@@ -159,6 +180,44 @@ void ConvolutionLayer::ForwardT(const Tensor& xt, Tensor& yt) {
     const int64_t begin = n * t / tasks, end = n * (t + 1) / tasks;
     T* col = col_ws[t].data<T>();
     T* xq = phase_ws[t].data<T>();  // one image's phase planes: (C_in, sh, sw, Hq, Wq)
+    if (banded) {
+      for (int64_t n0 = begin; n0 < end; ++n0) {
+        T* yn = y + n0 * cout * p;
+        for (int64_t r0 = 0; r0 < g.oh; r0 += band_rows_) {
+          const int64_t r1 = std::min(r0 + band_rows_, g.oh);
+          const int64_t cols = (r1 - r0) * g.ow, at = r0 * g.ow;  // the band's positions
+          Im2Col(x + n0 * in_size, RowBand(g, r0, r1), col, cols);
+          if constexpr (!lowp) {
+            // The GEMM writes the band's columns of the output in place (rows p apart).
+            if (bias != nullptr) {
+              for (int64_t co = 0; co < cout; ++co) {
+                std::fill(yn + co * p + at, yn + co * p + at + cols, bias[co]);
+              }
+            }
+            const T beta = bias != nullptr ? T(1) : T(0);
+            for (int64_t gi = 0; gi < groups_; ++gi) {
+              LayerGemm<T>(false, false, cog, cols, kg, w + gi * cog * kg, kg, col + gi * kg * cols,
+                           cols, beta, yn + gi * cog * p + at, p);
+            }
+          } else {
+            A* out = out_ws[t].data<A>();  // (C_out, cols)
+            for (int64_t gi = 0; gi < groups_; ++gi) {
+              LayerGemm<T>(false, false, cog, cols, kg, w + gi * cog * kg, kg, col + gi * kg * cols,
+                           cols, A(0), out + gi * cog * cols, cols);
+            }
+            for (int64_t co = 0; co < cout; ++co) {
+              A* src = out + co * cols;
+              if (bias != nullptr) {
+                const A bv = bias[co];
+                for (int64_t i = 0; i < cols; ++i) src[i] += bv;
+              }
+              NarrowSpan<T>(src, cols, yn + co * p + at);
+            }
+          }
+        }
+      }
+      return;
+    }
     for (int64_t n0 = begin; n0 < end; n0 += block) {
       const int64_t nb = std::min(block, end - n0);
       const int64_t cols = nb * p;
@@ -246,15 +305,17 @@ void ConvolutionLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propa
        {&col_ws, &gather_ws, &phase_ws, &dw_ws, &db_ws, &wide_col_ws, &wide_image_ws}) {
     if (static_cast<int>(pool->size()) < tasks) pool->resize(tasks);
   }
+  const bool banded = band_rows_ < g.oh;  // one image at a time, in bands of output rows
+  const int64_t gemm_cols = banded ? band_rows_ * g.ow : block * p;
   for (int t = 0; t < tasks; ++t) {
-    Workspace<T>(col_ws, t, k * block * p);
+    Workspace<T>(col_ws, t, k * gemm_cols);
     if (block > 1) Workspace<T>(gather_ws, t, cout * block * p);
     Workspace<T>(phase_ws, t, PhaseSize(g));
     Workspace<A>(dw_ws, t, w_size);
     Workspace<A>(db_ws, t, cout);
     if (lowp && propagate) {
       // The input gradient is summed in A: dcol, then the phase planes and the image.
-      Workspace<A>(wide_col_ws, t, k * block * p);
+      Workspace<A>(wide_col_ws, t, k * gemm_cols);
       Workspace<A>(wide_image_ws, t, PhaseSize(g) + in_size);
     }
   }
@@ -267,6 +328,49 @@ void ConvolutionLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propa
     A* dbt = db_ws[t].data<A>();    // (C_out)
     std::fill(dbt, dbt + cout, A(0));
     bool first = true;
+    if (banded) {
+      for (int64_t n0 = begin; n0 < end; ++n0) {
+        const T* dyn = dy + n0 * cout * p;
+        // The input gradient is the sum of every band's columns added back (in A for 16-bit
+        // storage, narrowed once at the end).
+        A* dx_image = !propagate ? nullptr
+                      : lowp     ? wide_image_ws[t].data<A>()
+                                 : reinterpret_cast<A*>(dx + n0 * in_size);
+        if (propagate) std::fill(dx_image, dx_image + in_size, A(0));
+        for (int64_t r0 = 0; r0 < g.oh; r0 += band_rows_) {
+          const int64_t r1 = std::min(r0 + band_rows_, g.oh);
+          const int64_t cols = (r1 - r0) * g.ow, at = r0 * g.ow;
+          const ConvGeometry band = RowBand(g, r0, r1);
+          Im2Col(x + n0 * in_size, band, col, cols);
+          if (db != nullptr) {
+            for (int64_t co = 0; co < cout; ++co) {
+              const T* row = dyn + co * p + at;
+              A s = A(0);
+#pragma omp simd reduction(+ : s)
+              for (int64_t i = 0; i < cols; ++i) s += Widen(row[i]);
+              dbt[co] += s;
+            }
+          }
+          // dW_g += dY_g (C_out/g, band; rows p apart) * col_g^T
+          for (int64_t gi = 0; gi < groups_; ++gi) {
+            LayerGemm<T>(false, true, cog, kg, cols, dyn + gi * cog * p + at, p,
+                         col + gi * kg * cols, cols, first ? A(0) : A(1), dwt + gi * cog * kg, kg);
+          }
+          first = false;
+          if (!propagate) continue;
+          A* dcol = lowp ? wide_col_ws[t].data<A>() : reinterpret_cast<A*>(col);
+          for (int64_t gi = 0; gi < groups_; ++gi) {
+            LayerGemm<T>(true, false, kg, cols, cog, w + gi * cog * kg, kg, dyn + gi * cog * p + at,
+                         p, A(0), dcol + gi * kg * cols, cols);
+          }
+          Col2Im(dcol, cols, band, dx_image, /*accumulate=*/true);
+        }
+        if constexpr (lowp) {
+          if (propagate) NarrowSpan<T>(dx_image, in_size, dx + n0 * in_size);
+        }
+      }
+      return;
+    }
     for (int64_t n0 = begin; n0 < end; n0 += block) {
       const int64_t nb = std::min(block, end - n0);
       const int64_t cols = nb * p;

@@ -22,6 +22,12 @@
 // accumulates the weight and bias gradients into per-thread buffers that are summed in thread
 // order afterwards: results are deterministic for a given thread count. The input gradient is
 // W^T * dY followed by col2im.
+// A stride-1 convolution whose column matrix for one image would exceed the column budget
+// (a 3x3 convolution on a 224x224 image with 64 channels: 29 M elements) runs each image in
+// bands of output rows (im2col::RowBand), as many rows as fit in the budget, so its buffer
+// holds a band, not the image: VGG-16's per-thread column buffer is 16 MB
+// instead of 116 MB, in training and inference alike. Backward accumulates the weight
+// gradient over the bands and adds each band's columns back into the input gradient.
 // Workspaces (columns, phase planes, gathered outputs, gradient partials), one set per thread,
 // are the net's shared scratch (LayerContext::scratch: the layers of a net run one at a time, so
 // every convolution uses the same buffers); only a layer outside a net keeps its own. They are
@@ -44,6 +50,12 @@ class ConvolutionLayer : public Layer {
 
   // Images per GEMM block for the current shape (exposed for tests and profiles).
   int64_t block_images() const { return block_; }
+  // Output rows per band (the output height when the image runs whole).
+  int64_t band_rows() const { return band_rows_; }
+  // Elements of one thread's column buffer above which an image runs in bands (4 Mi; tests
+  // lower it to run small images in bands). Process-wide; set before a net is built.
+  static int64_t column_budget();
+  static void SetColumnBudgetForTesting(int64_t elements);
   double ForwardFlops() const override;
 
  protected:
@@ -78,8 +90,9 @@ class ConvolutionLayer : public Layer {
   bool has_bias_ = true;
   bool is_1x1_ = false;  // 1x1 kernel, stride 1, no padding: no im2col needed
   ConvGeometry geo_{};
-  int64_t block_ = 1;  // images per GEMM
-  int64_t batch_ = 0;  // images at the current shape
+  int64_t block_ = 1;      // images per GEMM
+  int64_t band_rows_ = 0;  // output rows per band: geo_.oh unless the image runs in bands
+  int64_t batch_ = 0;      // images at the current shape
   // Workspaces by kind, per thread: the net's shared ones (LayerContext::scratch), else the
   // layer's own. Each kind keeps one dtype (a kind used in two would be reallocated per call):
   // columns, phase planes and the gathered top gradient in the storage type; GEMM outputs,

@@ -192,14 +192,15 @@ void AddKernel(const T* __restrict src, T* __restrict dst, int64_t n) {
 }
 
 // The adjoint of Im2Col: adds every column entry back to the phase-plane position it came
-// from. dxq: (C, sh, sw, Hq, Wq), zeroed here first. In the shift case the entries of padded
+// from. dxq: (C, sh, sw, Hq, Wq), zeroed here first unless `accumulate` (a band of output
+// rows adding to what earlier bands wrote). In the shift case the entries of padded
 // positions in `col` are overwritten with zeros (the caller's scratch buffer), so that each
 // column row is added back in one pass.
 template <typename T>
-void Col2Im(T* col, int64_t ld, const ConvGeometry& g, T* dxq) {
+void Col2Im(T* col, int64_t ld, const ConvGeometry& g, T* dxq, bool accumulate = false) {
   const int64_t hq = PhaseRows(g), wq = PhaseCols(g), plane = hq * wq;
   const bool shift = wq == g.ow;
-  std::fill(dxq, dxq + g.c * g.sh * g.sw * plane, T(0));
+  if (!accumulate) std::fill(dxq, dxq + g.c * g.sh * g.sw * plane, T(0));
   for (int64_t c = 0; c < g.c; ++c) {
     for (int64_t ki = 0; ki < g.kh; ++ki) {
       int64_t qh, rh, oh_lo, oh_hi;
@@ -249,6 +250,17 @@ void ColumnsToImage(T* col, int64_t ld, const ConvGeometry& g, T* dxq, T* dx) {
 // Elements of one image's phase planes (none are needed at stride 1).
 inline int64_t PhaseSize(const ConvGeometry& g) {
   return IsStrided(g) ? g.c * g.sh * g.sw * PhaseRows(g) * PhaseCols(g) : 0;
+}
+
+// Output rows [row_begin, row_end) of a stride-1 convolution as a geometry of their own: the
+// same input, fewer output rows, the padding moved by row_begin (it may turn negative). Im2Col
+// of the band writes only those rows' columns and Col2Im adds back only what they read, so a
+// large image runs in bands with a column buffer a fraction of the whole image's.
+inline ConvGeometry RowBand(const ConvGeometry& g, int64_t row_begin, int64_t row_end) {
+  ConvGeometry band = g;
+  band.oh = row_end - row_begin;
+  band.ph = g.ph - row_begin * g.sh;
+  return band;
 }
 
 }  // namespace im2col

@@ -148,8 +148,9 @@ void AddBenchTrainCommand(CLI::App& bench) {
     const double median = step_s[step_s.size() / 2];
     const double n = static_cast<double>(args->iters);
     const double img_per_s = n * static_cast<double>(config.data.batch_size * ranks) / seconds;
-    // Activations: the plan's peak (the largest set alive at once), the pool's measured
-    // high-water mark, and the storage the pool holds for it.
+    // Activations and, in training, their gradients: the plan's peak (the largest set alive at
+    // once), the pool's measured high-water mark, and the storage the pool holds for it (the
+    // plan's arena); activation_grad_mb is 0, the gradients being in the plan.
     const double planned_mb = static_cast<double>(net.memory_plan().peak_bytes) / 1e6;
     const double measured_mb = static_cast<double>(net.activation_pool().peak_bytes_lent()) / 1e6;
     const double pool_mb = static_cast<double>(net.activation_pool().bytes_created()) / 1e6;
@@ -196,11 +197,11 @@ void AddBenchTrainCommand(CLI::App& bench) {
     } else {
       std::printf(
           "%s: batch %lld x %d rank(s), %d thread(s) each: %.1f img/s (%.2f ms/iter: "
-          "compute %.2f, comm wait %.2f, data %.2f); peak memory %.0f MB (activations %.0f MB and "
-          "their gradients %.0f MB of it; activation peak planned %.1f MB, measured %.1f MB)\n",
+          "compute %.2f, comm wait %.2f, data %.2f); peak memory %.0f MB (activations and their "
+          "gradients %.0f MB of it; their peak planned %.1f MB, measured %.1f MB)\n",
           model.c_str(), static_cast<long long>(config.data.batch_size), ranks, NumThreads(),
           img_per_s, 1000 * seconds / n, 1000 * sum.compute / n, 1000 * sum.comm_wait / n,
-          1000 * sum.data_wait / n, peak_rss_mb, pool_mb, net.grad_bytes_peak() / 1e6, planned_mb,
+          1000 * sum.data_wait / n, peak_rss_mb, pool_mb + net.grad_bytes_peak() / 1e6, planned_mb,
           measured_mb);
       if (args->profile) {
         std::printf("matrix-multiply peak (2048^3 fp32 GEMM, best of 3): %.1f GFLOP/s\n",

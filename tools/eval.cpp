@@ -74,14 +74,14 @@ void AddEvalCommand(CLI::App& app) {
       config = LoadRunConfig(args->config, args->sets, /*need_train=*/false);
     } else if (ckpt_path == "auto") {
       config = LoadRunConfig(args->config, args->sets, /*need_train=*/false);
-      ckpt_path = NewestLoadableCheckpoint(config.checkpoint.dir, &ckpt);
+      ckpt_path = NewestLoadableCheckpoint(config.checkpoint.dir, &ckpt, Net::IsNetState);
       CORTADO_CHECK(!ckpt_path.empty(), "--checkpoint auto: no valid checkpoint in '",
                     config.checkpoint.dir, "' (checkpoint.dir of ", args->config, ")");
     } else {
       CheckInputFile("--checkpoint", ckpt_path, "a checkpoint file (ckpt-*.cortado)");
       ExpectCheckpoint("--checkpoint", ckpt_path,
                        "evaluate it with --weights " + ckpt_path + " --config F");
-      ckpt = LoadCheckpoint(ckpt_path);
+      ckpt = LoadCheckpoint(ckpt_path, Net::IsNetState);  // no solver state
       if (!args->config.empty()) {
         config = LoadRunConfig(args->config, args->sets, /*need_train=*/false);
       } else {
@@ -115,6 +115,7 @@ void AddEvalCommand(CLI::App& app) {
     Net net(spec, config.seed, config.precision.compute, options);
     if (args->weights.empty()) {
       net.LoadState(ckpt, ckpt_path);
+      ckpt.tensors = {};  // the net holds its own copy: not the weights twice while evaluating
     } else {
       LoadWeights(net, config.model.builder, LoadSafetensors(args->weights), args->weights,
                   /*strict=*/true);

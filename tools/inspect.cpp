@@ -215,8 +215,10 @@ std::string MemoryPlanTable(const NetSpec& spec, const RunConfig& config) {
   Net infer(spec, config.seed, config.precision.compute, infer_options);
   const MemoryPlan& t = train.memory_plan();
   const MemoryPlan& f = infer.memory_plan();
-  size_t all = 0;
-  for (size_t b : t.group_bytes) all += b;
+  size_t all = 0;  // every activation (not their gradients) alive at once
+  for (size_t g = 0; g < t.group_bytes.size(); ++g) {
+    if (!t.group_is_grad[g]) all += t.group_bytes[g];
+  }
   // Inference has no Split layers: its layers are the training net's without them.
   std::map<std::string, size_t> infer_live;
   for (size_t i = 0; i < infer.layers().size(); ++i) {
@@ -225,7 +227,9 @@ std::string MemoryPlanTable(const NetSpec& spec, const RunConfig& config) {
   size_t name_w = 5;
   for (const auto& layer : train.layers()) name_w = std::max(name_w, layer->name().size());
   const int nw = static_cast<int>(name_w);
-  std::string out = StrCat("activation memory plan (MB alive while the layer runs):\n");
+  std::string out = StrCat(
+      "activation memory plan (MB of activations, and in training their gradients, alive while "
+      "the layer runs):\n");
   char line[256];
   std::snprintf(line, sizeof line, "%-*s  %9s  %9s  %9s\n", nw, "layer", "train fwd", "train bwd",
                 "inference");
@@ -239,9 +243,10 @@ std::string MemoryPlanTable(const NetSpec& spec, const RunConfig& config) {
                   it == infer_live.end() ? "-" : Megabytes(it->second).c_str());
     out += line;
   }
-  out +=
-      StrCat("planned activation peak: training ", Megabytes(t.peak_bytes), " MB (", Megabytes(all),
-             " MB if every activation were kept), inference ", Megabytes(f.peak_bytes), " MB\n");
+  out += StrCat(
+      "planned activation peak: training ", Megabytes(t.peak_bytes), " MB in a ",
+      Megabytes(t.arena_bytes), " MB arena (activations alone, every one kept: ", Megabytes(all),
+      " MB), inference ", Megabytes(f.peak_bytes), " MB in ", Megabytes(f.arena_bytes), " MB\n");
   return out;
 }
 

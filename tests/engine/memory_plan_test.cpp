@@ -11,8 +11,10 @@
 #include "engine/checkpoint.h"
 #include "engine/net.h"
 #include "engine/random.h"
+#include "engine/solver.h"
 #include "engine/thread_pool.h"
 #include "models/builders.h"
+#include "tests/support/files.h"
 
 namespace cortado {
 namespace {
@@ -65,6 +67,61 @@ TEST(MemoryPlan, TrainingKeepsWhatABackwardReadsUntilItHasRun) {
   g.layers[1].runs_backward = false;
   g.layers[2].runs_backward = false;
   EXPECT_EQ(PlanMemory(g, true).live_bytes, (std::vector<size_t>{100, 110, 11, 1, 1, 1}));
+}
+
+// No two groups alive during the same step share a byte of the arena, and every group lies
+// inside it; returns whether some gradient lies over bytes an activation used (a reuse).
+bool ExpectArenaLayoutIsSafe(const MemoryPlan& p, const std::string& what) {
+  bool reused = false;
+  const size_t n = p.group_bytes.size();
+  EXPECT_EQ(p.group_offset.size(), n) << what;
+  EXPECT_GE(p.arena_bytes, p.peak_bytes) << what;
+  auto last = [&](size_t g) { return std::min(p.group_last[g], p.steps - 1); };
+  for (size_t a = 0; a < n; ++a) {
+    EXPECT_EQ(p.group_offset[a] % kPlanAlignment, 0u) << what;
+    EXPECT_LE(p.group_offset[a] + p.group_bytes[a], p.arena_bytes) << what << " group " << a;
+    for (size_t b = a + 1; b < n; ++b) {
+      const bool disjoint = p.group_offset[a] + p.group_bytes[a] <= p.group_offset[b] ||
+                            p.group_offset[b] + p.group_bytes[b] <= p.group_offset[a];
+      const bool together = p.group_first[a] <= last(b) && p.group_first[b] <= last(a);
+      if (together) {
+        EXPECT_TRUE(disjoint) << what << ": groups " << a << " and " << b;
+      }
+      if (!disjoint && p.group_is_grad[a] != p.group_is_grad[b]) reused = true;
+    }
+  }
+  return reused;
+}
+
+TEST(MemoryPlan, GradientsLiveFromTheirWriterToTheirProducersBackward) {
+  // Chain with gradients: L2's backward writes c's gradient (step 3), L1's b's (step 4); L0
+  // does not propagate to the net input. d's gradient, written by nobody (a loss seed), is
+  // taken before the first backward step.
+  PlanGraph g = Chain();
+  g.gradients = true;
+  g.layers[0].propagate = {false};
+  g.layers[1].propagate = {true};
+  g.layers[2].propagate = {true};
+  const MemoryPlan p = PlanMemory(g, true);
+  ASSERT_EQ(p.group_bytes.size(), 6u);
+  EXPECT_EQ(p.grad_group, (std::vector<int>{-1, 3, 4, 5}));
+  EXPECT_EQ(p.group_is_grad, (std::vector<bool>{false, false, false, true, true, true}));
+  EXPECT_EQ(p.group_first, (std::vector<int>{0, 1, 2, 4, 3, 3}));
+  EXPECT_EQ(p.group_last, (std::vector<int>{4, 3, 6, 5, 4, 3}));
+  // Step 4 (L1's backward): b and d, and the gradients of b and c.
+  EXPECT_EQ(p.live_bytes, (std::vector<size_t>{100, 110, 111, 122, 211, 101}));
+  EXPECT_EQ(p.peak_bytes, 211u);
+  EXPECT_EQ(p.take_before[4], (std::vector<int>{3}));
+  EXPECT_EQ(p.give_after[4], (std::vector<int>{0, 4}));
+  // Largest first: b's data at 0, its gradient after it; d's 1-byte seed, alive only at step
+  // 3, fills the hole c's gradient leaves.
+  EXPECT_EQ(p.group_offset, (std::vector<size_t>{0, 128, 320, 128, 256, 192}));
+  EXPECT_EQ(p.arena_bytes, 384u);
+  ExpectArenaLayoutIsSafe(p, "chain");
+  // Without gradients (inference, or a graph that does not ask) there are none.
+  EXPECT_EQ(PlanMemory(g, false).group_bytes.size(), 3u);
+  g.gradients = false;
+  EXPECT_EQ(PlanMemory(g, true).grad_group, (std::vector<int>{-1, -1, -1, -1}));
 }
 
 TEST(MemoryPlan, SharedStorageIsOneBufferAliveForEveryBlobOnIt) {
@@ -164,9 +221,32 @@ TEST(MemoryPlan, PlannedPeakIsThePoolsHighWaterMark) {
       }
       const MemoryPlan& plan = net.memory_plan();
       EXPECT_EQ(net.activation_pool().peak_bytes_lent(), plan.peak_bytes) << c.name;
+      EXPECT_EQ(net.activation_pool().bytes_created(), plan.arena_bytes) << c.name;
+      size_t results = 0;  // still lent after the pass: the blobs nothing reads
+      for (size_t g = 0; g < plan.group_bytes.size(); ++g) {
+        if (plan.group_last[g] >= plan.steps) results += plan.group_bytes[g];
+      }
+      EXPECT_EQ(net.activation_pool().bytes_lent(), results) << c.name;
+      const bool reused = ExpectArenaLayoutIsSafe(plan, c.name);
+      // Training plans the activation gradients in the same arena: no separate pool, and
+      // gradients land on memory of activations already given back.
+      size_t grads = 0;
+      for (size_t g = 0; g < plan.group_bytes.size(); ++g) grads += plan.group_is_grad[g];
+      if (mode == NetMode::kTrain) {
+        EXPECT_GT(grads, 0u) << c.name;
+        EXPECT_EQ(net.grad_bytes_peak(), 0u) << c.name;
+        EXPECT_TRUE(reused) << c.name;
+      } else {
+        EXPECT_EQ(grads, 0u) << c.name;
+      }
+      // The arena costs at most the groups' alignment over the peak (LeNet's and ResNet-20's
+      // are within 200 bytes of it): placement wastes no whole buffer.
+      EXPECT_LE(plan.arena_bytes, plan.peak_bytes + kPlanAlignment * plan.group_bytes.size())
+          << c.name;
       size_t all = 0;
-      for (size_t b : plan.group_bytes) all += b;
-      EXPECT_LE(plan.peak_bytes, all) << c.name;
+      for (size_t g = 0; g < plan.group_bytes.size(); ++g) {
+        if (!plan.group_is_grad[g]) all += plan.group_bytes[g];
+      }
       // LeNet's training reads every activation in backward (a ReLU its output, a convolution
       // or fc its input); ResNet-20's sums and splits give buffers back early.
       if (mode == NetMode::kInference || c.name == "resnet20") {
@@ -207,15 +287,26 @@ TEST(MemoryPlan, PoisonedReleasedBuffersAreNeverRead) {
                 0)
           << c.name << " " << params[i]->name;
     }
-    // The poison is there: some activation other than a result reads NaN now.
-    bool poisoned = false;
+    // The poison is there: some activation other than a result reads NaN now, and so does
+    // some activation gradient (they are given back, and poisoned, too).
+    bool poisoned = false, poisoned_grad = false;
     for (auto& layer : net.layers()) {
-      const Tensor& t = net.blob(layer->spec().outputs[0])->data;
+      const Blob& b = *net.blob(layer->spec().outputs[0]);
+      const Tensor& t = b.data;
       if (t.dtype() == DType::kF64 && t.numel() > 0 && std::isnan(t.data<double>()[0])) {
         poisoned = true;
       }
+      if (b.grad.defined() && b.grad.dtype() == DType::kF64 && b.grad.numel() > 0 &&
+          std::isnan(b.grad.data<double>()[0])) {
+        poisoned_grad = true;
+      }
     }
     EXPECT_TRUE(poisoned) << c.name;
+    EXPECT_TRUE(poisoned_grad) << c.name;
+    // Gradients were placed on bytes of activations given back before them (and activations
+    // of the next pass on the gradients'), so a stale read would have met another buffer's
+    // numbers or the poison.
+    EXPECT_TRUE(ExpectArenaLayoutIsSafe(net.memory_plan(), c.name)) << c.name;
     // Numeric gradients (central differences) of a few weights of each parameter.
     const double eps = 1e-6;
     for (size_t k = 0; k < params.size(); k += c.name == "resnet20" ? 7 : 1) {
@@ -275,6 +366,7 @@ TEST(MemoryPlan, InferenceNetHasNoTrainingStateAndMatchesTestPhaseBitForBit) {
     }
     for (Param* p : net.params()) EXPECT_FALSE(p->grad.defined()) << c.name << " " << p->name;
     EXPECT_EQ(net.grad_bytes_peak(), 0u);
+    EXPECT_EQ(net.memory_plan().grad_group, std::vector<int>(net.memory_plan().group.size(), -1));
     // Max pooling's argmax is one buffer of the net's in inference, not one per layer.
     if (c.name == "lenet") {
       EXPECT_EQ(net.context().scratch->ForwardOnly().numel(), 4 * 64 * 7 * 7) << "pool2's, last";
@@ -283,6 +375,97 @@ TEST(MemoryPlan, InferenceNetHasNoTrainingStateAndMatchesTestPhaseBitForBit) {
     EXPECT_THROW(net.Backward(), Error);
     EXPECT_THROW(net.set_phase(Phase::kTrain), Error);
   }
+}
+
+// A batch larger than the plan's: buffers that outgrow their place in the arena get storage of
+// their own for that pass (so they cannot run into their neighbours), the next pass plans for
+// the new size, and a smaller batch again fits the larger arena; every pass computes what a net
+// that keeps every activation computes, bit for bit.
+TEST(MemoryPlan, ABatchLargerThanThePlansNeverOverlapsItsNeighbours) {
+  SetNumThreads(2);
+  for (const Case& c : Cases()) {
+    NetOptions options;
+    options.plan_memory = true;
+    options.poison_released = true;
+    Net net(c.spec, 3, DType::kF64, options);
+    Net plain(c.spec, 3, DType::kF64);
+    std::vector<size_t> arena;  // by pass
+    for (int64_t batch : {4, 6, 6, 3, 3}) {
+      net.SetBatchSize(batch);
+      plain.SetBatchSize(batch);
+      FillRandom(net, static_cast<uint64_t>(batch));
+      FillRandom(plain, static_cast<uint64_t>(batch));
+      const double loss = net.Forward();
+      EXPECT_EQ(loss, plain.Forward()) << c.name << " batch " << batch;
+      net.Backward();
+      plain.Backward();
+      const std::vector<Param*> params = net.params(), plain_params = plain.params();
+      for (size_t i = 0; i < params.size(); ++i) {
+        ASSERT_EQ(std::memcmp(params[i]->grad.raw_data(), plain_params[i]->grad.raw_data(),
+                              params[i]->grad.nbytes()),
+                  0)
+            << c.name << " batch " << batch << " " << params[i]->name;
+      }
+      arena.push_back(net.activation_pool().bytes_created());
+    }
+    // The first pass at 6 runs on the plan for 4 (what outgrew it on storage of its own), the
+    // second plans for 6; 3 fits the arena made for 6, which stays.
+    EXPECT_EQ(arena[1], arena[0]) << c.name;
+    EXPECT_GT(arena[2], arena[0]) << c.name;
+    EXPECT_EQ(arena[3], arena[2]) << c.name;
+    EXPECT_EQ(arena[4], arena[2]) << c.name;
+  }
+}
+
+// A checkpoint file with solver state (momentum, as large as the weights) loads into an
+// inference net with Net::IsNetState: the momentum is passed over in the file and never made
+// a tensor, the net's outputs are those of the full load, and the net has no gradient.
+TEST(MemoryPlan, ACheckpointLoadsIntoAnInferenceNetWithoutItsSolverState) {
+  SetNumThreads(2);
+  testing::TempDir dir;
+  const NetSpec spec = BuildModel("lenet", Small(1, 28));
+  Net train(spec, 5, DType::kF32);
+  FillRandom(train, 6);
+  SgdSolver solver(train.params(), SgdOptions{});
+  train.Forward();
+  train.Backward();
+  solver.Step(0.1);
+  Checkpoint saved;
+  saved.meta["iteration"] = "1";
+  train.SaveState(saved);
+  solver.SaveState(saved);
+  const std::string path = dir / "ckpt-00000001.cortado";
+  SaveCheckpoint(saved, path);
+
+  const Checkpoint all = LoadCheckpoint(path);
+  const Checkpoint weights = LoadCheckpoint(path, Net::IsNetState);
+  size_t momentum = 0, net_state = 0;
+  for (const auto& [name, t] : all.tensors) {
+    momentum += name.rfind("momentum/", 0) == 0;
+    net_state += Net::IsNetState(name);
+  }
+  EXPECT_EQ(momentum, train.params().size());
+  EXPECT_EQ(weights.tensors.size(), net_state);
+  for (const auto& [name, t] : weights.tensors) EXPECT_TRUE(Net::IsNetState(name)) << name;
+  EXPECT_EQ(weights.meta, all.meta);
+  Checkpoint newest;
+  EXPECT_EQ(NewestLoadableCheckpoint(dir.path(), &newest, Net::IsNetState), path);
+  EXPECT_EQ(newest.tensors.size(), net_state);
+
+  NetOptions infer;
+  infer.mode = NetMode::kInference;
+  Net from_all(spec, 9, DType::kF32, infer), from_weights(spec, 9, DType::kF32, infer);
+  from_all.LoadState(all, path);
+  from_weights.LoadState(weights, path);
+  FillRandom(from_all, 8);
+  FillRandom(from_weights, 8);
+  EXPECT_EQ(from_all.Forward(), from_weights.Forward());
+  for (Param* p : from_weights.params()) EXPECT_FALSE(p->grad.defined()) << p->name;
+  // A damaged file is refused as it is without the filter.
+  std::string bytes = testing::ReadFileBytes(path);
+  bytes[bytes.size() / 2] ^= 1;
+  testing::WriteFile(path, bytes);
+  EXPECT_THROW(LoadCheckpoint(path, Net::IsNetState), Error);
 }
 
 }  // namespace

@@ -150,5 +150,55 @@ TEST(ConvolutionReference, BatchesSmallOutputsIntoBlocks) {
   EXPECT_EQ(static_cast<ConvolutionLayer&>(large.layer()).block_images(), 1);
 }
 
+// A column budget smaller than one image's column matrix runs stride-1 convolutions in bands
+// of output rows (one row, several, and a short last band), in f64, f32 and the 16-bit
+// kernels, with the same results as the direct reference; strided, 1x1 and blocked ones are
+// not banded.
+TEST(ConvolutionReference, RunsLargeImagesInBandsOfRows) {
+  const int64_t saved = ConvolutionLayer::column_budget();
+  const ConvConfig banded[] = {
+      // n, cin, h, w, cout, kh, kw, sh, sw, ph, pw, dh, dw, groups, bias
+      {3, 3, 24, 23, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},   // padded: bands at both edges
+      {2, 4, 25, 22, 6, 3, 3, 1, 1, 2, 1, 2, 1, 2, false},  // dilated, groups
+      {3, 2, 28, 26, 4, 5, 5, 1, 1, 0, 0, 1, 1, 1, true},   // no padding
+  };
+  for (int64_t budget : {int64_t{1}, int64_t{1000}, int64_t{3000}}) {
+    ConvolutionLayer::SetColumnBudgetForTesting(budget);
+    for (const ConvConfig& c : banded) {
+      Settings s;
+      s.Set("num_output", c.cout).SetInts("kernel", {c.kh, c.kw}).SetInts("dilation", {c.dh, c.dw});
+      s.SetInts("pad", {c.ph, c.pw}).Set("groups", c.groups).Set("bias", c.bias);
+      LayerHarness h("Convolution", s, {RandomTensor({c.n, c.cin, c.h, c.w}, DType::kF32, 1)});
+      const auto& conv = static_cast<ConvolutionLayer&>(h.layer());
+      const int64_t oh = OutSize(c.h, c.kh, c.sh, c.ph, c.dh);
+      EXPECT_LT(conv.band_rows(), oh) << "budget " << budget;
+      if (budget == 1) {
+        EXPECT_EQ(conv.band_rows(), 1);
+      }
+      for (int threads : {1, 2}) RunConfig(c, DType::kF64, threads);
+      RunConfig(c, DType::kF32, 2);
+    }
+  }
+  // Only stride-1 convolutions that would use one image per GEMM with columns of their own.
+  ConvolutionLayer::SetColumnBudgetForTesting(1);
+  Settings strided;
+  strided.Set("num_output", 4).Set("kernel", 3).Set("pad", 1).Set("stride", 2);
+  LayerHarness s2("Convolution", strided, {RandomTensor({2, 2, 50, 50}, DType::kF32, 3)});
+  EXPECT_EQ(static_cast<ConvolutionLayer&>(s2.layer()).band_rows(), 25);
+  Settings pointwise;
+  pointwise.Set("num_output", 4).Set("kernel", 1);
+  LayerHarness p1("Convolution", pointwise, {RandomTensor({2, 2, 30, 30}, DType::kF32, 3)});
+  EXPECT_EQ(static_cast<ConvolutionLayer&>(p1.layer()).band_rows(), 30);
+  ConvolutionLayer::SetColumnBudgetForTesting(saved);
+  // The default budget: VGG-16's second convolution (64 channels, 224x224) runs in bands of
+  // 32 rows, 7168 columns each; its third (64 channels in, 112x112) in bands of 65 rows.
+  Settings vgg;
+  vgg.Set("num_output", 64).Set("kernel", 3).Set("pad", 1);
+  LayerHarness conv1_2("Convolution", vgg, {RandomTensor({1, 64, 224, 224}, DType::kF32, 4)});
+  EXPECT_EQ(static_cast<ConvolutionLayer&>(conv1_2.layer()).band_rows(), 32);
+  LayerHarness conv2_1("Convolution", vgg, {RandomTensor({1, 64, 112, 112}, DType::kF32, 4)});
+  EXPECT_EQ(static_cast<ConvolutionLayer&>(conv2_1.layer()).band_rows(), 65);
+}
+
 }  // namespace
 }  // namespace cortado::testing

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "engine/gemm_lowp.h"
+#include "layers/conv.h"
 #include "tests/layers/layer_harness.h"
 
 namespace cortado::testing {
@@ -123,6 +124,18 @@ TEST_P(MixedPrecision, Convolution) {
   pointwise.Set("num_output", 5).Set("kernel", 1).Set("bias", false);
   ExpectMatchesReference(GetParam(), "Convolution", pointwise,
                          {RandomTensor({2, 3, 23, 23}, DType::kF64, 4)});
+}
+
+// A stride-1 convolution run in bands of output rows (a column budget below one image's
+// columns): 16-bit columns per band, the input gradient summed over the bands in f32.
+TEST_P(MixedPrecision, ConvolutionInBands) {
+  const int64_t saved = ConvolutionLayer::column_budget();
+  ConvolutionLayer::SetColumnBudgetForTesting(2000);
+  Settings s;
+  s.Set("num_output", 5).Set("kernel", 3).Set("pad", 1);
+  ExpectMatchesReference(GetParam(), "Convolution", s,
+                         {RandomTensor({2, 3, 24, 23}, DType::kF64, 6)});
+  ConvolutionLayer::SetColumnBudgetForTesting(saved);
 }
 
 // bf16 convolutions on the f32 fallback that CPUs without AVX512_BF16 run.
