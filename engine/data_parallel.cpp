@@ -669,16 +669,20 @@ void DataParallel::AutoCheck() {
   }
   // The guard: a bucket whose residual ratio is above the limit is held one candidate wider
   // than it travels in now, from here on.
+  std::vector<dist::CodecKind> now;
+  std::vector<double> ratios(n, 0.0);  // fixed buckets: never widened
+  for (size_t b = 0; b < n; ++b) {
+    now.push_back(buckets_[b].codec);
+    if (auto_bucket_[b]) ratios[b] = m[3 + n + b];
+  }
+  const std::vector<dist::CodecKind> wider = Widen(now, ratios, ac.max_residual_ratio, ac.candidates);
   std::string tripped;
   for (size_t b = 0; b < n; ++b) {
-    const double ratio = m[3 + n + b];
-    if (!auto_bucket_[b] || !(ratio > ac.max_residual_ratio)) continue;
+    if (wider[b] == now[b]) continue;
     const size_t at = static_cast<size_t>(
-        std::find(ac.candidates.begin(), ac.candidates.end(), buckets_[b].codec) -
-        ac.candidates.begin());
-    if (at == 0 || at >= ac.candidates.size()) continue;
-    floor_[b] = std::min(floor_[b], at - 1);
-    tripped += StrCat(tripped.empty() ? "" : ", ", b, " (", Fixed(ratio, 3), ")");
+        std::find(ac.candidates.begin(), ac.candidates.end(), wider[b]) - ac.candidates.begin());
+    floor_[b] = std::min(floor_[b], at);
+    tripped += StrCat(tripped.empty() ? "" : ", ", b, " (", Fixed(ratios[b], 3), ")");
   }
   if (!tripped.empty()) {
     why += StrCat(why.empty() ? "" : "; ", "residual/gradient above ", ac.max_residual_ratio,
