@@ -472,7 +472,6 @@ DataParallel::StepResult DataParallel::FinishStep() {
   return result;
 }
 
-
 // ---- distributed.codec: auto ----
 
 namespace {
@@ -554,7 +553,8 @@ void DataParallel::MeasureStep(Trace::Clock::time_point backward_end) {
       }
       samples_.ready_s[b].push_back(ready);
       const dist::Work& w = *work_[b];
-      const double seconds = std::chrono::duration<double>(w.finished_at() - w.started_at()).count();
+      const double seconds =
+          std::chrono::duration<double>(w.finished_at() - w.started_at()).count();
       const size_t count = static_cast<size_t>(buckets_[b].end - buckets_[b].begin);
       const double bytes = buckets_[b].codec == dist::CodecKind::kF32
                                ? static_cast<double>(count) * esize
@@ -675,7 +675,8 @@ void DataParallel::AutoCheck() {
     now.push_back(buckets_[b].codec);
     if (auto_bucket_[b]) ratios[b] = m[3 + n + b];
   }
-  const std::vector<dist::CodecKind> wider = Widen(now, ratios, ac.max_residual_ratio, ac.candidates);
+  const std::vector<dist::CodecKind> wider =
+      Widen(now, ratios, ac.max_residual_ratio, ac.candidates);
   std::string tripped;
   for (size_t b = 0; b < n; ++b) {
     if (wider[b] == now[b]) continue;
@@ -729,7 +730,8 @@ void DataParallel::ApplyPlan(const std::vector<dist::CodecKind>& codecs, const s
         static_cast<size_t>(std::find(cand.begin(), cand.end(), next[b]) - cand.begin());
     if (at > floor_[b]) next[b] = cand[floor_[b]];
   }
-  const std::vector<PlannedBucket> predicted = ScheduleCodecs(PlanInput(), next);
+  const CodecPlanInput input = PlanInput();
+  const std::vector<PlannedBucket> predicted = ScheduleCodecs(input, next);
   const bool first = auto_plans_ == 0;
   ++auto_plans_;
   std::vector<std::string> lines;
@@ -744,14 +746,14 @@ void DataParallel::ApplyPlan(const std::vector<dist::CodecKind>& codecs, const s
       std::memset(residual_kept_.data<float>() + bucket.begin, 0, bytes);
     }
     bucket.codec = next[b];
-    lines.push_back(StrCat(
-        "  bucket ", b, " (", bucket.first, " .. ", bucket.last, ", ",
-        Bytes(static_cast<double>(bucket.end - bucket.begin) * 4), "): ",
-        old == next[b] ? std::string(dist::CodecName(next[b]))
-                       : StrCat(dist::CodecName(old), " -> ", dist::CodecName(next[b])),
-        ", hiding ", Ms(std::max(0.0, agreed_backward_end_s_ - predicted[b].start_s)),
-        ", predicted ", Ms(predicted[b].finish_s - predicted[b].start_s), ", measured ",
-        Ms(measured_transfer_s_[b]), " (in ", dist::CodecName(old), ")"));
+    lines.push_back(
+        StrCat("  bucket ", b, " (", bucket.first, " .. ", bucket.last, ", ",
+               Bytes(static_cast<double>(bucket.end - bucket.begin) * 4), "): ",
+               old == next[b] ? std::string(dist::CodecName(next[b]))
+                              : StrCat(dist::CodecName(old), " -> ", dist::CodecName(next[b])),
+               ", hiding ", Ms(std::max(0.0, agreed_backward_end_s_ - input.buckets[b].ready_s)),
+               ", predicted ", Ms(predicted[b].finish_s - predicted[b].start_s), ", measured ",
+               Ms(measured_transfer_s_[b]), " (in ", dist::CodecName(old), ")"));
   }
   if (rank() == 0) {
     LogInfo("codec auto: plan ", auto_plans_, " at iteration ", step_ + 1, ", ", why, ": link ",
@@ -823,9 +825,9 @@ void DataParallel::LoadState(const Checkpoint& ckpt, const std::string& path) {
                 " buckets, this run has ", n, " (the model or distributed.bucket_mb changed)");
   const std::vector<dist::CodecKind>& cand = options_.auto_codec.candidates;
   for (size_t b = 0; b < n; ++b) {
-    const bool known =
-        auto_bucket_[b] ? std::find(cand.begin(), cand.end(), codecs[b]) != cand.end()
-                        : codecs[b] == buckets_[b].codec;
+    const bool known = auto_bucket_[b]
+                           ? std::find(cand.begin(), cand.end(), codecs[b]) != cand.end()
+                           : codecs[b] == buckets_[b].codec;
     CORTADO_CHECK(known, "checkpoint '", path, "': bucket ", b, " travels in ",
                   dist::CodecName(codecs[b]),
                   ", which this run's codec settings do not allow (distributed.codec_candidates "

@@ -90,10 +90,10 @@ struct AutoCodecOptions {
   // Widest first; the sub-16-bit ones run with error feedback.
   std::vector<dist::CodecKind> candidates = {dist::CodecKind::kF32, dist::CodecKind::kBF16,
                                              dist::CodecKind::kEpgc11, dist::CodecKind::kEpgc8};
-  int64_t warmup_steps = 5;          // steps measured (in the widest candidate) before the plan
-  int64_t interval = 50;             // check drift and the guard every this many iterations; 0: never
-  double max_residual_ratio = 0.5;   // the guard: residual norm / gradient norm per bucket
-  double replan_factor = 1.5;        // re-plan when the link's rate moved by more than this
+  int64_t warmup_steps = 5;  // steps measured (in the widest candidate) before the plan
+  int64_t interval = 50;     // check drift and the guard every this many iterations; 0: never
+  double max_residual_ratio = 0.5;  // the guard: residual norm / gradient norm per bucket
+  double replan_factor = 1.5;       // re-plan when the link's rate moved by more than this
   // Replaces the agreed link model by a fixed rate (bytes/s, no latency) from each given
   // iteration on, (iteration, rate) in increasing iteration order: for tests, and to see the
   // plans a link would get (CORTADO_AUTO_LINK, see AutoLinkFromEnv). Empty: measured.
@@ -247,19 +247,19 @@ class DataParallel {
   // Auto codecs.
   std::vector<bool> auto_bucket_;  // chosen by the plan (else fixed)
   struct Samples {
-    std::vector<std::vector<double>> ready_s;  // per bucket, per step
-    std::vector<double> backward_end_s;        // per step
-    std::vector<double> ring_bytes, seconds;   // per transfer: (steps/W) bytes, duration
+    std::vector<std::vector<double>> ready_s;     // per bucket, per step
+    std::vector<double> backward_end_s;           // per step
+    std::vector<double> ring_bytes, seconds;      // per transfer: (steps/W) bytes, duration
     std::vector<std::vector<double>> transfer_s;  // per bucket, per step
     int64_t steps = 0;
   } samples_;
   bool planned_ = false;
   int64_t auto_plans_ = 0;
-  LinkModel agreed_link_;                 // what the plan was made with
+  LinkModel agreed_link_;  // what the plan was made with
   double agreed_backward_end_s_ = 0;
   std::vector<double> agreed_ready_s_;
   std::vector<double> measured_transfer_s_;  // per bucket, median of the last window
-  std::vector<size_t> floor_;             // per bucket: the narrowest candidate index allowed
+  std::vector<size_t> floor_;                // per bucket: the narrowest candidate index allowed
 };
 
 // Which codec each parameter's gradient travels in (the `distributed:` codec keys): `codec` for

@@ -119,7 +119,8 @@ void RunAutoPlan(const BenchArgs& a) {
   Rng rng(1);
   for (int step = 0; step < o.auto_codec.warmup_steps; ++step) {
     Tensor& x = net.input("data");
-    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(rng.Normal(0, 1));
+    for (int64_t i = 0; i < x.numel(); ++i)
+      x.data<float>()[i] = static_cast<float>(rng.Normal(0, 1));
     Tensor& label = net.input("label");
     for (int64_t i = 0; i < label.numel(); ++i) {
       label.data<int32_t>()[i] = static_cast<int32_t>(i % mo.num_classes);
@@ -154,8 +155,9 @@ void RunAutoPlan(const BenchArgs& a) {
   std::printf("# %6s  %12s  %-7s  %s\n", "bucket", "bytes", "codec", "parameters");
   for (size_t i = 0; i < buckets.size(); ++i) {
     const auto& b = buckets[i];
-    std::printf("  %6zu  %12lld  %-7s  %s .. %s\n", i, static_cast<long long>((b.end - b.begin) * 4),
-                dist::CodecName(b.codec), b.first.c_str(), b.last.c_str());
+    std::printf("  %6zu  %12lld  %-7s  %s .. %s\n", i,
+                static_cast<long long>((b.end - b.begin) * 4), dist::CodecName(b.codec),
+                b.first.c_str(), b.last.c_str());
   }
 }
 

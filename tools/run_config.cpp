@@ -297,7 +297,8 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
   dc.sync_bn_group = static_cast<int>(group);
   dc.codec.codec = dd.String("codec", "f32");
   try {
-    if (dc.codec.codec != "auto") dc.codec.codec = dist::CodecName(dist::ParseCodec(dc.codec.codec));
+    if (dc.codec.codec != "auto")
+      dc.codec.codec = dist::CodecName(dist::ParseCodec(dc.codec.codec));
   } catch (const std::exception& e) {
     dd.Error("codec", std::string(e.what()) + " (or auto)");
   }
@@ -319,9 +320,11 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
           dd.Error("codec_candidates", e.what());
         }
         const size_t k = ac.candidates.size();
-        if (k >= 2 && dist::CodecBits(ac.candidates[k - 2]) <= dist::CodecBits(ac.candidates[k - 1])) {
+        if (k >= 2 &&
+            dist::CodecBits(ac.candidates[k - 2]) <= dist::CodecBits(ac.candidates[k - 1])) {
           dd.Error("codec_candidates", std::string("must go from widest to narrowest, but ") +
-                                           dist::CodecName(ac.candidates[k - 2]) + " comes before " +
+                                           dist::CodecName(ac.candidates[k - 2]) +
+                                           " comes before " +
                                            dist::CodecName(ac.candidates[k - 1]));
         }
       }

@@ -97,9 +97,9 @@ TEST(CodecPlan, FixedBucketsKeepTheirCodecAndTakeTheirPlaceInTheQueue) {
   in.buckets[3].fixed = true;
   in.buckets[3].codec = CodecKind::kBF16;
   const auto plan = PlanCodecs(in);
-  EXPECT_EQ(Codecs(plan), (std::vector<CodecKind>{CodecKind::kEpgc8, CodecKind::kF32,
-                                                  CodecKind::kEpgc8, CodecKind::kBF16,
-                                                  CodecKind::kEpgc8}));
+  EXPECT_EQ(Codecs(plan),
+            (std::vector<CodecKind>{CodecKind::kEpgc8, CodecKind::kF32, CodecKind::kEpgc8,
+                                    CodecKind::kBF16, CodecKind::kEpgc8}));
   // The fixed f32 bucket's 26 MB take 2 steps of latency and the bytes once at 100 KB/s.
   EXPECT_DOUBLE_EQ(plan[1].finish_s - plan[1].start_s, 2 * 50e-6 + 26e6 / 1e5);
   // ScheduleCodecs predicts the same queue for the same codecs, whatever it is told for fixed

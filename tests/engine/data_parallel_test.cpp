@@ -258,7 +258,8 @@ TEST(DataParallel, AutoCodecsPlanAfterTheWarmupAndTheGuardWidens) {
   auto step = [&](DataParallel& d) {
     Rng data(5 + iteration);
     Tensor& x = net.input("data");
-    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(data.Normal(0, 1));
+    for (int64_t i = 0; i < x.numel(); ++i)
+      x.data<float>()[i] = static_cast<float>(data.Normal(0, 1));
     for (int64_t i = 0; i < 2; ++i) net.input("label").data<int32_t>()[i] = static_cast<int32_t>(i);
     d.BeginStep(iteration++);
     d.SetControl(net.Forward(), false);

@@ -710,11 +710,11 @@ TEST_F(DataParallelTest, ErrorFeedbackResumesBitwise) {
 // same codec for every bucket at every step, so the codecs changed at the same step
 // everywhere; rank 0 logs both plans, and its metrics carry the plan.
 TEST_F(DataParallelTest, AutoCodecsPlanAlikeOnEveryRankAndReplanAtTheSameStep) {
-  const std::string config = Config(
-      kResNet20,
-      "distributed: {codec: auto, auto_warmup_steps: 2, auto_interval: 2, "
-      "auto_max_residual_ratio: 1.0e9, bucket_mb: 0.05, first_bucket_mb: 0.01, "
-      "last_bucket_mb: 0.01}\n");
+  const std::string config =
+      Config(kResNet20,
+             "distributed: {codec: auto, auto_warmup_steps: 2, auto_interval: 2, "
+             "auto_max_residual_ratio: 1.0e9, bucket_mb: 0.05, first_bucket_mb: 0.01, "
+             "last_bucket_mb: 0.01}\n");
   for (int ranks : {2, 3}) {
     SCOPED_TRACE(ranks);
     const std::string name = "auto" + std::to_string(ranks);
@@ -743,8 +743,8 @@ TEST_F(DataParallelTest, AutoCodecsPlanAlikeOnEveryRankAndReplanAtTheSameStep) {
           bits[r][std::stoi(event.substr(18))].push_back(
               static_cast<int>(e["args"].value("codec_bits", -1.0)));
         } else if (event.rfind("codec plan: ", 0) == 0) {
-          plans[r].push_back(
-              event + " @" + std::to_string(static_cast<int>(e["args"].value("iteration", -1.0))));
+          plans[r].push_back(event + " @" +
+                             std::to_string(static_cast<int>(e["args"].value("iteration", -1.0))));
         }
       }
       ASSERT_EQ(plans[r].size(), 2u);
@@ -776,11 +776,11 @@ TEST_F(DataParallelTest, AutoCodecsPlanAlikeOnEveryRankAndReplanAtTheSameStep) {
 // and resumed ends bitwise where the uninterrupted run ends (parameters, momentum, the
 // error-feedback residuals), in the same plan.
 TEST_F(DataParallelTest, AutoCodecsResumeBitwise) {
-  const std::string config = Config(
-      kResNet20,
-      "distributed: {codec: auto, auto_warmup_steps: 2, auto_interval: 2, "
-      "auto_max_residual_ratio: 1.0e9, bucket_mb: 0.05, first_bucket_mb: 0.01, "
-      "last_bucket_mb: 0.01}\n");
+  const std::string config =
+      Config(kResNet20,
+             "distributed: {codec: auto, auto_warmup_steps: 2, auto_interval: 2, "
+             "auto_max_residual_ratio: 1.0e9, bucket_mb: 0.05, first_bucket_mb: 0.01, "
+             "last_bucket_mb: 0.01}\n");
   const std::string env = "CORTADO_AUTO_LINK=1e4 ";
   Checkpoint whole = Train(config, 2, 8, "whole", "", nullptr, "CORTADO_AUTO_LINK=1e4");
   const std::string ckpt_dir = (dir_ / "parts").string();
@@ -801,9 +801,10 @@ TEST_F(DataParallelTest, AutoCodecsResumeBitwise) {
   EXPECT_EQ(resumed.Meta("codec_auto_plan"), whole.Meta("codec_auto_plan"));
   // The measurements are timing, run by run: everything else is bitwise the same.
   for (Checkpoint* c : {&resumed, &whole}) {
-    c->tensors.erase(std::remove_if(c->tensors.begin(), c->tensors.end(),
-                                    [](const auto& t) { return t.first == "codec_auto/measurements"; }),
-                     c->tensors.end());
+    c->tensors.erase(
+        std::remove_if(c->tensors.begin(), c->tensors.end(),
+                       [](const auto& t) { return t.first == "codec_auto/measurements"; }),
+        c->tensors.end());
   }
   ExpectBitwiseEqual(resumed, whole);
 }
@@ -828,8 +829,7 @@ TEST_F(DataParallelTest, CodecConfigErrorsNameTheKey) {
             0);
   EXPECT_NE(err.find("distributed.codec_candidates"), std::string::npos) << err;
   EXPECT_NE(err.find("widest to narrowest, but epgc8 comes before f32"), std::string::npos) << err;
-  EXPECT_NE(train("--set distributed.codec=auto --set distributed.codec_candidates=[f32,fp12]"),
-            0);
+  EXPECT_NE(train("--set distributed.codec=auto --set distributed.codec_candidates=[f32,fp12]"), 0);
   EXPECT_NE(err.find("fp12"), std::string::npos) << err;
   EXPECT_NE(train("--set distributed.codec=auto --set distributed.auto_warmup_steps=0"), 0);
   EXPECT_NE(err.find("distributed.auto_warmup_steps"), std::string::npos) << err;
