@@ -208,7 +208,7 @@ class DataParallel {
   // Copies the compressed buckets' ranges of one residual block to another.
   void CopyCompressedRanges(const Tensor& from, Tensor& to) const;
   double ControlWord(int i) const;
-  // Whether bucket b's all-reduce keeps a residual (error feedback) in `codec`.
+  // Whether a bucket's all-reduce in `codec` keeps a residual (error feedback).
   bool UsesFeedback(dist::CodecKind codec) const;
   // Auto codecs: the step's timing goes into the samples; at the end of the warmup and at
   // every check the ranks agree and the plan may change.
@@ -218,7 +218,6 @@ class DataParallel {
   void ApplyPlan(const std::vector<dist::CodecKind>& codecs, const std::string& why);
   CodecPlanInput PlanInput() const;
 
-  Net& net_;
   Net& net_;
   dist::Communicator& comm_;
   DataParallelOptions options_;
