@@ -746,14 +746,15 @@ void DataParallel::ApplyPlan(const std::vector<dist::CodecKind>& codecs, const s
       std::memset(residual_kept_.data<float>() + bucket.begin, 0, bytes);
     }
     bucket.codec = next[b];
-    lines.push_back(
-        StrCat("  bucket ", b, " (", bucket.first, " .. ", bucket.last, ", ",
-               Bytes(static_cast<double>(bucket.end - bucket.begin) * 4), "): ",
-               old == next[b] ? std::string(dist::CodecName(next[b]))
-                              : StrCat(dist::CodecName(old), " -> ", dist::CodecName(next[b])),
-               ", hiding ", Ms(std::max(0.0, agreed_backward_end_s_ - input.buckets[b].ready_s)),
-               ", predicted ", Ms(predicted[b].finish_s - predicted[b].start_s), ", measured ",
-               Ms(measured_transfer_s_[b]), " (in ", dist::CodecName(old), ")"));
+    lines.push_back(StrCat(
+        "  bucket ", b, " (", bucket.first, " .. ", bucket.last, ", ",
+        Bytes(static_cast<double>(bucket.end - bucket.begin) * 4), "): ",
+        old == next[b] ? std::string(dist::CodecName(next[b]))
+                       : StrCat(dist::CodecName(old), " -> ", dist::CodecName(next[b])),
+        ", hiding ", Ms(std::max(0.0, agreed_backward_end_s_ - input.buckets[b].ready_s)),
+        ", predicted ", Ms(predicted[b].finish_s - predicted[b].start_s), ", measured ",
+        comm_.size() > 1 ? StrCat(Ms(measured_transfer_s_[b]), " (in ", dist::CodecName(old), ")")
+                         : std::string("nothing (one rank)")));
   }
   if (rank() == 0) {
     LogInfo("codec auto: plan ", auto_plans_, " at iteration ", step_ + 1, ", ", why, ": link ",
