@@ -885,9 +885,12 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
       }
     }
     if (dp_->options().auto_codec.enabled) {
-      codecs = StrCat(
-          "; codecs auto (", dist::CodecName(dp_->options().auto_codec.candidates.front()),
-          " for the first ", dp_->options().auto_codec.warmup_steps, " step(s), then as planned)");
+      codecs = dp_->codec_plans() > 0
+                   ? StrCat("; codecs auto, as planned before the checkpoint: ", codecs)
+                   : StrCat("; codecs auto (",
+                            dist::CodecName(dp_->options().auto_codec.candidates.front()),
+                            " for the first ", dp_->options().auto_codec.warmup_steps,
+                            " step(s), then as planned)");
     } else if (codecs != "f32") {
       codecs = StrCat("; codecs ", codecs, " (", dist::RoundingName(dp_->options().rounding),
                       dp_->options().error_feedback ? ", error feedback" : "",

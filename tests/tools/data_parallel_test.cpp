@@ -796,6 +796,8 @@ TEST_F(DataParallelTest, AutoCodecsResumeBitwise) {
   ASSERT_NE(half.Find("codec_auto/measurements"), nullptr);
   ASSERT_EQ(RunShell(env + "timeout 300 " + train + " --resume auto", nullptr, &err), 0) << err;
   EXPECT_EQ(err.find("codec auto: plan"), std::string::npos) << "the resumed run planned again";
+  EXPECT_NE(err.find("codecs auto, as planned before the checkpoint: epgc8"), std::string::npos)
+      << err;
   Checkpoint resumed = LoadCheckpoint(ListCheckpoints(ckpt_dir)[0]);
   ASSERT_EQ(resumed.MetaInt("iteration"), 6);
   EXPECT_EQ(resumed.Meta("codec_auto_plan"), whole.Meta("codec_auto_plan"));
