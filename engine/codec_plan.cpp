@@ -41,10 +41,10 @@ std::vector<PlannedBucket> Schedule(const CodecPlanInput& in,
   double link_free_at = 0;  // when the previous bucket's transfer finishes
   for (size_t b = 0; b < in.buckets.size(); ++b) {
     PlannedBucket& p = plan[b];
-    p.codec = codecs[b];
+    p.codec = in.buckets[b].fixed ? in.buckets[b].codec : codecs[b];
     p.start_s = std::max(in.buckets[b].ready_s, link_free_at);
     p.finish_s = p.start_s + in.link.AllReduceSeconds(
-                                 EncodedBytes(codecs[b], in.buckets[b].f32_bytes), in.world_size);
+                                 EncodedBytes(p.codec, in.buckets[b].f32_bytes), in.world_size);
     p.hidden = p.finish_s <= in.backward_end_s;
     link_free_at = p.finish_s;
   }
@@ -63,11 +63,20 @@ std::vector<PlannedBucket> PlanCodecs(const CodecPlanInput& in) {
   // A tiny slack so that rounding in the sums never rejects a choice that ties the limit.
   const double limit = std::max(End(Schedule(in, codecs)), in.backward_end_s) * (1 + 1e-12);
   for (size_t b = 0; b < codecs.size(); ++b) {
+    if (in.buckets[b].fixed) continue;
     for (dist::CodecKind codec : in.candidates) {  // widest first; the narrowest always fits
       codecs[b] = codec;
       if (End(Schedule(in, codecs)) <= limit) break;
     }
   }
+  return Schedule(in, codecs);
+}
+
+std::vector<PlannedBucket> ScheduleCodecs(const CodecPlanInput& in,
+                                          const std::vector<dist::CodecKind>& codecs) {
+  CheckInput(in);
+  CORTADO_CHECK(codecs.size() == in.buckets.size(), "codec plan: ", in.buckets.size(),
+                " buckets but ", codecs.size(), " codecs");
   return Schedule(in, codecs);
 }
 

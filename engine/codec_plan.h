@@ -39,6 +39,11 @@ struct LinkModel {
 struct BucketTiming {
   double ready_s = 0;    // when backward made the bucket ready, from backward's start
   double f32_bytes = 0;  // its gradients in f32
+  // A bucket the plan does not choose for (batch norm and biases kept in f32, a codec set by
+  // an override, the control words): it always travels in `codec`, and the plan queues the
+  // others around it.
+  bool fixed = false;
+  dist::CodecKind codec = dist::CodecKind::kF32;
 };
 
 struct CodecPlanInput {
@@ -58,6 +63,11 @@ struct PlannedBucket {
 // Throws naming what is wrong: no candidates, a candidate list not ordered widest first, a
 // non-positive rate or world size.
 std::vector<PlannedBucket> PlanCodecs(const CodecPlanInput& input);
+
+// The predicted transfers of the buckets in the given codecs (one per bucket; fixed buckets
+// travel in theirs whatever `codecs` says), queued as PlanCodecs queues them.
+std::vector<PlannedBucket> ScheduleCodecs(const CodecPlanInput& input,
+                                          const std::vector<dist::CodecKind>& codecs);
 
 // One candidate wider for every bucket whose residual ratio (error-feedback residual norm over
 // gradient norm) is above max_ratio; buckets already in the widest stay.

@@ -3,10 +3,14 @@
 #include <fnmatch.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
 #include "engine/error.h"
+#include "engine/log.h"
 #include "engine/thread_pool.h"
 
 namespace cortado {
@@ -44,7 +48,10 @@ void BroadcastBytes(dist::Communicator& comm, std::string* bytes) {
 }
 
 void ApplyCodecPolicy(Net& net, const CodecPolicy& policy) {
-  const dist::CodecKind fallback = dist::ParseCodec(policy.codec);
+  // auto: the plan chooses (DataParallel with auto_codec.enabled); until then f32.
+  const bool auto_codec = policy.codec == "auto";
+  const dist::CodecKind fallback =
+      auto_codec ? dist::CodecKind::kF32 : dist::ParseCodec(policy.codec);
   std::vector<bool> used(policy.overrides.size(), false);
   for (const auto& [pattern, codec] : policy.overrides) {
     try {
@@ -55,9 +62,11 @@ void ApplyCodecPolicy(Net& net, const CodecPolicy& policy) {
   }
   for (Param* p : net.params()) {
     dist::CodecKind codec = fallback;
+    bool chosen_by_plan = auto_codec;
     if (std::find(policy.keep_f32.begin(), policy.keep_f32.end(), p->kind) !=
         policy.keep_f32.end()) {
       codec = dist::CodecKind::kF32;
+      chosen_by_plan = false;
     }
     bool matched = false;
     for (size_t i = 0; i < policy.overrides.size(); ++i) {
@@ -65,8 +74,9 @@ void ApplyCodecPolicy(Net& net, const CodecPolicy& policy) {
       used[i] = true;
       if (!matched) codec = dist::ParseCodec(policy.overrides[i].second);
       matched = true;
+      chosen_by_plan = false;
     }
-    p->codec = dist::CodecName(codec);
+    p->codec = chosen_by_plan ? std::string("auto") : std::string(dist::CodecName(codec));
   }
   for (size_t i = 0; i < used.size(); ++i) {
     if (!used[i]) {
@@ -83,6 +93,8 @@ void ApplyCodecPolicy(Net& net, const CodecPolicy& policy) {
 
 dist::CodecKind CodecOfParam(const Param& param) {
   if (param.codec.empty()) return dist::CodecKind::kF32;
+  CORTADO_CHECK(param.codec != "auto", "parameter '", param.name,
+                "' has codec auto, but the data-parallel run does not plan codecs");
   try {
     return dist::ParseCodec(param.codec);
   } catch (const std::exception& e) {
@@ -127,9 +139,22 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
                 "': data-parallel training supports f32 and f64 gradients, got ", DTypeName(dtype));
   wire_type_ = WireTypeOf(dtype, "gradient of '" + order.front()->name + "'");
   const int64_t esize = static_cast<int64_t>(DTypeSize(dtype));
+  const AutoCodecOptions& ac = options_.auto_codec;
+  if (ac.enabled) {
+    CORTADO_CHECK(!ac.candidates.empty(), "distributed.codec_candidates: no codec to choose from");
+    CORTADO_CHECK(ac.warmup_steps >= 1, "distributed.auto_warmup_steps must be >= 1, got ",
+                  ac.warmup_steps);
+  }
   std::vector<BucketedParam> planned(order.size());
+  std::vector<bool> is_auto(order.size(), false);
   for (size_t i = 0; i < order.size(); ++i) {
-    planned[i] = BucketedParam{order[i]->name, order[i]->grad.numel(), CodecOfParam(*order[i])};
+    is_auto[i] = order[i]->codec == "auto";
+    CORTADO_CHECK(!is_auto[i] || ac.enabled, "parameter '", order[i]->name,
+                  "' has codec auto, but the data-parallel run does not plan codecs");
+    // An auto parameter is cut into buckets as the narrowest candidate would be: apart from
+    // the parameters kept in f32, so that a bucket's codec can change.
+    planned[i] = BucketedParam{order[i]->name, order[i]->grad.numel(),
+                               is_auto[i] ? ac.candidates.back() : CodecOfParam(*order[i])};
     if (planned[i].codec != dist::CodecKind::kF32) {
       CORTADO_CHECK(dtype == DType::kF32, "parameter '", order[i]->name, "' has gradient codec ",
                     order[i]->codec, ", but gradients are ", DTypeName(dtype),
@@ -143,6 +168,28 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
   control_index_ = plan.control_index;
   for (size_t i = 0; i < order.size(); ++i) bucket_of_[order[i]] = plan.bucket_of[i];
   const std::vector<int64_t>& offset = plan.offset;
+  auto_bucket_.assign(buckets_.size(), false);
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (is_auto[i]) auto_bucket_[plan.bucket_of[i]] = true;
+  }
+  if (ac.enabled) {
+    // The warmup measures in the widest candidate.
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (auto_bucket_[b]) buckets_[b].codec = ac.candidates.front();
+    }
+    floor_.assign(buckets_.size(), ac.candidates.size() - 1);
+    samples_.ready_s.assign(buckets_.size(), {});
+    samples_.transfer_s.assign(buckets_.size(), {});
+    measured_transfer_s_.assign(buckets_.size(), 0.0);
+  }
+  // Error feedback: everywhere with distributed.error_feedback; under auto for the sub-16-bit
+  // candidates. The residual block exists in either case (options().error_feedback says so).
+  feedback_all_ = options_.error_feedback;
+  if (ac.enabled) {
+    for (dist::CodecKind c : ac.candidates) {
+      if (dist::CodecBits(c) < 16) options_.error_feedback = true;
+    }
+  }
 
   // The block is the communicator's registered memory: registered once, here, and on one host
   // over UCX mapped by the other ranks, whose all-reduces then read and write it directly.
@@ -159,6 +206,8 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
   pending_.assign(buckets_.size(), 0);
   work_.assign(buckets_.size(), nullptr);
   queued_at_.resize(buckets_.size());
+  ready_at_.resize(buckets_.size());
+  ready_seen_.assign(buckets_.size(), false);
   net_.set_grad_ready_hook(
       [this](Layer&, std::vector<Param>& params) { OnGradientsReady(params); });
 }
@@ -231,17 +280,24 @@ void DataParallel::BeginStep(int64_t step) {
     work_[b].reset();
   }
   next_issue_ = 0;
+  step_start_ = Trace::Clock::now();
+  std::fill(ready_seen_.begin(), ready_seen_.end(), false);
   SetControlWord(0, 0.0);
   SetControlWord(1, 0.0);
   // Kept for DiscardStep: the residual changes as each compressed bucket is encoded.
   if (options_.error_feedback) CopyCompressedRanges(residual_, residual_kept_);
 }
 
+bool DataParallel::UsesFeedback(dist::CodecKind codec) const {
+  if (codec == dist::CodecKind::kF32 || residual_.empty()) return false;
+  return feedback_all_ || (options_.auto_codec.enabled && dist::CodecBits(codec) < 16);
+}
+
 void DataParallel::CopyCompressedRanges(const Tensor& from, Tensor& to) const {
   const float* src = from.data<float>();
   float* dst = to.data<float>();
   for (const Bucket& b : buckets_) {
-    if (b.codec == dist::CodecKind::kF32) continue;  // f32 buckets never touch the residual
+    if (!UsesFeedback(b.codec)) continue;  // f32 buckets never touch the residual
     std::memcpy(dst + b.begin, src + b.begin, static_cast<size_t>(b.end - b.begin) * 4);
   }
 }
@@ -273,7 +329,10 @@ void DataParallel::OnGradientsReady(std::vector<Param>& params) {
   for (Param& p : params) {
     auto it = bucket_of_.find(&p);
     CORTADO_ASSERT(it != bucket_of_.end());
-    --pending_[it->second];
+    if (--pending_[it->second] == 0) {
+      ready_at_[it->second] = Trace::Clock::now();
+      ready_seen_[it->second] = true;
+    }
   }
   if (options_.overlap) IssueReadyBuckets();
 }
@@ -299,7 +358,7 @@ void DataParallel::Issue(size_t b) {
   uint64_t h = options_.seed + 0x9e3779b97f4a7c15ull * (static_cast<uint64_t>(step_) + 1);
   h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull + b;
   compression.seed = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
-  if (options_.error_feedback) compression.residual = residual_.data<float>() + bucket.begin;
+  if (UsesFeedback(bucket.codec)) compression.residual = residual_.data<float>() + bucket.begin;
   work_[b] = comm_.AllReduceCompressedAsync(reinterpret_cast<float*>(base), count,
                                             dist::ReduceOp::kAvg, compression);
 }
@@ -399,7 +458,8 @@ DataParallel::StepResult DataParallel::FinishStep() {
            {"cpu_ms", 1000 * cpu.total_s},
            {"user_ms", 1000 * cpu.user_s},
            {"system_ms", 1000 * cpu.system_s},
-           {"wakeups", static_cast<double>(w.wakeups())}});
+           {"wakeups", static_cast<double>(w.wakeups())},
+           {"codec_bits", static_cast<double>(dist::CodecBits(buckets_[b].codec))}});
     }
     trace_->Add(TraceTrack::kCompute, "wait for gradients", "comm", t0, t1,
                 {{"comm_cpu_ms", 1000 * last_comm_cpu_.total_s},
@@ -407,7 +467,388 @@ DataParallel::StepResult DataParallel::FinishStep() {
                  {"comm_system_ms", 1000 * last_comm_cpu_.system_s},
                  {"comm_wakeups", static_cast<double>(last_comm_wakeups_)}});
   }
-  return StepResult{ControlWord(0) > 0, ControlWord(1)};
+  const StepResult result{ControlWord(0) > 0, ControlWord(1)};
+  if (options_.auto_codec.enabled) MeasureStep(t0);
+  return result;
+}
+
+// ---- distributed.codec: auto ----
+
+namespace {
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string Fixed(double v, int digits) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.*f", digits, v);
+  return text;
+}
+
+std::string Ms(double seconds) { return StrCat(Fixed(1000 * seconds, 1), " ms"); }
+
+// Bytes in MB (2^20), one decimal; below 0.1 MB in KB.
+std::string Bytes(double bytes) {
+  return bytes < 0.1 * 1048576 ? StrCat(Fixed(bytes / 1024, 1), " KB")
+                               : StrCat(Fixed(bytes / 1048576, 1), " MB");
+}
+
+}  // namespace
+
+std::vector<std::pair<int64_t, double>> AutoLinkFromEnv() {
+  const char* env = std::getenv("CORTADO_AUTO_LINK");
+  std::vector<std::pair<int64_t, double>> out;
+  if (env == nullptr || *env == '\0') return out;
+  std::istringstream in(env);
+  for (std::string item; std::getline(in, item, ',');) {
+    int64_t from = 0;
+    std::string rate = item;
+    const size_t colon = item.find(':');
+    if (colon != std::string::npos) {
+      char* end = nullptr;
+      from = std::strtoll(item.c_str(), &end, 10);
+      CORTADO_CHECK(end == item.c_str() + colon && from >= 0, "CORTADO_AUTO_LINK: '", item,
+                    "' is not ITERATION:RATE");
+      rate = item.substr(colon + 1);
+    }
+    char* end = nullptr;
+    const double r = std::strtod(rate.c_str(), &end);
+    CORTADO_CHECK(!rate.empty() && *end == '\0' && std::isfinite(r) && r > 0,
+                  "CORTADO_AUTO_LINK: '", item,
+                  "' is not a positive rate in bytes/s (e.g. 1.25e7 or 40:1.25e9)");
+    CORTADO_CHECK(out.empty() || from > out.back().first, "CORTADO_AUTO_LINK: iteration ", from,
+                  " does not follow ", out.empty() ? 0 : out.back().first);
+    CORTADO_CHECK(!out.empty() || colon == std::string::npos, "CORTADO_AUTO_LINK: '", env,
+                  "' must start with a rate without an iteration (the rate from the start)");
+    out.emplace_back(from, r);
+  }
+  return out;
+}
+
+void DataParallel::MeasureStep(Trace::Clock::time_point backward_end) {
+  const AutoCodecOptions& ac = options_.auto_codec;
+  const auto since_start = [&](Trace::Clock::time_point t) {
+    return std::chrono::duration<double>(t - step_start_).count();
+  };
+  ++samples_.steps;
+  // The first warmup step (allocation, connection set-up) is left out when there are more.
+  const bool skip = !planned_ && ac.warmup_steps >= 2 && samples_.steps == 1;
+  if (!skip) {
+    const double esize = static_cast<double>(DTypeSize(block_.dtype()));
+    const double ring = 2.0 * (comm_.size() - 1) / comm_.size();
+    double ready = 0;
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      // A bucket without parameters (the control words) is ready with the one before it; one
+      // that the hook did not complete, when backward returned.
+      if (buckets_[b].params == 0) {
+        // keeps `ready` of the bucket before
+      } else if (ready_seen_[b]) {
+        ready = since_start(ready_at_[b]);
+      } else {
+        ready = since_start(backward_end);
+      }
+      samples_.ready_s[b].push_back(ready);
+      const dist::Work& w = *work_[b];
+      const double seconds =
+          std::chrono::duration<double>(w.finished_at() - w.started_at()).count();
+      const size_t count = static_cast<size_t>(buckets_[b].end - buckets_[b].begin);
+      const double bytes = buckets_[b].codec == dist::CodecKind::kF32
+                               ? static_cast<double>(count) * esize
+                               : static_cast<double>(dist::EncodedBytes(buckets_[b].codec, count));
+      samples_.transfer_s[b].push_back(seconds);
+      if (bytes > 0) {
+        samples_.ring_bytes.push_back(ring * bytes);
+        samples_.seconds.push_back(seconds);
+      }
+    }
+    samples_.backward_end_s.push_back(since_start(backward_end));
+  }
+  if (!planned_) {
+    if (samples_.steps < ac.warmup_steps) return;
+    const std::vector<double> m = AgreedMeasurement();
+    const size_t n = buckets_.size();
+    agreed_link_ = LinkModel{m[0], m[1] > 0 ? 1.0 / m[1] : 0.0};
+    agreed_backward_end_s_ = m[2];
+    agreed_ready_s_.assign(m.begin() + 3, m.begin() + 3 + static_cast<int64_t>(n));
+    measured_transfer_s_.assign(m.begin() + 3 + 2 * static_cast<int64_t>(n), m.end());
+    CORTADO_CHECK(agreed_link_.bytes_per_s > 0,
+                  "codec auto: the warmup measured no transfer to plan from");
+    planned_ = true;
+    std::vector<dist::CodecKind> codecs;
+    for (const PlannedBucket& p : PlanCodecs(PlanInput())) codecs.push_back(p.codec);
+    ApplyPlan(codecs, "after the warmup");
+    return;
+  }
+  if (ac.interval > 0 && (step_ + 1) % ac.interval == 0) AutoCheck();
+}
+
+std::vector<double> DataParallel::AgreedMeasurement() {
+  const size_t n = buckets_.size();
+  // [latency, seconds per byte, backward end, ready per bucket, residual ratio per bucket,
+  //  transfer per bucket]
+  std::vector<double> v(3 + 3 * n, 0.0);
+  const std::vector<double>& u = samples_.ring_bytes;
+  const std::vector<double>& y = samples_.seconds;
+  if (!u.empty() && comm_.size() > 1) {
+    // y = (2 (W-1)) latency + u / rate, fitted by least squares; where the fit is not physical
+    // (too few sizes, noise), no latency and the mean rate.
+    const double k = static_cast<double>(u.size());
+    double su = 0, sy = 0, suu = 0, suy = 0;
+    for (size_t i = 0; i < u.size(); ++i) {
+      su += u[i];
+      sy += y[i];
+      suu += u[i] * u[i];
+      suy += u[i] * y[i];
+    }
+    const double var = suu - su * su / k;
+    double spb = var > 0 ? (suy - su * sy / k) / var : 0;
+    double intercept = (sy - spb * su) / k;
+    if (!(spb > 0) || intercept < 0) {
+      spb = su > 0 ? sy / su : 0;
+      intercept = 0;
+    }
+    v[0] = intercept / (2.0 * (comm_.size() - 1));
+    v[1] = spb;
+  }
+  v[2] = Median(samples_.backward_end_s);
+  for (size_t b = 0; b < n; ++b) {
+    v[3 + b] = Median(samples_.ready_s[b]);
+    v[3 + 2 * n + b] = Median(samples_.transfer_s[b]);
+    if (!auto_bucket_[b] || !UsesFeedback(buckets_[b].codec)) continue;
+    // The guard: this rank's residual against the reduced gradient of the step just done.
+    const float* r = residual_.data<float>();
+    const float* g = block_.data<float>();
+    double rr = 0, gg = 0;
+    for (int64_t i = buckets_[b].begin; i < buckets_[b].end; ++i) {
+      rr += static_cast<double>(r[i]) * r[i];
+      gg += static_cast<double>(g[i]) * g[i];
+    }
+    v[3 + n + b] = gg > 0 ? std::sqrt(rr / gg) : (rr > 0 ? INFINITY : 0.0);
+  }
+  comm_.AllReduce(v.data(), v.size(), dist::DataType::kF64, dist::ReduceOp::kMax);
+  // Fixed rates replace the measured link (CORTADO_AUTO_LINK, tests).
+  const auto& over = options_.auto_codec.link_override;
+  for (size_t i = over.size(); i-- > 0;) {
+    if (i == 0 || over[i].first <= step_) {
+      v[0] = 0;
+      v[1] = 1.0 / over[i].second;
+      break;
+    }
+  }
+  samples_ = Samples{};
+  samples_.ready_s.assign(n, {});
+  samples_.transfer_s.assign(n, {});
+  samples_.steps = 0;
+  return v;
+}
+
+void DataParallel::AutoCheck() {
+  const AutoCodecOptions& ac = options_.auto_codec;
+  const size_t n = buckets_.size();
+  const std::vector<double> m = AgreedMeasurement();
+  measured_transfer_s_.assign(m.begin() + 3 + 2 * static_cast<int64_t>(n), m.end());
+  std::vector<dist::CodecKind> codecs;
+  for (const Bucket& b : buckets_) codecs.push_back(b.codec);
+  std::string why;
+  if (m[1] > 0) {
+    const double rate = 1.0 / m[1];
+    const double drift = rate / agreed_link_.bytes_per_s;
+    if (std::max(drift, 1 / drift) > ac.replan_factor) {
+      why = StrCat("the link's rate moved from ", Bytes(agreed_link_.bytes_per_s), "/s to ",
+                   Bytes(rate), "/s");
+      agreed_link_ = LinkModel{m[0], rate};
+      agreed_backward_end_s_ = m[2];
+      agreed_ready_s_.assign(m.begin() + 3, m.begin() + 3 + static_cast<int64_t>(n));
+      codecs.clear();
+      for (const PlannedBucket& p : PlanCodecs(PlanInput())) codecs.push_back(p.codec);
+    }
+  }
+  // The guard: a bucket whose residual ratio is above the limit is held one candidate wider
+  // than it travels in now, from here on.
+  std::vector<dist::CodecKind> now;
+  std::vector<double> ratios(n, 0.0);  // fixed buckets: never widened
+  for (size_t b = 0; b < n; ++b) {
+    now.push_back(buckets_[b].codec);
+    if (auto_bucket_[b]) ratios[b] = m[3 + n + b];
+  }
+  const std::vector<dist::CodecKind> wider =
+      Widen(now, ratios, ac.max_residual_ratio, ac.candidates);
+  std::string tripped;
+  for (size_t b = 0; b < n; ++b) {
+    if (wider[b] == now[b]) continue;
+    const size_t at = static_cast<size_t>(
+        std::find(ac.candidates.begin(), ac.candidates.end(), wider[b]) - ac.candidates.begin());
+    floor_[b] = std::min(floor_[b], at);
+    tripped += StrCat(tripped.empty() ? "" : ", ", b, " (", Fixed(ratios[b], 3), ")");
+  }
+  if (!tripped.empty()) {
+    why += StrCat(why.empty() ? "" : "; ", "residual/gradient above ", ac.max_residual_ratio,
+                  " in bucket(s) ", tripped);
+  }
+  for (size_t b = 0; b < n; ++b) {
+    if (!auto_bucket_[b]) continue;
+    const size_t at = static_cast<size_t>(
+        std::find(ac.candidates.begin(), ac.candidates.end(), codecs[b]) - ac.candidates.begin());
+    if (at > floor_[b]) codecs[b] = ac.candidates[floor_[b]];
+  }
+  bool changed = false;
+  for (size_t b = 0; b < n; ++b) changed = changed || codecs[b] != buckets_[b].codec;
+  if (changed) ApplyPlan(codecs, why);
+}
+
+CodecPlanInput DataParallel::PlanInput() const {
+  CodecPlanInput in;
+  const double esize = static_cast<double>(DTypeSize(block_.dtype()));
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    BucketTiming t;
+    // Without overlap every bucket waits for backward's end: nothing hides.
+    t.ready_s = options_.overlap ? agreed_ready_s_[b] : agreed_backward_end_s_;
+    t.f32_bytes = static_cast<double>(buckets_[b].end - buckets_[b].begin) * esize;
+    t.fixed = !auto_bucket_[b];
+    t.codec = buckets_[b].codec;
+    in.buckets.push_back(t);
+  }
+  in.backward_end_s = agreed_backward_end_s_;
+  in.world_size = options_.auto_codec.plan_world_size > 0 ? options_.auto_codec.plan_world_size
+                                                          : std::max(2, comm_.size());
+  in.link = agreed_link_;
+  in.candidates = options_.auto_codec.candidates;
+  return in;
+}
+
+void DataParallel::ApplyPlan(const std::vector<dist::CodecKind>& codecs, const std::string& why) {
+  // Floors from the guard hold in every plan.
+  const std::vector<dist::CodecKind>& cand = options_.auto_codec.candidates;
+  std::vector<dist::CodecKind> next = codecs;
+  for (size_t b = 0; b < next.size(); ++b) {
+    if (!auto_bucket_[b]) continue;
+    const size_t at =
+        static_cast<size_t>(std::find(cand.begin(), cand.end(), next[b]) - cand.begin());
+    if (at > floor_[b]) next[b] = cand[floor_[b]];
+  }
+  const CodecPlanInput input = PlanInput();
+  const std::vector<PlannedBucket> predicted = ScheduleCodecs(input, next);
+  const bool first = auto_plans_ == 0;
+  ++auto_plans_;
+  std::vector<std::string> lines;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    const dist::CodecKind old = bucket.codec;
+    if (!auto_bucket_[b] || (!first && old == next[b])) continue;
+    if (UsesFeedback(old) != UsesFeedback(next[b]) && !residual_.empty()) {
+      // Between a codec with error feedback and one without, the residual starts from zero.
+      const size_t bytes = static_cast<size_t>(bucket.end - bucket.begin) * 4;
+      std::memset(residual_.data<float>() + bucket.begin, 0, bytes);
+      std::memset(residual_kept_.data<float>() + bucket.begin, 0, bytes);
+    }
+    bucket.codec = next[b];
+    lines.push_back(StrCat(
+        "  bucket ", b, " (", bucket.first, " .. ", bucket.last, ", ",
+        Bytes(static_cast<double>(bucket.end - bucket.begin) * 4), "): ",
+        old == next[b] ? std::string(dist::CodecName(next[b]))
+                       : StrCat(dist::CodecName(old), " -> ", dist::CodecName(next[b])),
+        ", hiding ", Ms(std::max(0.0, agreed_backward_end_s_ - input.buckets[b].ready_s)),
+        ", predicted ", Ms(predicted[b].finish_s - predicted[b].start_s), ", measured ",
+        comm_.size() > 1 ? StrCat(Ms(measured_transfer_s_[b]), " (in ", dist::CodecName(old), ")")
+                         : std::string("nothing (one rank)")));
+  }
+  if (rank() == 0) {
+    LogInfo("codec auto: plan ", auto_plans_, " at iteration ", step_ + 1, ", ", why, ": link ",
+            Bytes(agreed_link_.bytes_per_s), "/s + ", Fixed(1e6 * agreed_link_.latency_s, 1),
+            " us latency, backward ", Ms(agreed_backward_end_s_), "; predicted exposed ",
+            Ms(std::max(0.0, (predicted.empty() ? 0.0 : predicted.back().finish_s) -
+                                 agreed_backward_end_s_)),
+            "; codecs ", codec_plan());
+    for (const std::string& line : lines) LogInfo(line);
+  }
+  if (trace_ != nullptr) {
+    const auto now = Trace::Clock::now();
+    Trace::Args args = {{"iteration", static_cast<double>(step_ + 1)},
+                        {"bytes_per_s", agreed_link_.bytes_per_s},
+                        {"latency_us", 1e6 * agreed_link_.latency_s}};
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      args.emplace_back(StrCat("bucket ", b, " bits"), dist::CodecBits(buckets_[b].codec));
+    }
+    trace_->Add(TraceTrack::kGradients, StrCat("codec plan: ", codec_plan()), "comm", now, now,
+                std::move(args));
+  }
+}
+
+std::string DataParallel::codec_plan() const {
+  std::string out;
+  for (const Bucket& b : buckets_) out += StrCat(out.empty() ? "" : ",", dist::CodecName(b.codec));
+  return out;
+}
+
+void DataParallel::SaveState(Checkpoint& ckpt) const {
+  if (!options_.auto_codec.enabled || !planned_) return;
+  const size_t n = buckets_.size();
+  ckpt.meta["codec_auto_plan"] = codec_plan();
+  ckpt.meta["codec_auto_plans"] = std::to_string(auto_plans_);
+  // [latency, rate, backward end, ready per bucket, floor per bucket, measured per bucket]
+  Tensor t({static_cast<int64_t>(3 + 3 * n)}, DType::kF64);
+  double* v = t.data<double>();
+  v[0] = agreed_link_.latency_s;
+  v[1] = agreed_link_.bytes_per_s;
+  v[2] = agreed_backward_end_s_;
+  for (size_t b = 0; b < n; ++b) {
+    v[3 + b] = agreed_ready_s_[b];
+    v[3 + n + b] = static_cast<double>(floor_[b]);
+    v[3 + 2 * n + b] = measured_transfer_s_[b];
+  }
+  ckpt.Add("codec_auto/measurements", t);
+}
+
+void DataParallel::LoadState(const Checkpoint& ckpt, const std::string& path) {
+  if (!options_.auto_codec.enabled) return;
+  auto plan = ckpt.meta.find("codec_auto_plan");
+  if (plan == ckpt.meta.end()) return;  // written before the warmup ended: it starts over
+  const size_t n = buckets_.size();
+  std::vector<dist::CodecKind> codecs;
+  std::istringstream in(plan->second);
+  for (std::string name; std::getline(in, name, ',');) {
+    try {
+      codecs.push_back(dist::ParseCodec(name));
+    } catch (const std::exception& e) {
+      Fail("checkpoint '", path, "': codec_auto_plan: ", e.what());
+    }
+  }
+  const Tensor* t = ckpt.Find("codec_auto/measurements");
+  CORTADO_CHECK(t != nullptr, "checkpoint '", path, "' has codec_auto_plan but lacks ",
+                "codec_auto/measurements");
+  CORTADO_CHECK(codecs.size() == n && t->dtype() == DType::kF64 &&
+                    t->numel() == static_cast<int64_t>(3 + 3 * n),
+                "checkpoint '", path, "': its codec plan has ", codecs.size(),
+                " buckets, this run has ", n, " (the model or distributed.bucket_mb changed)");
+  const std::vector<dist::CodecKind>& cand = options_.auto_codec.candidates;
+  for (size_t b = 0; b < n; ++b) {
+    const bool known = auto_bucket_[b]
+                           ? std::find(cand.begin(), cand.end(), codecs[b]) != cand.end()
+                           : codecs[b] == buckets_[b].codec;
+    CORTADO_CHECK(known, "checkpoint '", path, "': bucket ", b, " travels in ",
+                  dist::CodecName(codecs[b]),
+                  ", which this run's codec settings do not allow (distributed.codec_candidates "
+                  "or the codec keys changed)");
+  }
+  const double* v = t->data<double>();
+  agreed_link_ = LinkModel{v[0], v[1]};
+  agreed_backward_end_s_ = v[2];
+  agreed_ready_s_.assign(v + 3, v + 3 + n);
+  for (size_t b = 0; b < n; ++b) {
+    floor_[b] = std::min(static_cast<size_t>(v[3 + n + b]), cand.size() - 1);
+    measured_transfer_s_[b] = v[3 + 2 * n + b];
+    buckets_[b].codec = codecs[b];
+  }
+  auto plans = ckpt.meta.find("codec_auto_plans");
+  auto_plans_ = plans != ckpt.meta.end() ? std::stoll(plans->second) : 1;
+  planned_ = true;
+  samples_ = Samples{};
+  samples_.ready_s.assign(n, {});
+  samples_.transfer_s.assign(n, {});
 }
 
 }  // namespace cortado

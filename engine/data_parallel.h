@@ -32,6 +32,27 @@
 // rank); a step that is skipped (DiscardStep) leaves it as it was. Stochastic rounding draws from
 // (seed, step, bucket), so runs are reproducible.
 //
+// Auto codecs (distributed.codec: auto). Parameters whose Param::codec is "auto" are cut into
+// buckets as a compressed codec's would be (batch norm and biases kept in f32 get buckets of
+// their own), and each such bucket's codec is chosen from auto_codec.candidates by PlanCodecs
+// (engine/codec_plan.h). During the first warmup_steps steps the auto buckets travel in the
+// widest candidate, and every rank records per bucket when backward made it ready and how long
+// its all-reduce took for how many bytes; the first step is left out when there are two or
+// more (allocation and connection set-up). Then the ranks agree on one set of numbers (a max
+// all-reduce of the medians of the ready times and backward's end, and of the link model fitted
+// to the transfers: latency and seconds per byte), and every rank computes the same plan from
+// them. Every `interval` iterations the same numbers are measured again since the last check
+// and agreed: when the link's rate moved by more than replan_factor the buckets are planned
+// again, and the accuracy guard runs: per bucket with error feedback the ratio of the
+// residual's norm to the reduced gradient's norm (max over ranks); above max_residual_ratio the
+// bucket is held one candidate wider than it travels in, from then on. Every decision comes from
+// agreed numbers at an iteration every rank reaches, so codecs change on every rank at the same
+// step boundary (at the end of FinishStep, after the step's transfers). A bucket whose codec
+// changes between one with error feedback and one without starts from a zero residual (what
+// the last step lost in it is dropped). Rank 0 logs every plan and change; the trace gets a
+// "codec plan" event; SaveState/LoadState keep the plan, the agreed numbers and the guard's
+// floors (timing samples since the last check are not kept: a resumed run measures afresh).
+//
 // Control words. Two elements after the last parameter ride in the last bucket, so every rank
 // learns two things about the step without an extra round trip: the stop vote (a job must stop
 // at the same step everywhere, and a signal reaches ranks at slightly different times) and the
@@ -53,11 +74,38 @@
 
 #include "cortado/dist/communicator.h"
 #include "engine/bucket_plan.h"
+#include "engine/checkpoint.h"
+#include "engine/codec_plan.h"
 #include "engine/net.h"
 #include "engine/registered_allocator.h"
 #include "engine/trace.h"
 
 namespace cortado {
+
+// `distributed.codec: auto` (issue 29): which codec each bucket of parameters whose
+// Param::codec is "auto" travels in, chosen online from measured timing (see "Auto codecs"
+// above DataParallel).
+struct AutoCodecOptions {
+  bool enabled = false;
+  // Widest first; the sub-16-bit ones run with error feedback.
+  std::vector<dist::CodecKind> candidates = {dist::CodecKind::kF32, dist::CodecKind::kBF16,
+                                             dist::CodecKind::kEpgc11, dist::CodecKind::kEpgc8};
+  int64_t warmup_steps = 5;  // steps measured (in the widest candidate) before the plan
+  int64_t interval = 50;     // check drift and the guard every this many iterations; 0: never
+  double max_residual_ratio = 0.5;  // the guard: residual norm / gradient norm per bucket
+  double replan_factor = 1.5;       // re-plan when the link's rate moved by more than this
+  // Replaces the agreed link model by a fixed rate (bytes/s, no latency) from each given
+  // iteration on, (iteration, rate) in increasing iteration order: for tests, and to see the
+  // plans a link would get (CORTADO_AUTO_LINK, see AutoLinkFromEnv). Empty: measured.
+  std::vector<std::pair<int64_t, double>> link_override;
+  // Ranks the plan is made for; 0: the communicator's (at least 2). `bench comm --codec auto`
+  // plans on one rank for a job of several.
+  int plan_world_size = 0;
+};
+
+// Parses CORTADO_AUTO_LINK ("RATE[,ITER:RATE]...", rates in bytes/s, e.g. "1e6,40:1e9": 1 MB/s,
+// and 1 GB/s from iteration 40 on); unset or empty: none. Throws naming the variable.
+std::vector<std::pair<int64_t, double>> AutoLinkFromEnv();
 
 struct DataParallelOptions {
   double bucket_mb = 25;       // bucket size, MB (2^20 bytes) of gradients
@@ -67,6 +115,7 @@ struct DataParallelOptions {
   dist::Rounding rounding = dist::Rounding::kNearest;  // for the compressed buckets
   bool error_feedback = false;  // keep what quantization lost and add it to the next step
   uint64_t seed = 0;            // stochastic rounding's stream (with the step and the bucket)
+  AutoCodecOptions auto_codec;  // distributed.codec: auto
 };
 
 class DataParallel {
@@ -136,6 +185,16 @@ class DataParallel {
   const dist::ThreadCpu& last_comm_cpu() const { return last_comm_cpu_; }
   uint64_t last_comm_wakeups() const { return last_comm_wakeups_; }
 
+  // distributed.codec: auto. Each bucket's codec now (the plan, when auto), comma-separated;
+  // how many plans were made (the first included); the plan as a one-line summary.
+  std::string codec_plan() const;
+  int64_t codec_plans() const { return auto_plans_; }
+  // The plan, the agreed measurements and the guard's floors, in the checkpoint (meta and
+  // tensors under "codec_auto"); LoadState restores them (a checkpoint without them: the
+  // warmup starts over). Nothing when auto is off.
+  void SaveState(Checkpoint& ckpt) const;
+  void LoadState(const Checkpoint& ckpt, const std::string& path);
+
   // Records each bucket's all-reduce (enqueue to done, with its CPU time and wake-ups) and the
   // wait of FinishStep; null: off.
   void set_trace(Trace* trace) { trace_ = trace; }
@@ -149,6 +208,15 @@ class DataParallel {
   // Copies the compressed buckets' ranges of one residual block to another.
   void CopyCompressedRanges(const Tensor& from, Tensor& to) const;
   double ControlWord(int i) const;
+  // Whether a bucket's all-reduce in `codec` keeps a residual (error feedback).
+  bool UsesFeedback(dist::CodecKind codec) const;
+  // Auto codecs: the step's timing goes into the samples; at the end of the warmup and at
+  // every check the ranks agree and the plan may change.
+  void MeasureStep(Trace::Clock::time_point backward_end);
+  void AutoCheck();
+  std::vector<double> AgreedMeasurement();  // collective
+  void ApplyPlan(const std::vector<dist::CodecKind>& codecs, const std::string& why);
+  CodecPlanInput PlanInput() const;
 
   Net& net_;
   dist::Communicator& comm_;
@@ -171,6 +239,26 @@ class DataParallel {
   dist::ThreadCpu last_comm_cpu_;
   uint64_t last_comm_wakeups_ = 0;
   Trace* trace_ = nullptr;
+  Trace::Clock::time_point step_start_;
+  std::vector<Trace::Clock::time_point> ready_at_;
+  std::vector<bool> ready_seen_;
+  bool feedback_all_ = false;  // distributed.error_feedback: every compressed bucket keeps one
+  // Auto codecs.
+  std::vector<bool> auto_bucket_;  // chosen by the plan (else fixed)
+  struct Samples {
+    std::vector<std::vector<double>> ready_s;     // per bucket, per step
+    std::vector<double> backward_end_s;           // per step
+    std::vector<double> ring_bytes, seconds;      // per transfer: (steps/W) bytes, duration
+    std::vector<std::vector<double>> transfer_s;  // per bucket, per step
+    int64_t steps = 0;
+  } samples_;
+  bool planned_ = false;
+  int64_t auto_plans_ = 0;
+  LinkModel agreed_link_;  // what the plan was made with
+  double agreed_backward_end_s_ = 0;
+  std::vector<double> agreed_ready_s_;
+  std::vector<double> measured_transfer_s_;  // per bucket, median of the last window
+  std::vector<size_t> floor_;                // per bucket: the narrowest candidate index allowed
 };
 
 // Which codec each parameter's gradient travels in (the `distributed:` codec keys): `codec` for

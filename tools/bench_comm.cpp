@@ -15,6 +15,11 @@
 // size, what each link really carried; and one run on random-like gradients before timing
 // gives the largest and mean relative error of the result against the exact average (computed
 // in f64; see CodecInput).
+// With --codec auto it reports instead the plan `distributed.codec: auto` would make for
+// --model on a link of --link (bytes/s, or 100mbit, 1gbit...) for --ranks ranks: it trains a
+// few steps of the model on synthetic data on this machine, alone, to measure when backward makes
+// each gradient bucket ready, and plans as a run's DataParallel does (its log lines, then one
+// line per bucket on stdout, or one JSON object with --json). It needs no other rank.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -27,7 +32,11 @@
 #include <vector>
 
 #include "cortado/dist/communicator.h"
+#include "engine/data_parallel.h"
 #include "engine/error.h"
+#include "engine/random.h"
+#include "engine/thread_pool.h"
+#include "models/builders.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
 
@@ -49,7 +58,108 @@ struct BenchArgs {
   std::string transport;  // "": CORTADO_TRANSPORT, else tcp
   std::string memory =
       "registered";  // buffers from AllocateRegistered (as the trainer's), or plain
+  // --codec auto: the plan for a model and a link.
+  std::string model = "resnet50";
+  int batch = 16;
+  std::string link = "1gbit";
+  int ranks = 2;
+  int threads = 0;
+  double bucket_mb = 25;
 };
+
+// "100mbit", "1gbit", "2.5gbit", "800kbit" (bits per second) or a plain number of bytes/s.
+double ParseLinkRate(const std::string& text) {
+  double value = 0;
+  size_t used = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = text.substr(used);
+  double bytes_per_s = 0;
+  if (used > 0 && unit.empty()) {
+    bytes_per_s = value;
+  } else if (used > 0 && (unit == "kbit" || unit == "mbit" || unit == "gbit")) {
+    bytes_per_s = value / 8 * (unit == "kbit" ? 1e3 : unit == "mbit" ? 1e6 : 1e9);
+  }
+  if (!(bytes_per_s > 0) || !std::isfinite(bytes_per_s)) {
+    UsageFail("--link ", text, ": want a rate such as 100mbit, 1gbit or a number of bytes/s");
+  }
+  return bytes_per_s;
+}
+
+// The plan of `distributed.codec: auto` for a.model on a link of a.link.
+void RunAutoPlan(const BenchArgs& a) {
+  const double rate = ParseLinkRate(a.link);
+  if (a.threads > 0) SetNumThreads(a.threads);
+  // ImageNet-style models on 224x224 images of 1000 classes, the others on 32x32 of 10 (the
+  // shapes of scripts/bench/scaling.sh).
+  const bool imagenet = a.model.rfind("vgg", 0) == 0 || a.model == "resnet18" ||
+                        a.model == "resnet34" || a.model == "resnet50" || a.model == "resnet101" ||
+                        a.model == "resnet152";
+  ModelOptions mo;
+  mo.batch_size = a.batch;
+  mo.in_channels = 3;
+  mo.height = mo.width = imagenet ? 224 : 32;
+  mo.num_classes = mo.height == 224 ? 1000 : 10;
+  Net net(ParseFlag("--model", [&] { return BuildModel(a.model, mo); }), 1);
+  auto comm = dist::CreateCommunicator(dist::CommConfig{});  // alone: only timing is measured
+  CodecPolicy policy;
+  policy.codec = "auto";
+  ApplyCodecPolicy(net, policy);
+  DataParallelOptions o;
+  o.bucket_mb = a.bucket_mb;
+  o.auto_codec.enabled = true;
+  o.auto_codec.warmup_steps = 3;  // the first is left out
+  o.auto_codec.interval = 0;
+  o.auto_codec.plan_world_size = a.ranks;
+  o.auto_codec.link_override = {{0, rate}};
+  DataParallel dp(net, *comm, o);
+  Rng rng(1);
+  for (int step = 0; step < o.auto_codec.warmup_steps; ++step) {
+    Tensor& x = net.input("data");
+    for (int64_t i = 0; i < x.numel(); ++i)
+      x.data<float>()[i] = static_cast<float>(rng.Normal(0, 1));
+    Tensor& label = net.input("label");
+    for (int64_t i = 0; i < label.numel(); ++i) {
+      label.data<int32_t>()[i] = static_cast<int32_t>(i % mo.num_classes);
+    }
+    dp.BeginStep(step);
+    const double loss = net.Forward();
+    dp.SetControl(loss, false);
+    net.Backward();
+    dp.FinishStep();
+  }
+  const auto& buckets = dp.buckets();
+  if (a.json) {
+    nlohmann::ordered_json j;
+    j["model"] = a.model;
+    j["batch"] = a.batch;
+    j["link_bytes_per_s"] = rate;
+    j["ranks"] = a.ranks;
+    j["codec_plan"] = dp.codec_plan();
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    for (const auto& b : buckets) {
+      list.push_back({{"first", b.first},
+                      {"last", b.last},
+                      {"bytes", (b.end - b.begin) * 4},
+                      {"codec", dist::CodecName(b.codec)}});
+    }
+    j["buckets"] = list;
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return;
+  }
+  std::printf("# cortado bench comm --codec auto: %s, batch %d per rank, %d ranks, link %.4g B/s\n",
+              a.model.c_str(), a.batch, a.ranks, rate);
+  std::printf("# %6s  %12s  %-7s  %s\n", "bucket", "bytes", "codec", "parameters");
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    const auto& b = buckets[i];
+    std::printf("  %6zu  %12lld  %-7s  %s .. %s\n", i,
+                static_cast<long long>((b.end - b.begin) * 4), dist::CodecName(b.codec),
+                b.first.c_str(), b.last.c_str());
+  }
+}
 
 // A buffer of the benchmark: from the communicator's AllocateRegistered, or plain heap memory.
 struct Buffer {
@@ -139,6 +249,10 @@ float ValueAt(const Buffer& buf, dist::DataType type, size_t i) {
 }
 
 void RunBench(const BenchArgs& a) {
+  if (a.codec == "auto") {
+    RunAutoPlan(a);
+    return;
+  }
   // Flag values first (usage errors, exit 2), before joining the job.
   dist::DataType type = ParseFlag("--dtype", [&] { return dist::ParseDataType(a.dtype); });
   const bool codec_given = a.codec != "f32" && a.codec != "fp32" && a.codec != "none";
@@ -374,8 +488,19 @@ void AddBenchCommCommand(CLI::App& bench) {
                   "trainer's gradients (over UCX on one host: shared memory, so large "
                   "all-reduces run 'direct'); plain: heap memory (the ring)")
       ->check(OneOf({"registered", "plain"}));
+  cmd->add_option("--model", args->model, "With --codec auto: the model to plan for");
+  cmd->add_option("--batch", args->batch, "With --codec auto: per-rank batch")
+      ->check(IntAtLeast(1));
+  cmd->add_option("--link", args->link,
+                  "With --codec auto: the link's rate (100mbit, 1gbit, ... or bytes/s)");
+  cmd->add_option("--ranks", args->ranks, "With --codec auto: ranks of the job planned for")
+      ->check(IntAtLeast(2));
+  cmd->add_option("--threads", args->threads, "With --codec auto: compute threads (0: default)")
+      ->check(IntAtLeast(0));
+  cmd->add_option("--bucket-mb", args->bucket_mb, "With --codec auto: distributed.bucket_mb");
   cmd->add_option("--codec", args->codec,
-                  "All-reduce in a gradient codec: f32, f16, bf16, epgc11, epgc9, epgc8 "
+                  "All-reduce in a gradient codec: f32, f16, bf16, epgc11, epgc9, epgc8; "
+                  "auto: report the plan of distributed.codec: auto for --model and --link "
                   "(reports wire bandwidth and the error against the exact result)");
   cmd->add_option("--rounding", args->rounding, "With --codec: nearest, truncate or stochastic");
   cmd->callback([args] {

@@ -380,9 +380,49 @@ void ParseCodecOverrides(const YamlSection& dd, CodecPolicy& codec) {
 void ParseCodec(const YamlSection& dd, DistributedConfig& dc) {
   dc.codec.codec = dd.String("codec", "f32");
   try {
-    dc.codec.codec = dist::CodecName(dist::ParseCodec(dc.codec.codec));
+    if (dc.codec.codec != "auto")
+      dc.codec.codec = dist::CodecName(dist::ParseCodec(dc.codec.codec));
   } catch (const std::exception& e) {
-    dd.Error("codec", e.what());
+    dd.Error("codec", std::string(e.what()) + " (or auto)");
+  }
+  AutoCodecOptions& ac = dc.auto_codec;
+  ac.enabled = dc.codec.codec == "auto";
+  if (ac.enabled) {
+    // Read (and so resolved) only under auto.
+    if (dd.Has("codec_candidates")) {
+      YAML::Node list = dd.Node("codec_candidates");
+      if (!list.IsSequence() || list.size() == 0) {
+        dd.Error("codec_candidates", "must be a list of codecs, widest first, e.g. [f32, epgc8]");
+      }
+      ac.candidates.clear();
+      for (const auto& item : list) {
+        const std::string name = item.IsScalar() ? item.as<std::string>() : "";
+        try {
+          ac.candidates.push_back(dist::ParseCodec(name));
+        } catch (const std::exception& e) {
+          dd.Error("codec_candidates", e.what());
+        }
+        const size_t k = ac.candidates.size();
+        if (k >= 2 &&
+            dist::CodecBits(ac.candidates[k - 2]) <= dist::CodecBits(ac.candidates[k - 1])) {
+          dd.Error("codec_candidates", std::string("must go from widest to narrowest, but ") +
+                                           dist::CodecName(ac.candidates[k - 2]) +
+                                           " comes before " +
+                                           dist::CodecName(ac.candidates[k - 1]));
+        }
+      }
+    }
+    ac.warmup_steps = dd.Int("auto_warmup_steps", ac.warmup_steps);
+    Require(ac.warmup_steps >= 1, dd, "auto_warmup_steps", "must be >= 1");
+    ac.interval = dd.Int("auto_interval", ac.interval);
+    Require(ac.interval >= 0, dd, "auto_interval", "must be >= 0 (0: plan once)");
+    ac.max_residual_ratio = dd.Float("auto_max_residual_ratio", ac.max_residual_ratio);
+    Require(ac.max_residual_ratio > 0, dd, "auto_max_residual_ratio", "must be > 0");
+  } else {
+    for (const char* key :
+         {"codec_candidates", "auto_warmup_steps", "auto_interval", "auto_max_residual_ratio"}) {
+      Require(!dd.Has(key), dd, key, "is for distributed.codec: auto");
+    }
   }
   try {
     dc.rounding = dist::ParseRounding(dd.String("rounding", "nearest"));

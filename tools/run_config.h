@@ -60,6 +60,8 @@ struct DistributedConfig {
   CodecPolicy codec;  // codec, codec_keep_f32, codec_overrides
   dist::Rounding rounding = dist::Rounding::kNearest;
   bool error_feedback = false;
+  // codec: auto (codec_candidates, auto_warmup_steps, auto_interval, auto_max_residual_ratio).
+  AutoCodecOptions auto_codec;
 };
 
 // The `precision:` section. fp64 computes every layer, gradient and update in double: about

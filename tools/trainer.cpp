@@ -273,6 +273,8 @@ Trainer::Trainer(RunConfig config, World world)
   options.rounding = d.rounding;
   options.error_feedback = d.error_feedback;
   options.seed = config_.seed;
+  options.auto_codec = d.auto_codec;
+  if (options.auto_codec.enabled) options.auto_codec.link_override = AutoLinkFromEnv();
   ApplyCodecPolicy(*net_, d.codec);
   dp_ = std::make_unique<DataParallel>(*net_, *world_.comm, options);
   dp_->VerifySameJob(JobDescription());
@@ -362,6 +364,7 @@ Checkpoint Trainer::CollectState() const {
   net_->SaveState(ckpt);
   solver_->SaveState(ckpt);
   if (scaler_) scaler_->SaveState(ckpt);
+  if (dp_) dp_->SaveState(ckpt);
   if (!feedback_.empty()) {
     ckpt.meta["error_feedback_ranks"] = std::to_string(feedback_.size());
     for (size_t r = 0; r < feedback_.size(); ++r) {
@@ -376,6 +379,7 @@ void Trainer::LoadAllState(const Checkpoint& ckpt, const std::string& path) {
   solver_->LoadState(ckpt, path);
   if (scaler_) scaler_->LoadState(ckpt, path);
   LoadState(ckpt, path);
+  if (dp_) dp_->LoadState(ckpt, path);
   LoadFeedback(ckpt, path);
 }
 
@@ -764,6 +768,10 @@ void Trainer::LogInterval(int64_t replaced_records) {
     m["comm_user_s"] = s.time.comm_user;
     m["comm_system_s"] = s.time.comm_system;
     m["comm_wakeups"] = s.time.comm_wakeups;
+    if (dp_->options().auto_codec.enabled) {
+      m["codec_plan"] = dp_->codec_plan();
+      m["codec_plans"] = dp_->codec_plans();
+    }
   }
   if (scaler_) {
     m["loss_scale"] = scaler_->scale();
@@ -876,7 +884,14 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
         codecs += StrCat(codecs.empty() ? "" : ", ", dist::CodecName(b.codec));
       }
     }
-    if (codecs != "f32") {
+    if (dp_->options().auto_codec.enabled) {
+      codecs = dp_->codec_plans() > 0
+                   ? StrCat("; codecs auto, as planned before the checkpoint: ", codecs)
+                   : StrCat("; codecs auto (",
+                            dist::CodecName(dp_->options().auto_codec.candidates.front()),
+                            " for the first ", dp_->options().auto_codec.warmup_steps,
+                            " step(s), then as planned)");
+    } else if (codecs != "f32") {
       codecs = StrCat("; codecs ", codecs, " (", dist::RoundingName(dp_->options().rounding),
                       dp_->options().error_feedback ? ", error feedback" : "",
                       "): ", Bytes(dp_->wire_bytes_per_step()), " sent per step instead of ",

@@ -32,7 +32,9 @@
 #       [--transports tcp] [--no-alone] [--build DIR] [--prefix cortado-scale]
 #
 # --codecs runs the 2-rank trainings once per gradient codec (distributed.codec: f32, f16,
-# bf16, epgc11, epgc9, epgc8; nearest rounding, batch norm and biases in f32); --overlap picks
+# bf16, epgc11, epgc9, epgc8, or auto: planned per bucket from the link measured during the
+# warmup steps, which auto_warmup_steps is set to; the summary lists the plans chosen;
+# nearest rounding, batch norm and biases in f32); --overlap picks
 # the overlap modes (hidden needs both); --no-alone skips the side-by-side control.
 # --transports tcp,ucx runs them over each transport: ucx with UCX_TLS=tcp,self on the veth
 # (within one host UCX would take shared memory around the limited link), reported as network
@@ -106,7 +108,7 @@ for t in "${transport_list[@]}"; do
 done
 IFS=, read -ra overlap_list <<<"$overlaps"
 for c in "${codec_list[@]}"; do
-  case "$c" in f32|f16|bf16|epgc11|epgc9|epgc8) ;; *) usage "--codecs: unknown codec '$c'" ;; esac
+  case "$c" in f32|f16|bf16|epgc11|epgc9|epgc8|auto) ;; *) usage "--codecs: unknown codec '$c'" ;; esac
 done
 for o in "${overlap_list[@]}"; do
   case "$o" in true|false) ;; *) usage "--overlap: want true and/or false, got '$o'" ;; esac
@@ -238,7 +240,11 @@ run_pair() {  # MODEL RATE OVERLAP ROUND CODEC TRANSPORT
   local cfg; cfg=$(config "$model" 2)
   echo "== round $round: $model, 2 ranks at $rate, overlap $overlap, codec $codec, transport $transport" >&2
   local token; token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-  local pids=() side node
+  local pids=() side node auto_args=()
+  # auto plans after the warmup steps, which the summary leaves out: the measured steps run
+  # the plan.
+  [[ $codec == auto ]] &&
+    auto_args=(--set distributed.auto_warmup_steps="$(lookup "$warmup_spec" "$model")")
   sample_cpu "$out/$tag.jsonl" "$(lookup "$warmup_spec" "$model")" "$(lookup "$steps_spec" "$model")" \
     "$out/$tag.cpu.json" &
   for side in a b; do
@@ -249,7 +255,7 @@ run_pair() {  # MODEL RATE OVERLAP ROUND CODEC TRANSPORT
       "$cortado" train --config "$cfg" --threads 1 --no-progress --metrics "$out/$tag.jsonl" \
       --set checkpoint.dir="$out/checkpoints/$tag" --set distributed.overlap="$overlap" \
       --set distributed.codec="$codec" --set distributed.transport="$transport" \
-      >"$out/$tag.node$node.log" 2>&1 &
+      "${auto_args[@]}" >"$out/$tag.node$node.log" 2>&1 &
     pids+=($!)
   done
   local failed=0

@@ -8,10 +8,12 @@
 # cores; the cosine schedule is compressed with it. Each run's final top-1 is its evaluation on
 # the 10,000 test images after the last epoch. Prints a Markdown table (final top-1, difference
 # from f32, bytes each rank sends per step, step time) and writes it with the raw metrics to
-# runs/codec-table-<time>/.
+# runs/codec-table-<time>/. The row "auto" is distributed.codec: auto with the link fixed at
+# --auto-link bytes/s (CORTADO_AUTO_LINK; default 1.25e7, 100 Mbit/s) so that its plan is the
+# one a slow link gets, whatever this machine's loopback does; its log names the plan.
 #
 #   scripts/experiments/codec_table.sh [--epochs 3] [--only f32-nearest,epgc8-feedback,...]
-#       [--build DIR | --binary PATH]   (--binary: use this cortado instead of building one)
+#       [--auto-link 1.25e7] [--build DIR | --binary PATH]   (--binary: use this cortado)
 set -euo pipefail
 me=codec_table.sh
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -19,6 +21,7 @@ epochs=3
 only=""
 build=$root/build
 binary=""
+auto_link=1.25e7
 usage() { echo "$me: $*  (see --help)" >&2; exit 2; }
 while (($#)); do
   case "$1" in
@@ -26,7 +29,8 @@ while (($#)); do
     --only) only=${2:?}; shift 2 ;;
     --build) build=${2:?}; shift 2 ;;
     --binary) binary=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --auto-link) auto_link=${2:?}; shift 2 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) usage "unknown argument '$1'" ;;
   esac
 done
@@ -49,6 +53,7 @@ variants=(
   "epgc11-feedback epgc11 nearest true"
   "epgc9-feedback epgc9 nearest true"
   "epgc8-feedback epgc8 nearest true"
+  "auto-feedback auto nearest false"
 )
 
 if [[ -n $binary ]]; then
@@ -70,6 +75,8 @@ for v in "${variants[@]}"; do
   read -r name codec rounding feedback <<<"$v"
   if [[ -n $only && ",$only," != *",$name,"* ]]; then continue; fi
   echo "== $name" >&2
+  # auto: error feedback is on for its sub-16-bit candidates; the link is fixed.
+  CORTADO_AUTO_LINK=$([[ $codec == auto ]] && echo "$auto_link" || echo "") \
   "$cortado" launch --nproc 2 -- "$cortado" train --config "$root/configs/fashion_resnet20.yaml" \
     --threads 1 --no-progress --metrics "$out/$name.jsonl" \
     --set data.batch_size=64 --set solver.max_epochs="$epochs" --set checkpoint.every=0 \

@@ -89,6 +89,31 @@ TEST(CodecPlan, TransfersQueueBehindEachOther) {
   EXPECT_DOUBLE_EQ(plan[0].finish_s - plan[0].start_s, 2 * 50e-6 + 4e6 / 125e6);
 }
 
+// Buckets the plan does not choose for (kept in f32, or an override's codec) travel in theirs,
+// and the others queue around them.
+TEST(CodecPlan, FixedBucketsKeepTheirCodecAndTakeTheirPlaceInTheQueue) {
+  CodecPlanInput in = Resnet50Like(1e5);  // nothing hides: every free bucket in epgc8
+  in.buckets[1].fixed = true;             // codec f32
+  in.buckets[3].fixed = true;
+  in.buckets[3].codec = CodecKind::kBF16;
+  const auto plan = PlanCodecs(in);
+  EXPECT_EQ(Codecs(plan),
+            (std::vector<CodecKind>{CodecKind::kEpgc8, CodecKind::kF32, CodecKind::kEpgc8,
+                                    CodecKind::kBF16, CodecKind::kEpgc8}));
+  // The fixed f32 bucket's 26 MB take 2 steps of latency and the bytes once at 100 KB/s.
+  EXPECT_DOUBLE_EQ(plan[1].finish_s - plan[1].start_s, 2 * 50e-6 + 26e6 / 1e5);
+  // ScheduleCodecs predicts the same queue for the same codecs, whatever it is told for fixed
+  // buckets.
+  std::vector<CodecKind> asked = Codecs(plan);
+  asked[1] = CodecKind::kEpgc8;
+  const auto again = ScheduleCodecs(in, asked);
+  for (size_t b = 0; b < plan.size(); ++b) {
+    EXPECT_EQ(again[b].codec, plan[b].codec) << b;
+    EXPECT_DOUBLE_EQ(again[b].finish_s, plan[b].finish_s) << b;
+  }
+  EXPECT_THROW(ScheduleCodecs(in, {CodecKind::kF32}), Error);
+}
+
 TEST(CodecPlan, TheGuardWidensOneStepWhereTheResidualIsTooLarge) {
   const std::vector<CodecKind> codecs = {CodecKind::kF32, CodecKind::kEpgc8, CodecKind::kEpgc11,
                                          CodecKind::kBF16};

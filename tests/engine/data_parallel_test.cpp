@@ -7,7 +7,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <set>
 
 #include "engine/random.h"
@@ -15,6 +18,8 @@
 
 namespace cortado {
 namespace {
+
+using dist::CodecKind;
 
 std::unique_ptr<dist::Communicator> OneRank() {
   return dist::CreateCommunicator(dist::CommConfig{});
@@ -227,6 +232,112 @@ TEST(DataParallel, DiscardStepPutsTheResidualBackBitwise) {
   step();  // BeginStep keeps the residual the applied step left, not the first one
   dp.DiscardStep();
   EXPECT_TRUE(same(applied));
+}
+
+// distributed.codec: auto on one rank with a fixed slow link (CORTADO_AUTO_LINK's option): the
+// auto buckets travel in the widest candidate during the warmup, then in the narrowest (nothing
+// hides on a 1 KB/s link); the buckets kept in f32 never change; the plan survives
+// SaveState/LoadState into a fresh DataParallel, which does not warm up again, and a checkpoint
+// whose plan this run's candidates do not allow is refused. (The guard and several ranks:
+// data_parallel_threads_test.cpp.)
+TEST(DataParallel, AutoCodecsPlanAfterTheWarmupAndComeBackFromACheckpoint) {
+  auto comm = OneRank();
+  Net net(Model("resnet20", 12, 1, 2), 7);
+  UseCodec(net, "auto");
+  DataParallelOptions o;
+  o.bucket_mb = 0.05;
+  o.first_bucket_mb = o.last_bucket_mb = 0.01;
+  o.auto_codec.enabled = true;
+  o.auto_codec.warmup_steps = 2;
+  o.auto_codec.interval = 1;
+  o.auto_codec.max_residual_ratio = 1e9;
+  o.auto_codec.link_override = {{0, 1e3}};
+  auto dp = std::make_unique<DataParallel>(net, *comm, o);
+  EXPECT_TRUE(dp->options().error_feedback) << "epgc11 and epgc8 run with error feedback";
+  int64_t iteration = 0;
+  auto step = [&](DataParallel& d) {
+    Rng data(5 + static_cast<uint64_t>(iteration));
+    Tensor& x = net.input("data");
+    for (int64_t i = 0; i < x.numel(); ++i)
+      x.data<float>()[i] = static_cast<float>(data.Normal(0, 1));
+    for (int64_t i = 0; i < 2; ++i) net.input("label").data<int32_t>()[i] = static_cast<int32_t>(i);
+    d.BeginStep(iteration++);
+    d.SetControl(net.Forward(), false);
+    net.Backward();
+    d.FinishStep();
+  };
+  std::set<std::string> chosen;  // parameters whose codec the plan chooses
+  for (Param* p : net.params()) {
+    if (p->codec == "auto") chosen.insert(p->name);
+  }
+  std::vector<bool> weights;
+  for (const auto& b : dp->buckets()) weights.push_back(chosen.count(b.first) > 0);
+  auto codecs_are = [&](const DataParallel& d, CodecKind auto_codec) {
+    for (size_t b = 0; b < d.buckets().size(); ++b) {
+      const CodecKind want = weights[b] ? auto_codec : CodecKind::kF32;
+      if (d.buckets()[b].codec != want) {
+        ADD_FAILURE() << "bucket " << b << " (" << d.buckets()[b].first << ") travels in "
+                      << dist::CodecName(d.buckets()[b].codec) << ", want "
+                      << dist::CodecName(want);
+        return false;
+      }
+    }
+    return true;
+  };
+  ASSERT_GT(std::count(weights.begin(), weights.end(), true), 3);
+  EXPECT_TRUE(codecs_are(*dp, CodecKind::kF32));
+  step(*dp);
+  EXPECT_TRUE(codecs_are(*dp, CodecKind::kF32));
+  EXPECT_EQ(dp->codec_plans(), 0);
+  step(*dp);  // the end of the warmup
+  EXPECT_TRUE(codecs_are(*dp, CodecKind::kEpgc8));
+  EXPECT_EQ(dp->codec_plans(), 1);
+  step(*dp);  // a check: the rate did not move, the guard is far
+  EXPECT_TRUE(codecs_are(*dp, CodecKind::kEpgc8));
+  EXPECT_EQ(dp->codec_plans(), 1);
+
+  // The plan goes into a checkpoint and comes back in a fresh DataParallel (no warmup).
+  Checkpoint ckpt;
+  dp->SaveState(ckpt);
+  ASSERT_EQ(ckpt.meta.count("codec_auto_plan"), 1u);
+  ASSERT_NE(ckpt.Find("codec_auto/measurements"), nullptr);
+  const std::string plan = dp->codec_plan();
+  dp.reset();
+  dp = std::make_unique<DataParallel>(net, *comm, o);
+  EXPECT_TRUE(codecs_are(*dp, CodecKind::kF32));
+  dp->LoadState(ckpt, "ckpt");
+  EXPECT_EQ(dp->codec_plan(), plan);
+  EXPECT_EQ(dp->codec_plans(), 1);
+  step(*dp);
+  EXPECT_TRUE(codecs_are(*dp, CodecKind::kEpgc8));
+  EXPECT_EQ(dp->codec_plans(), 1);
+
+  // A plan in a codec this run may not choose is refused, naming the checkpoint.
+  dp.reset();
+  o.auto_codec.candidates = {CodecKind::kF32, CodecKind::kBF16};
+  dp = std::make_unique<DataParallel>(net, *comm, o);
+  try {
+    dp->LoadState(ckpt, "ckpt");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint 'ckpt': bucket 0 travels in epgc8"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(DataParallel, AutoLinkFromTheEnvironment) {
+  setenv("CORTADO_AUTO_LINK", "1e6,40:1.25e9", 1);
+  const auto link = AutoLinkFromEnv();
+  ASSERT_EQ(link.size(), 2u);
+  EXPECT_EQ(link[0], (std::pair<int64_t, double>{0, 1e6}));
+  EXPECT_EQ(link[1], (std::pair<int64_t, double>{40, 1.25e9}));
+  for (const char* bad : {"fast", "0", "40:1e9", "1e6,40:", "1e6,40:1e9,30:1e6"}) {
+    setenv("CORTADO_AUTO_LINK", bad, 1);
+    EXPECT_THROW(AutoLinkFromEnv(), Error) << bad;
+  }
+  unsetenv("CORTADO_AUTO_LINK");
+  EXPECT_TRUE(AutoLinkFromEnv().empty());
 }
 
 // The codec policy: batch-norm parameters and biases stay f32 by default, overrides by name

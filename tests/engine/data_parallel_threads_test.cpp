@@ -144,5 +144,148 @@ TEST(DataParallelThreads, TwoRanksWithOverlapAndSyncBatchNormTrainAsOneProcess) 
   EXPECT_LE(diff, 1e-11 * moved) << "largest difference " << diff << ", largest change " << moved;
 }
 
+// distributed.codec: auto over ranks as threads, f32 gradients, the link fixed by the
+// options (CORTADO_AUTO_LINK's): every rank's codec plan after each step, and its final state.
+struct AutoRun {
+  std::vector<std::vector<std::string>> plans;  // [rank][step]: codec_plan() after the step
+  std::vector<Checkpoint> state;                // [rank]
+};
+
+AutoRun TrainAuto(int world, int steps, const AutoCodecOptions& auto_codec) {
+  SgdOptions sgd;
+  sgd.momentum = 0.9;
+  dist::InMemoryStore store;
+  AutoRun run;
+  run.plans.resize(static_cast<size_t>(world));
+  run.state.resize(static_cast<size_t>(world));
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        dist::CommConfig config;
+        config.rank = r;
+        config.world_size = world;
+        config.store = &store;
+        std::unique_ptr<dist::Communicator> comm = dist::CreateCommunicator(config);
+        Net net(Spec(kBatch), 11, DType::kF32);
+        CodecPolicy policy;
+        policy.codec = "auto";
+        ApplyCodecPolicy(net, policy);
+        DataParallelOptions options;
+        options.bucket_mb = 0.05;
+        options.first_bucket_mb = options.last_bucket_mb = 0.01;
+        options.auto_codec = auto_codec;
+        DataParallel dp(net, *comm, options);
+        SgdSolver solver(net.params(), sgd);
+        for (int step = 0; step < steps; ++step) {
+          for (int64_t j = 0; j < kBatch; ++j) {
+            // FillSample writes f64; this net is f32.
+            Tensor& x = net.input("data");
+            const int64_t plane = x.numel() / x.dim(0);
+            Rng rng(static_cast<uint64_t>(1000 * step + r + j * world));
+            for (int64_t i = 0; i < plane; ++i) {
+              x.data<float>()[j * plane + i] = static_cast<float>(rng.Normal(0, 1));
+            }
+            net.input("label").data<int32_t>()[j] = static_cast<int32_t>((j * 3 + step) % 5);
+          }
+          dp.BeginStep(step);
+          dp.SetControl(net.Forward(), false);
+          net.Backward();
+          dp.FinishStep();
+          solver.Step(kLr);
+          run.plans[static_cast<size_t>(r)].push_back(dp.codec_plan());
+        }
+        run.state[static_cast<size_t>(r)] = StateOf(net, solver);
+        Checkpoint own;
+        dp.SaveState(own);
+        for (auto& [name, t] : own.tensors) t = t.Clone();
+        for (auto& t : own.tensors) run.state[static_cast<size_t>(r)].tensors.push_back(t);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  return run;
+}
+
+void ExpectRanksAlike(const AutoRun& run) {
+  for (size_t r = 1; r < run.state.size(); ++r) {
+    SCOPED_TRACE(r);
+    EXPECT_EQ(run.plans[r], run.plans[0]) << "rank " << r << " planned otherwise than rank 0";
+    ASSERT_EQ(run.state[r].tensors.size(), run.state[0].tensors.size());
+    for (size_t i = 0; i < run.state[0].tensors.size(); ++i) {
+      // Batch-norm statistics are per rank here (no synchronized batch norm).
+      if (run.state[0].tensors[i].first.rfind("buffer/", 0) == 0) continue;
+      const Tensor& a = run.state[0].tensors[i].second;
+      const Tensor& b = run.state[r].tensors[i].second;
+      ASSERT_EQ(a.nbytes(), b.nbytes());
+      EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0)
+          << run.state[0].tensors[i].first << " differs between rank 0 and rank " << r;
+    }
+  }
+}
+
+// The first field of a plan (bucket 0, the last layer's weights: an auto bucket).
+std::string First(const std::string& plan) { return plan.substr(0, plan.find(',')); }
+
+// 2 and 3 ranks: 10 KB/s until iteration 3 (after the 2 warmup steps in f32, every auto bucket
+// in epgc8: nothing hides), then 1 TB/s (the check after iteration 3, agreed by every rank,
+// re-plans: bucket 0, ready first, back to f32). Every rank has the same plan after every step,
+// and the ranks end with bitwise the same parameters, momentum and agreed measurements (batch
+// norm's running statistics are each rank's own).
+TEST(DataParallelThreads, AutoCodecsAgreeOnEveryRankAndReplanAtTheSameStep) {
+  SetNumThreads(2);
+  AutoCodecOptions a;
+  a.enabled = true;
+  a.warmup_steps = 2;
+  a.interval = 2;
+  a.max_residual_ratio = 1e9;
+  a.link_override = {{0, 1e4}, {3, 1e12}};
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(world);
+    const AutoRun run = TrainAuto(world, 6, a);
+    ASSERT_EQ(run.plans[0].size(), 6u);
+    ExpectRanksAlike(run);
+    const std::vector<std::string>& p = run.plans[0];
+    EXPECT_EQ(First(p[0]), "f32");  // warmup
+    EXPECT_EQ(First(p[1]), "epgc8");
+    EXPECT_EQ(p[2], p[1]);
+    EXPECT_EQ(First(p[3]), "f32");  // re-planned after iteration 3
+    EXPECT_NE(p[3], p[2]);
+    EXPECT_EQ(p[4], p[3]);
+    EXPECT_EQ(p[5], p[4]);
+  }
+}
+
+// The guard, on 2 ranks: with a limit below any residual, every check moves each lossy bucket
+// one candidate wider: epgc8 -> epgc11 -> bf16, which runs without error feedback (no residual)
+// and stays; the ranks agree throughout.
+TEST(DataParallelThreads, AutoCodecsGuardMovesLossyBucketsOneStepWider) {
+  SetNumThreads(2);
+  AutoCodecOptions a;
+  a.enabled = true;
+  a.warmup_steps = 2;
+  a.interval = 2;
+  a.max_residual_ratio = 1e-30;
+  a.link_override = {{0, 1e4}};
+  const AutoRun run = TrainAuto(2, 8, a);
+  ASSERT_EQ(run.plans[0].size(), 8u);
+  ExpectRanksAlike(run);
+  const std::vector<std::string>& p = run.plans[0];
+  EXPECT_EQ(First(p[1]), "epgc8");
+  EXPECT_EQ(First(p[3]), "epgc11");
+  EXPECT_EQ(First(p[5]), "bf16");
+  EXPECT_EQ(First(p[7]), "bf16");
+  EXPECT_EQ(p[3].find("epgc8"), std::string::npos) << p[3];
+  EXPECT_EQ(p[5].find("epgc"), std::string::npos) << p[5];
+  // A limit no residual reaches leaves the plan as it is.
+  a.max_residual_ratio = 1e9;
+  const AutoRun kept = TrainAuto(2, 8, a);
+  EXPECT_EQ(kept.plans[0][7], kept.plans[0][1]);
+}
+
 }  // namespace
 }  // namespace cortado

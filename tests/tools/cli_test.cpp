@@ -220,6 +220,7 @@ TEST_F(CliTest, OutOfRangeValuesNameTheFlagAndTheRange) {
       {"bench comm", "--iters -2", "--iters: must be an integer >= 0"},
       {"bench comm", "--op sum", "--op: must be one of allreduce, broadcast"},
       {"bench comm", "--sizes 4X", "--sizes: '4X' is not a byte size"},
+      {"bench comm", "--codec auto --link fast", "--link fast: want a rate such as 100mbit"},
       {"bench codec", "--rounds 0", "--rounds: must be an integer >= 1"},
   };
   for (const Case& c : cases) {
@@ -365,6 +366,46 @@ TEST_F(CliTest, BenchTrainProfileReportsGflopsAgainstTheGemmPeakAndPeakMemory) {
   EXPECT_EQ(inference["activation_measured_peak_mb"], inference["activation_planned_peak_mb"]);
   EXPECT_LT(inference["activation_planned_peak_mb"].get<double>(),
             j["activation_planned_peak_mb"].get<double>());
+}
+
+// `bench comm --codec auto`: the plan of distributed.codec: auto for a model and a link, from
+// backward's timing measured here, alone (no launcher). On a 100 kbit/s link nothing hides:
+// every bucket the plan chooses for travels in epgc8 (the first is the last layer's weights);
+// at 100 Gbit/s the first-ready bucket keeps f32. Batch norm and biases stay f32 either way.
+TEST_F(CliTest, BenchCommCodecAutoReportsThePlanForAModelAndALink) {
+  auto plan = [&](const std::string& link) {
+    std::string out, err;
+    EXPECT_EQ(Cortado("bench comm --codec auto --model resnet20 --batch 2 --threads 1 --json "
+                      "--link " +
+                          link,
+                      &out, &err),
+              0)
+        << err;
+    EXPECT_NE(err.find("codec auto: plan 1"), std::string::npos) << err;
+    return nlohmann::json::parse(out);
+  };
+  const nlohmann::json slow = plan("100kbit");
+  ASSERT_GT(slow["buckets"].size(), 10u);
+  EXPECT_EQ(slow["link_bytes_per_s"].get<double>(), 12500.0);
+  EXPECT_EQ(slow["buckets"][0]["first"], "logits.weight");
+  EXPECT_EQ(slow["buckets"][0]["codec"], "epgc8");
+  int narrow = 0;
+  for (const auto& b : slow["buckets"]) {
+    const std::string first = b["first"];
+    if (b["codec"] == "epgc8") ++narrow;
+    if (first.find(".bias") != std::string::npos || first.find("bn") != std::string::npos) {
+      EXPECT_EQ(b["codec"], "f32") << first;
+    }
+  }
+  EXPECT_GT(narrow, 10);
+  const nlohmann::json fast = plan("100gbit");
+  EXPECT_EQ(fast["buckets"][0]["codec"], "f32");
+  std::string out, err;
+  ASSERT_EQ(Cortado("bench comm --codec auto --model resnet20 --batch 2 --threads 1 --link 1gbit",
+                    &out, &err),
+            0)
+      << err;
+  EXPECT_NE(out.find("logits.weight .. logits.weight"), std::string::npos) << out;
 }
 
 TEST_F(CliTest, EvalNeedsOnlyTheCheckpoint) {

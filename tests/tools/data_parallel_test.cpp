@@ -8,6 +8,8 @@
 //     leaving weights, momentum, statistics and error-feedback residuals as they were; without
 //     a loss scale it stops every rank naming the iteration;
 //   - distributed.codec_overrides from the config file, in its written order;
+//   - distributed.codec: auto plans alike on 2 and 3 ranks, re-plans at the same step on every
+//     rank, and resumes bitwise;
 //   - batch-norm groups of all ranks, of one rank and of two;
 //   - overlap on and off give bitwise identical parameters, and so do the TCP and UCX transports;
 //   - mpirun (TCP and MPI backends) and srun's variables run the job `cortado launch` runs;
@@ -25,6 +27,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -124,8 +127,10 @@ class DataParallelTest : public ::testing::Test {
 
   // Trains with `ranks` ranks of per-rank batch `batch` into <dir>/<name>; returns the final
   // checkpoint. Extra arguments go to `cortado train`.
+  // `env`: variables set for the run ("NAME=value ...").
   Checkpoint Train(const std::string& config, int ranks, int batch, const std::string& name,
-                   const std::string& extra = "", std::string* log = nullptr) {
+                   const std::string& extra = "", std::string* log = nullptr,
+                   const std::string& env = "") {
     const fs::path out = dir_ / name;
     std::string train = CortadoBinary() + " train --no-progress --threads 1 --config " + config +
                         " --set data.batch_size=" + std::to_string(batch) +
@@ -134,7 +139,8 @@ class DataParallelTest : public ::testing::Test {
         ranks == 1 ? train
                    : CortadoBinary() + " launch --nproc " + std::to_string(ranks) + " -- " + train;
     std::string err;
-    const int code = RunShell("timeout 300 " + command, nullptr, &err);
+    const int code =
+        RunShell((env.empty() ? "" : env + " ") + "timeout 300 " + command, nullptr, &err);
     EXPECT_EQ(code, 0) << command << "\n" << err;
     if (log) *log = err;
     std::vector<std::string> all = ListCheckpoints(out.string());
@@ -697,6 +703,114 @@ TEST_F(DataParallelTest, ErrorFeedbackResumesBitwise) {
   ExpectBitwiseEqual(resumed, whole);
 }
 
+// distributed.codec: auto over 2 and 3 ranks, with the link fixed by CORTADO_AUTO_LINK so that
+// the plans are known: 10 KB/s until iteration 3 (nothing hides: every auto bucket in epgc8
+// after the 2 warmup steps in f32), then 1 TB/s (the check after iteration 3 sees the rate
+// move and plans again: the first-ready bucket goes back to f32). Each rank's trace shows the
+// same codec for every bucket at every step, so the codecs changed at the same step
+// everywhere; rank 0 logs both plans, and its metrics carry the plan.
+TEST_F(DataParallelTest, AutoCodecsPlanAlikeOnEveryRankAndReplanAtTheSameStep) {
+  const std::string config =
+      Config(kResNet20,
+             "distributed: {codec: auto, auto_warmup_steps: 2, auto_interval: 2, "
+             "auto_max_residual_ratio: 1.0e9, bucket_mb: 0.05, first_bucket_mb: 0.01, "
+             "last_bucket_mb: 0.01}\n");
+  for (int ranks : {2, 3}) {
+    SCOPED_TRACE(ranks);
+    const std::string name = "auto" + std::to_string(ranks);
+    std::string log;
+    Train(config, ranks, 4, name,
+          "--trace " + (dir_ / (name + ".json")).string() + " --trace-iters 6 --metrics " +
+              (dir_ / (name + ".jsonl")).string(),
+          &log, "CORTADO_AUTO_LINK=1e4,3:1e12");
+    EXPECT_NE(log.find("codec auto: plan 1 at iteration 2, after the warmup"), std::string::npos)
+        << log;
+    EXPECT_NE(log.find("codec auto: plan 2 at iteration 4, the link's rate moved"),
+              std::string::npos)
+        << log;
+    EXPECT_EQ(log.find("codec auto: plan 3"), std::string::npos) << log;
+    // Per rank: the codec bits of each bucket at each step, and the plans' names.
+    std::vector<std::map<int, std::vector<int>>> bits(ranks);
+    std::vector<std::vector<std::string>> plans(ranks);
+    for (int r = 0; r < ranks; ++r) {
+      const fs::path path = dir_ / (name + ".rank" + std::to_string(r) + ".json");
+      ASSERT_TRUE(fs::exists(path)) << path;
+      nlohmann::json doc = nlohmann::json::parse(ReadFile(path));
+      for (const auto& e : doc["traceEvents"]) {
+        if (e["ph"] != "X") continue;
+        const std::string event = e["name"].get<std::string>();
+        if (event.rfind("all-reduce bucket ", 0) == 0) {
+          bits[r][std::stoi(event.substr(18))].push_back(
+              static_cast<int>(e["args"].value("codec_bits", -1.0)));
+        } else if (event.rfind("codec plan: ", 0) == 0) {
+          plans[r].push_back(event + " @" +
+                             std::to_string(static_cast<int>(e["args"].value("iteration", -1.0))));
+        }
+      }
+      ASSERT_EQ(plans[r].size(), 2u);
+      EXPECT_NE(plans[r][0].find("@2"), std::string::npos) << plans[r][0];
+      EXPECT_NE(plans[r][1].find("@4"), std::string::npos) << plans[r][1];
+      EXPECT_EQ(bits[r], bits[0]) << "rank " << r << " travelled in other codecs than rank 0";
+      EXPECT_EQ(plans[r], plans[0]);
+    }
+    // Bucket 0 (logits.weight, ready first): f32 in the warmup, epgc8 in the first plan, f32
+    // again in the second.
+    EXPECT_EQ(bits[0][0], (std::vector<int>{32, 32, 8, 8, 32, 32}));
+    // Every bucket that was epgc8 under the first plan changed at iteration 4 or not at all.
+    for (const auto& [bucket, seq] : bits[0]) {
+      ASSERT_EQ(seq.size(), 6u) << bucket;
+      EXPECT_EQ(seq[2], seq[3]) << bucket;
+      EXPECT_EQ(seq[4], seq[5]) << bucket;
+    }
+    int with_plan = 0;
+    std::ifstream metrics(dir_ / (name + ".jsonl"));
+    for (std::string line; std::getline(metrics, line);) {
+      nlohmann::json m = nlohmann::json::parse(line);
+      if (m["event"] == "train" && m.contains("codec_plan")) ++with_plan;
+    }
+    EXPECT_GT(with_plan, 0);
+  }
+}
+
+// With auto the plan and its measurements are in the checkpoint: a run stopped after the plan
+// and resumed ends bitwise where the uninterrupted run ends (parameters, momentum, the
+// error-feedback residuals), in the same plan.
+TEST_F(DataParallelTest, AutoCodecsResumeBitwise) {
+  const std::string config =
+      Config(kResNet20,
+             "distributed: {codec: auto, auto_warmup_steps: 2, auto_interval: 2, "
+             "auto_max_residual_ratio: 1.0e9, bucket_mb: 0.05, first_bucket_mb: 0.01, "
+             "last_bucket_mb: 0.01}\n");
+  const std::string env = "CORTADO_AUTO_LINK=1e4 ";
+  Checkpoint whole = Train(config, 2, 8, "whole", "", nullptr, "CORTADO_AUTO_LINK=1e4");
+  const std::string ckpt_dir = (dir_ / "parts").string();
+  const std::string train = CortadoBinary() + " launch --nproc 2 -- " + CortadoBinary() +
+                            " train --no-progress --threads 1 --config " + config +
+                            " --set data.batch_size=8 --set checkpoint.dir=" + ckpt_dir;
+  std::string err;
+  ASSERT_EQ(RunShell(env + "timeout 300 " + train + " --stop-at-iter 3", nullptr, &err), 130)
+      << err;
+  Checkpoint half = LoadCheckpoint(ListCheckpoints(ckpt_dir)[0]);
+  ASSERT_EQ(half.Meta("codec_auto_plan"), whole.Meta("codec_auto_plan"));
+  EXPECT_NE(half.Meta("codec_auto_plan").find("epgc8"), std::string::npos);
+  ASSERT_NE(half.Find("codec_auto/measurements"), nullptr);
+  ASSERT_EQ(RunShell(env + "timeout 300 " + train + " --resume auto", nullptr, &err), 0) << err;
+  EXPECT_EQ(err.find("codec auto: plan"), std::string::npos) << "the resumed run planned again";
+  EXPECT_NE(err.find("codecs auto, as planned before the checkpoint: epgc8"), std::string::npos)
+      << err;
+  Checkpoint resumed = LoadCheckpoint(ListCheckpoints(ckpt_dir)[0]);
+  ASSERT_EQ(resumed.MetaInt("iteration"), 6);
+  EXPECT_EQ(resumed.Meta("codec_auto_plan"), whole.Meta("codec_auto_plan"));
+  // The measurements are timing, run by run: everything else is bitwise the same.
+  for (Checkpoint* c : {&resumed, &whole}) {
+    c->tensors.erase(
+        std::remove_if(c->tensors.begin(), c->tensors.end(),
+                       [](const auto& t) { return t.first == "codec_auto/measurements"; }),
+        c->tensors.end());
+  }
+  ExpectBitwiseEqual(resumed, whole);
+}
+
 TEST_F(DataParallelTest, CodecConfigErrorsNameTheKey) {
   const std::string config = Config(kLeNet);
   std::string err;
@@ -712,6 +826,20 @@ TEST_F(DataParallelTest, CodecConfigErrorsNameTheKey) {
   EXPECT_NE(err.find("distributed.rounding"), std::string::npos) << err;
   EXPECT_NE(train("--set distributed.codec_keep_f32=[norms]"), 0);
   EXPECT_NE(err.find("unknown parameter kind 'norms'"), std::string::npos) << err;
+  // distributed.codec: auto and its keys.
+  EXPECT_NE(train("--set distributed.codec=auto --set distributed.codec_candidates=[epgc8,f32]"),
+            0);
+  EXPECT_NE(err.find("distributed.codec_candidates"), std::string::npos) << err;
+  EXPECT_NE(err.find("widest to narrowest, but epgc8 comes before f32"), std::string::npos) << err;
+  EXPECT_NE(train("--set distributed.codec=auto --set distributed.codec_candidates=[f32,fp12]"), 0);
+  EXPECT_NE(err.find("fp12"), std::string::npos) << err;
+  EXPECT_NE(train("--set distributed.codec=auto --set distributed.auto_warmup_steps=0"), 0);
+  EXPECT_NE(err.find("distributed.auto_warmup_steps"), std::string::npos) << err;
+  EXPECT_NE(train("--set distributed.codec=auto --set distributed.auto_max_residual_ratio=0"), 0);
+  EXPECT_NE(err.find("distributed.auto_max_residual_ratio"), std::string::npos) << err;
+  EXPECT_NE(train("--set distributed.auto_interval=10"), 0);
+  EXPECT_NE(err.find("distributed.auto_interval"), std::string::npos) << err;
+  EXPECT_NE(err.find("is for distributed.codec: auto"), std::string::npos) << err;
 }
 
 // distributed.codec_overrides as a user writes it in the config file: a YAML map taken in its

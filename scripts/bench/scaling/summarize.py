@@ -245,6 +245,29 @@ def main():
         print("|---|---|---|---|---|---|---|")
         print("\n".join(comm_rows))
         print()
+    # The plans `distributed.codec: auto` chose (rank 0's last train record of each run): each
+    # codec with its bucket count, in bucket order of first use, and how many plans were made.
+    plan_rows = []
+    for path in sorted(glob.glob(os.path.join(out, "*.codec-auto.*.jsonl"))):
+        records = [json.loads(line) for line in open(path) if line.strip()]
+        records = [r for r in records if r.get("event") == "train" and "codec_plan" in r]
+        if not records:
+            continue
+        codecs = records[-1]["codec_plan"].split(",")
+        counts = {}
+        for c in codecs:
+            counts[c] = counts.get(c, 0) + 1
+        plan = ", ".join(f"{c} x{n}" for c, n in counts.items())
+        name = os.path.basename(path)[: -len(".jsonl")]
+        plan_rows.append(f"| {name} | {plan} | {records[-1].get('codec_plans', 1)} | "
+                         f"{records[-1]['codec_plan']} |")
+    if plan_rows:
+        print("Plans of distributed.codec: auto (rank 0's last record):")
+        print()
+        print("| run | buckets per codec | plans made | codec per bucket, in bucket order |")
+        print("|---|---|---|---|")
+        print("\n".join(plan_rows))
+        print()
     for model in models:
         if model in params:
             mb = params[model] * 4 / 1e6
