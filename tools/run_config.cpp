@@ -328,10 +328,25 @@ CheckpointConfig ParseCheckpoint(const YamlSection& k, const std::string& file, 
   return ck;
 }
 
-constexpr std::string_view kDistributedKeys[] = {
-    "backend", "transport", "bucket_mb",         "first_bucket_mb", "last_bucket_mb",
-    "overlap", "timeout_s", "connect_timeout_s", "sync_bn",         "sync_bn_group",
-    "codec",   "rounding",  "error_feedback",    "codec_keep_f32",  "codec_overrides"};
+constexpr std::string_view kDistributedKeys[] = {"backend",
+                                                 "transport",
+                                                 "bucket_mb",
+                                                 "first_bucket_mb",
+                                                 "last_bucket_mb",
+                                                 "overlap",
+                                                 "timeout_s",
+                                                 "connect_timeout_s",
+                                                 "sync_bn",
+                                                 "sync_bn_group",
+                                                 "codec",
+                                                 "rounding",
+                                                 "error_feedback",
+                                                 "codec_keep_f32",
+                                                 "codec_overrides",
+                                                 "codec_candidates",
+                                                 "auto_warmup_steps",
+                                                 "auto_interval",
+                                                 "auto_max_residual_ratio"};
 
 // distributed.codec_keep_f32: the parameter kinds every codec leaves in f32.
 void ParseKeepF32(const YamlSection& dd, CodecPolicy& codec) {
