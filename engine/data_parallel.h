@@ -46,6 +46,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -53,6 +54,7 @@
 
 #include "cortado/dist/communicator.h"
 #include "engine/bucket_plan.h"
+#include "engine/checkpoint.h"
 #include "engine/net.h"
 #include "engine/registered_allocator.h"
 #include "engine/trace.h"
@@ -69,7 +71,7 @@ struct DataParallelOptions {
   uint64_t seed = 0;            // stochastic rounding's stream (with the step and the bucket)
 };
 
-class DataParallel {
+class DataParallel : public CheckpointState {
  public:
   using Bucket = GradientBucket;  // engine/bucket_plan.h plans them
 
@@ -77,7 +79,7 @@ class DataParallel {
   // The net and communicator must outlive this object.
   DataParallel(Net& net, dist::Communicator& comm, DataParallelOptions options);
   // Waits for buckets still in flight (ignoring their errors) and detaches the hook.
-  ~DataParallel();
+  ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
@@ -109,6 +111,17 @@ class DataParallel {
   // are now discarded and kept what it lost of them; without this the true residual would be
   // lost and the error of a discarded step would feed the next one.
   void DiscardStep();
+
+  // Checkpoint state: with error feedback, every rank's residual ("error_feedback/rank<r>" and
+  // "error_feedback_ranks"), as GatherForCheckpoint last gathered them or LoadState loaded
+  // them (rank 0 passes what it loaded on to the others this way). Without, nothing.
+  void SaveState(Checkpoint& checkpoint) const override;
+  // Collective: every rank must call it before the checkpoint is saved (on rank 0).
+  void GatherForCheckpoint();
+  // Each rank takes back its own residual. On another rank count the residuals no longer match
+  // the ring's encoding sites, so their sum (what the last step lost in all) goes to rank 0,
+  // with a warning; without error feedback they are dropped, with a warning. Rank 0 warns.
+  void LoadState(const Checkpoint& checkpoint, const std::string& path) override;
 
   // Collective check that this rank runs the same job as rank 0: rank 0's `description` (text,
   // one item per line, e.g. the resolved config and the model's parameter shapes) is compared
@@ -158,6 +171,7 @@ class DataParallel {
   Tensor block_;
   Tensor residual_;       // error feedback; empty when off
   Tensor residual_kept_;  // the residual as BeginStep found it (compressed buckets' ranges)
+  std::vector<Tensor> saved_residuals_;  // every rank's, for SaveState (rank r's at r)
   int64_t step_ = 0;
   int64_t control_index_ = 0;  // [stop vote, loss]
   std::vector<Bucket> buckets_;
@@ -196,5 +210,15 @@ dist::DataType WireTypeOf(DType dtype, const std::string& what);
 // Replaces *bytes with rank 0's bytes on every rank (its length first, then the bytes).
 // Collective.
 void BroadcastBytes(dist::Communicator& comm, std::string* bytes);
+
+// The warning for a checkpoint with error-feedback residuals resumed without error feedback
+// (DataParallel::LoadState, and a one-rank run, which has no DataParallel).
+std::string ErrorFeedbackDropped(const std::string& path);
+
+// Puts every rank in rank 0's starting state: rank 0 runs `make` (resume, initialize) and sends
+// the checkpoint it returns; the others return it, parsed (named "rank 0's state" in errors),
+// and rank 0 returns an empty one. An error that `make` throws reaches every rank as the same
+// error instead of a lost connection. Collective.
+Checkpoint BroadcastState(dist::Communicator& comm, const std::function<Checkpoint()>& make);
 
 }  // namespace cortado
