@@ -1,13 +1,16 @@
-// Trainer: the training loop behind `cortado train` (and the pieces `cortado eval` and
-// `cortado bench train` share): data source -> net forward/backward -> gradient all-reduce ->
-// SGD step, with logging, metrics, evaluation, checkpoints, resume and clean interruption.
+// Trainer: the training loop behind `cortado train` (and `cortado bench train`'s steps): data
+// source -> net forward/backward -> gradient all-reduce -> SGD step, with evaluation,
+// checkpoints, resume and clean interruption. What the user sees (log lines, metrics file,
+// progress bar, trace) is its TrainReporter's (tools/train_reporter.h); its checkpoints are
+// collected from the parts that own them (tools/trainer_checkpoint.cpp).
 //
 // Data parallelism: with W ranks (tools/world.h) each rank reads its shard of every epoch
 // (rank r of W), the DataParallel glue (engine/data_parallel.h) averages gradients in buckets
 // overlapped with backward, synchronized batch norm combines statistics over its group, and
 // evaluation sums every rank's counts. Rank 0 is the only one that reads a checkpoint to
 // resume (everyone else receives rank 0's state), writes checkpoints, metrics and the progress
-// bar; all ranks stop together (Ctrl-C, --stop-at-iter) at the same step.
+// bar; all ranks stop together (Ctrl-C, --stop-at-iter) at the same step, or during an
+// evaluation at the same batch.
 #pragma once
 
 #include <atomic>
