@@ -3,7 +3,7 @@
 // during it stops at the next batch with the training saved and says that only the evaluation
 // is abandoned; an evaluation in the middle of training stops the same way and the run
 // resumes; a resume past --stop-at-iter warns; the one-rank log states the global batch and
-// the learning rate.
+// the learning rate; `cortado eval` shows its progress too.
 #include <signal.h>
 
 #include <string>
@@ -56,6 +56,14 @@ TEST_F(EvalInterrupt, CtrlCDuringTheFinalEvaluationAbandonsItWithTheTrainingSave
   EXPECT_NE(err.find("one rank: global batch 2 (1 x 2), learning rate 0.1 (solver.base_lr"),
             std::string::npos)
       << err;
+
+  // `cortado eval` of the saved checkpoint shows its progress the same way.
+  const pid_t eval = StartCortado(
+      "eval --threads 1 --checkpoint " + ckpt + "/ckpt-00000004.cortado", "eval_err.txt");
+  const bool eval_progress = WaitForText("eval_err.txt", "eval  batch", 60);
+  kill(eval, SIGKILL);
+  WaitExit(eval, 10);
+  EXPECT_TRUE(eval_progress) << Read("eval_err.txt");
 }
 
 TEST_F(EvalInterrupt, CtrlCDuringAnEvaluationMidTrainingCheckpointsAndTheRunResumes) {
