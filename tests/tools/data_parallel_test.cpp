@@ -918,6 +918,13 @@ TEST_F(DataParallelTest, SigintDuringTheFinalEvaluationStopsEveryRankWithTheTrai
       WaitFor([&] { return ReadFile(err_file).find("eval  batch") != std::string::npos; }, 120);
   kill(launcher, SIGINT);
   const int code = WaitExit(launcher, 60);
+  // Ranks that outlive a launcher killed on timeout would evaluate for minutes: end them.
+  for (int r = 0; r < 2; ++r) {
+    for (pid_t left = FindRank(r, token); left > 0; left = FindRank(r, token)) {
+      kill(left, SIGKILL);
+      usleep(100000);
+    }
+  }
   const std::string err = ReadFile(err_file);
   ASSERT_TRUE(evaluating) << err;
   EXPECT_EQ(code, 130) << err;
