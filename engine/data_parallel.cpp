@@ -47,6 +47,22 @@ void BroadcastBytes(dist::Communicator& comm, std::string* bytes) {
   bytes->resize(n);
 }
 
+Checkpoint BroadcastState(dist::Communicator& comm, const std::function<Checkpoint()>& make) {
+  std::string blob;
+  if (comm.rank() == 0) {
+    try {
+      blob = "S" + SerializeCheckpoint(make());
+    } catch (const Error& e) {
+      blob = std::string("E") + e.what();
+    }
+  }
+  BroadcastBytes(comm, &blob);
+  CORTADO_CHECK(!blob.empty(), "rank 0 sent no starting state");
+  if (blob[0] == 'E') Fail(blob.substr(1));
+  if (comm.rank() == 0) return Checkpoint{};
+  return ParseCheckpoint(blob.substr(1), "rank 0's state");
+}
+
 void ApplyCodecPolicy(Net& net, const CodecPolicy& policy) {
   // auto: the plan chooses (DataParallel with auto_codec.enabled); until then f32.
   const bool auto_codec = policy.codec == "auto";
@@ -409,6 +425,60 @@ std::vector<Tensor> DataParallel::GatherResiduals() {
     out.push_back(std::move(t));
   }
   return out;
+}
+
+void DataParallel::GatherForCheckpoint() {
+  if (options_.error_feedback) saved_residuals_ = GatherResiduals();
+}
+
+void DataParallel::SaveState(Checkpoint& ckpt) const {
+  SaveCodecPlan(ckpt);
+  if (saved_residuals_.empty()) return;
+  ckpt.meta["error_feedback_ranks"] = std::to_string(saved_residuals_.size());
+  for (size_t r = 0; r < saved_residuals_.size(); ++r) {
+    ckpt.Add(StrCat("error_feedback/rank", r), saved_residuals_[r]);
+  }
+}
+
+void DataParallel::LoadState(const Checkpoint& ckpt, const std::string& path) {
+  LoadCodecPlan(ckpt, path);
+  saved_residuals_.clear();
+  if (!ckpt.meta.count("error_feedback_ranks")) return;
+  const int64_t ranks = ckpt.MetaInt("error_feedback_ranks");
+  for (int64_t r = 0; r < ranks; ++r) {
+    const Tensor* t = ckpt.Find(StrCat("error_feedback/rank", r));
+    CORTADO_CHECK(t != nullptr, "checkpoint '", path, "' lacks error_feedback/rank", r);
+    saved_residuals_.push_back(*t);
+  }
+  const bool root = comm_.rank() == 0;
+  if (!options_.error_feedback) {
+    if (root) LogWarning(ErrorFeedbackDropped(path));
+    saved_residuals_.clear();
+    return;
+  }
+  if (ranks == comm_.size()) {
+    SetResidual(saved_residuals_[static_cast<size_t>(comm_.rank())]);
+    return;
+  }
+  Tensor sum = saved_residuals_[0].Clone();
+  for (size_t r = 1; r < saved_residuals_.size(); ++r) {
+    CORTADO_CHECK(saved_residuals_[r].numel() == sum.numel(), "checkpoint '", path,
+                  "': error-feedback residuals of different sizes");
+    const float* add = saved_residuals_[r].data<float>();
+    for (int64_t i = 0; i < sum.numel(); ++i) sum.data<float>()[i] += add[i];
+  }
+  if (!root) sum.Zero();
+  SetResidual(sum);
+  if (root) {
+    LogWarning("checkpoint '", path, "' holds error-feedback residuals of ", ranks,
+               " rank(s); this run has ", comm_.size(), ": their sum goes to rank 0 (the run ",
+               "continues, but not bitwise as it would on ", ranks, ")");
+  }
+}
+
+std::string ErrorFeedbackDropped(const std::string& path) {
+  return StrCat("checkpoint '", path, "' holds error-feedback residuals, but this run has ",
+                "distributed.error_feedback off: they are dropped");
 }
 
 void DataParallel::ScaleResidual(double factor) {
@@ -784,7 +854,7 @@ std::string DataParallel::codec_plan() const {
   return out;
 }
 
-void DataParallel::SaveState(Checkpoint& ckpt) const {
+void DataParallel::SaveCodecPlan(Checkpoint& ckpt) const {
   if (!options_.auto_codec.enabled || !planned_) return;
   const size_t n = buckets_.size();
   ckpt.meta["codec_auto_plan"] = codec_plan();
@@ -803,7 +873,7 @@ void DataParallel::SaveState(Checkpoint& ckpt) const {
   ckpt.Add("codec_auto/measurements", t);
 }
 
-void DataParallel::LoadState(const Checkpoint& ckpt, const std::string& path) {
+void DataParallel::LoadCodecPlan(const Checkpoint& ckpt, const std::string& path) {
   if (!options_.auto_codec.enabled) return;
   auto plan = ckpt.meta.find("codec_auto_plan");
   if (plan == ckpt.meta.end()) return;  // written before the warmup ended: it starts over

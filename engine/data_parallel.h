@@ -67,6 +67,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -118,7 +119,7 @@ struct DataParallelOptions {
   AutoCodecOptions auto_codec;  // distributed.codec: auto
 };
 
-class DataParallel {
+class DataParallel : public CheckpointState {
  public:
   using Bucket = GradientBucket;  // engine/bucket_plan.h plans them
 
@@ -126,7 +127,7 @@ class DataParallel {
   // The net and communicator must outlive this object.
   DataParallel(Net& net, dist::Communicator& comm, DataParallelOptions options);
   // Waits for buckets still in flight (ignoring their errors) and detaches the hook.
-  ~DataParallel();
+  ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
@@ -159,6 +160,18 @@ class DataParallel {
   // lost and the error of a discarded step would feed the next one.
   void DiscardStep();
 
+  // Checkpoint state: under distributed.codec: auto the codec plan (SaveCodecPlan); with error
+  // feedback, every rank's residual ("error_feedback/rank<r>" and "error_feedback_ranks"), as
+  // GatherForCheckpoint last gathered them or LoadState loaded them (rank 0 passes what it
+  // loaded on to the others this way). Without either, nothing.
+  void SaveState(Checkpoint& checkpoint) const override;
+  // Collective: every rank must call it before the checkpoint is saved (on rank 0).
+  void GatherForCheckpoint();
+  // Each rank takes back its own residual. On another rank count the residuals no longer match
+  // the ring's encoding sites, so their sum (what the last step lost in all) goes to rank 0,
+  // with a warning; without error feedback they are dropped, with a warning. Rank 0 warns.
+  void LoadState(const Checkpoint& checkpoint, const std::string& path) override;
+
   // Collective check that this rank runs the same job as rank 0: rank 0's `description` (text,
   // one item per line, e.g. the resolved config and the model's parameter shapes) is compared
   // line by line on every rank. On a mismatch every rank throws the same one-line error naming
@@ -189,17 +202,17 @@ class DataParallel {
   // how many plans were made (the first included); the plan as a one-line summary.
   std::string codec_plan() const;
   int64_t codec_plans() const { return auto_plans_; }
-  // The plan, the agreed measurements and the guard's floors, in the checkpoint (meta and
-  // tensors under "codec_auto"); LoadState restores them (a checkpoint without them: the
-  // warmup starts over). Nothing when auto is off.
-  void SaveState(Checkpoint& ckpt) const;
-  void LoadState(const Checkpoint& ckpt, const std::string& path);
 
   // Records each bucket's all-reduce (enqueue to done, with its CPU time and wake-ups) and the
   // wait of FinishStep; null: off.
   void set_trace(Trace* trace) { trace_ = trace; }
 
  private:
+  // distributed.codec: auto's part of SaveState/LoadState: the plan, the agreed measurements
+  // and the guard's floors (meta and tensors under "codec_auto"); a checkpoint without them
+  // (written before the warmup ended) starts the warmup over. Nothing when auto is off.
+  void SaveCodecPlan(Checkpoint& ckpt) const;
+  void LoadCodecPlan(const Checkpoint& ckpt, const std::string& path);
   void OnGradientsReady(std::vector<Param>& params);
   void IssueReadyBuckets();
   void Issue(size_t bucket);
@@ -226,6 +239,7 @@ class DataParallel {
   Tensor block_;
   Tensor residual_;       // error feedback; empty when off
   Tensor residual_kept_;  // the residual as BeginStep found it (compressed buckets' ranges)
+  std::vector<Tensor> saved_residuals_;  // every rank's, for SaveState (rank r's at r)
   int64_t step_ = 0;
   int64_t control_index_ = 0;  // [stop vote, loss]
   std::vector<Bucket> buckets_;
@@ -284,5 +298,15 @@ dist::DataType WireTypeOf(DType dtype, const std::string& what);
 // Replaces *bytes with rank 0's bytes on every rank (its length first, then the bytes).
 // Collective.
 void BroadcastBytes(dist::Communicator& comm, std::string* bytes);
+
+// The warning for a checkpoint with error-feedback residuals resumed without error feedback
+// (DataParallel::LoadState, and a one-rank run, which has no DataParallel).
+std::string ErrorFeedbackDropped(const std::string& path);
+
+// Puts every rank in rank 0's starting state: rank 0 runs `make` (resume, initialize) and sends
+// the checkpoint it returns; the others return it, parsed (named "rank 0's state" in errors),
+// and rank 0 returns an empty one. An error that `make` throws reaches every rank as the same
+// error instead of a lost connection. Collective.
+Checkpoint BroadcastState(dist::Communicator& comm, const std::function<Checkpoint()>& make);
 
 }  // namespace cortado

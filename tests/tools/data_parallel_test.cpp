@@ -18,7 +18,9 @@
 //   - a resumed run may change the rank count when the global batch is kept, and says why not
 //     otherwise;
 //   - a rank killed mid-training stops the others within 10 s naming it, and the newest
-//     checkpoint resumes; SIGINT to the launcher checkpoints once and every rank exits 130.
+//     checkpoint resumes; SIGINT to the launcher checkpoints once and every rank exits 130;
+//   - SIGINT to the launcher during the final evaluation stops every rank at the same batch,
+//     with the training saved before it (and the log says its counts are per rank).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -1022,6 +1024,50 @@ TEST_F(DataParallelTest, SigintToTheLauncherCheckpointsOnceAndEveryRankExits130)
     ++saved;
   }
   EXPECT_EQ(saved, 1u) << err;
+}
+
+TEST_F(DataParallelTest, SigintDuringTheFinalEvaluationStopsEveryRankWithTheTrainingSaved) {
+  const std::string ckpt_dir = (dir_ / "run").string();
+  const fs::path config = dir_ / "long_eval.yaml";
+  std::ofstream(config) << "model: {builder: lenet}\n"
+                        << "data:\n  type: synthetic\n  batch_size: 2\n  val_batch_size: 16\n"
+                        << "  synthetic: {shape: [1, 28, 28], classes: 10, samples: 8, "
+                           "val_samples: 2000000}\n"
+                        << "solver: {max_iter: 2}\n"
+                        << "checkpoint: {dir: " << ckpt_dir << "}\n";
+  const std::string token = "dp-eval-int-" + std::to_string(getpid());
+  const std::string train =
+      CortadoBinary() + " train --no-progress --threads 1 --config " + config.string();
+  const std::string rank = "sh -c 'trap \"\" INT TERM; " + train +
+                           "; code=$?; echo \"rank $CORTADO_RANK exit $code\" >&2; exit $code'";
+  const fs::path err_file = dir_ / "err.txt";
+  pid_t launcher = StartLauncher("--nproc 2 -- " + rank, err_file, token);
+  const bool evaluating =
+      WaitFor([&] { return ReadFile(err_file).find("eval  batch") != std::string::npos; }, 120);
+  kill(launcher, SIGINT);
+  const int code = WaitExit(launcher, 60);
+  // Ranks that outlive a launcher killed on timeout would evaluate for minutes: end them.
+  for (int r = 0; r < 2; ++r) {
+    for (pid_t left = FindRank(r, token); left > 0; left = FindRank(r, token)) {
+      kill(left, SIGKILL);
+      usleep(100000);
+    }
+  }
+  const std::string err = ReadFile(err_file);
+  ASSERT_TRUE(evaluating) << err;
+  EXPECT_EQ(code, 130) << err;
+  EXPECT_NE(err.find("[0] rank 0 exit 130"), std::string::npos) << err;
+  EXPECT_NE(err.find("[1] rank 1 exit 130"), std::string::npos) << err;
+  EXPECT_EQ(err.find("error:"), std::string::npos) << err;
+  EXPECT_NE(err.find("interrupted during the final evaluation at iteration 2"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("the evaluation is abandoned, not the training"), std::string::npos) << err;
+  EXPECT_EQ(LoadCheckpoint(ckpt_dir + "/ckpt-00000002.cortado").MetaInt("iteration"), 2);
+  // Sample counts say whose they are.
+  EXPECT_NE(err.find("4 training samples per rank (8 in all), 2 batches of 2 per rank per epoch"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("global batch 4 (2 x 2), learning rate"), std::string::npos) << err;
 }
 
 }  // namespace

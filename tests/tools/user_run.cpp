@@ -1,8 +1,12 @@
 #include "tests/tools/user_run.h"
 
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
+#include <sstream>
 
 #include "data/jpeg.h"
 #include "engine/error.h"
@@ -75,6 +79,51 @@ std::string UserRun::LmdbConfig(const std::string& train, const std::string& val
 
 int UserRun::Cortado(const std::string& args, std::string* out, std::string* err) {
   return RunShell("timeout 120 " + CortadoBinary() + " " + args, out, err);
+}
+
+pid_t UserRun::StartCortado(const std::string& args, const std::string& err_name) {
+  const std::string err = (dir_ / err_name).string();
+  const std::string command = "exec " + CortadoBinary() + " " + args;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (freopen(err.c_str(), "w", stderr) == nullptr ||
+        freopen("/dev/null", "w", stdout) == nullptr) {
+      _exit(126);
+    }
+    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+std::string UserRun::Read(const std::string& name) const {
+  std::ifstream in(dir_ / name);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+bool UserRun::WaitForText(const std::string& name, const std::string& text, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (Read(name).find(text) == std::string::npos) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    usleep(50000);
+  }
+  return true;
+}
+
+int UserRun::WaitExit(pid_t pid, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) != pid) {
+    if (std::chrono::steady_clock::now() > until) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    usleep(50000);
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 }  // namespace cortado::tooltest

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/types.h>
 
 #include <filesystem>
 #include <string>
@@ -28,6 +29,16 @@ class UserRun : public ::testing::Test {
                          const std::string& extra = "");
   // `cortado ARGS` under a time limit; returns its exit status.
   int Cortado(const std::string& args, std::string* out, std::string* err);
+  // `cortado ARGS` started in the background, stdout to /dev/null and stderr to dir_/err_name;
+  // returns its pid (signal tests).
+  pid_t StartCortado(const std::string& args, const std::string& err_name);
+  // Waits at most `seconds` for `text` to appear in the file dir_/name.
+  bool WaitForText(const std::string& name, const std::string& text, double seconds);
+  // The exit status of child `pid` (128 + signal when killed), waiting at most `seconds`; -1
+  // on timeout, after killing it.
+  int WaitExit(pid_t pid, double seconds);
+  // The text of the file dir_/name ("" when absent).
+  std::string Read(const std::string& name) const;
 
   std::filesystem::path dir_;
 };
