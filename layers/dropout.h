@@ -14,30 +14,28 @@
 // Threads: ParallelFor over contiguous element ranges.
 #pragma once
 
-#include "engine/layer.h"
+#include "engine/typed_layer.h"
 
 namespace cortado {
 
-class DropoutLayer : public Layer {
+class DropoutLayer;
+extern template class TypedLayer<DropoutLayer, WideFloatTypes>;
+
+class DropoutLayer : public TypedLayer<DropoutLayer, WideFloatTypes> {
  public:
-  using Layer::Layer;
+  using TypedLayer::TypedLayer;
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   bool BackwardReadsInputs() const override { return false; }  // by the saved mask
 
  protected:
-  void ForwardF32(const Blobs& bottom, const Blobs& top) override;
-  void ForwardF64(const Blobs& bottom, const Blobs& top) override;
-  void BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
-  void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
+  friend TypedLayer;
   template <typename T>
-  void ForwardCpu(const Blobs& bottom, const Blobs& top);
+  void ForwardT(const Blobs& bottom, const Blobs& top);
   template <typename T>
-  void BackwardCpu(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom);
+  void BackwardT(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom);
   double ratio_ = 0.5;
   bool last_forward_train_ = false;  // whether the last Forward applied a mask
   Tensor mask_;                      // u8, bottom's shape: 1 = kept

@@ -314,10 +314,11 @@ void PoolingLayer::BackwardPlane(const T* dyp, T* dxp, const int32_t* argp,
 }
 
 template <typename T>
-void PoolingLayer::BackwardT(const Tensor& dyt, Tensor& dxt) {
+void PoolingLayer::BackwardT(const Tensor&, const Tensor& dyt, bool propagate, Tensor* dxt) {
+  if (!propagate) return;
   using A = Compute<T>;
   const T* dy = dyt.data<T>();  // top grad: (N, C, H_out, W_out)
-  T* dx = dxt.data<T>();        // bottom grad: (N, C, H, W)
+  T* dx = dxt->data<T>();       // bottom grad: (N, C, H, W)
   const int64_t in_plane = height_ * width_, out_plane = out_h_ * out_w_;
   const int32_t* arg = is_max_ ? argmax_.data<int32_t>() : nullptr;
   ParallelFor(planes_, 1, [&](int64_t p0, int64_t p1) {
@@ -337,39 +338,7 @@ void PoolingLayer::BackwardT(const Tensor& dyt, Tensor& dxt) {
   });
 }
 
-void PoolingLayer::ForwardF32(const Blobs& bottom, const Blobs& top) {
-  ForwardT<float>(bottom[0]->data, top[0]->data);
-}
-void PoolingLayer::ForwardF64(const Blobs& bottom, const Blobs& top) {
-  ForwardT<double>(bottom[0]->data, top[0]->data);
-}
-void PoolingLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                               const Blobs& bottom) {
-  if (!propagate_down[0]) return;
-  BackwardT<float>(top[0]->grad, bottom[0]->grad);
-}
-void PoolingLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                               const Blobs& bottom) {
-  if (!propagate_down[0]) return;
-  BackwardT<double>(top[0]->grad, bottom[0]->grad);
-}
-
-void PoolingLayer::ForwardBF16(const Blobs& bottom, const Blobs& top) {
-  ForwardT<BFloat16>(bottom[0]->data, top[0]->data);
-}
-void PoolingLayer::ForwardF16(const Blobs& bottom, const Blobs& top) {
-  ForwardT<Half>(bottom[0]->data, top[0]->data);
-}
-void PoolingLayer::BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                                const Blobs& bottom) {
-  if (!propagate_down[0]) return;
-  BackwardT<BFloat16>(top[0]->grad, bottom[0]->grad);
-}
-void PoolingLayer::BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                               const Blobs& bottom) {
-  if (!propagate_down[0]) return;
-  BackwardT<Half>(top[0]->grad, bottom[0]->grad);
-}
+template class TypedLayer<PoolingLayer, AllFloatTypes, KernelArgs::kOneInput>;
 
 CORTADO_REGISTER_LAYER(Pooling, PoolingLayer);
 

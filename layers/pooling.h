@@ -14,37 +14,29 @@
 // Threads: ParallelFor over the N * C planes.
 #pragma once
 
-#include "engine/layer.h"
+#include "engine/typed_layer.h"
 
 namespace cortado {
 
-class PoolingLayer : public Layer {
+class PoolingLayer;
+extern template class TypedLayer<PoolingLayer, AllFloatTypes, KernelArgs::kOneInput>;
+
+class PoolingLayer : public TypedLayer<PoolingLayer, AllFloatTypes, KernelArgs::kOneInput> {
  public:
-  using Layer::Layer;
+  using TypedLayer::TypedLayer;
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   bool BackwardReadsInputs() const override { return false; }  // by the saved argmax, or evenly
 
  protected:
-  void ForwardF32(const Blobs& bottom, const Blobs& top) override;
-  void ForwardF64(const Blobs& bottom, const Blobs& top) override;
-  void BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
-  void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
-  // bf16 and f16: each plane widened, pooled by the f32 kernel, rounded back.
-  void ForwardBF16(const Blobs& bottom, const Blobs& top) override;
-  void ForwardF16(const Blobs& bottom, const Blobs& top) override;
-  void BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                    const Blobs& bottom) override;
-  void BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
+  friend TypedLayer;
+  // bf16 and f16: each plane widened, pooled by the f32 kernel, rounded back.
   template <typename T>
   void ForwardT(const Tensor& x, Tensor& y);
   template <typename T>
-  void BackwardT(const Tensor& dy, Tensor& dx);
+  void BackwardT(const Tensor& x, const Tensor& dy, bool propagate, Tensor* dx);
   template <typename T>
   void ForwardPlane(const T* xp, T* yp, int32_t* argp) const;
   template <typename T>

@@ -14,13 +14,16 @@
 
 #include <vector>
 
-#include "engine/layer.h"
+#include "engine/typed_layer.h"
 
 namespace cortado {
 
-class SoftmaxWithLossLayer : public Layer {
+class SoftmaxWithLossLayer;
+extern template class TypedLayer<SoftmaxWithLossLayer, WideFloatTypes>;
+
+class SoftmaxWithLossLayer : public TypedLayer<SoftmaxWithLossLayer, WideFloatTypes> {
  public:
-  using Layer::Layer;
+  using TypedLayer::TypedLayer;
   int MinInputs() const override { return 2; }
   int MaxInputs() const override { return 2; }
   bool CanBackpropTo(int input_index) const override { return input_index == 0; }
@@ -29,19 +32,14 @@ class SoftmaxWithLossLayer : public Layer {
   bool BackwardReadsInputs() const override { return false; }  // from the saved probabilities
 
  protected:
-  void ForwardF32(const Blobs& bottom, const Blobs& top) override;
-  void ForwardF64(const Blobs& bottom, const Blobs& top) override;
-  void BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
-  void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
+  friend TypedLayer;
   template <typename T>
-  void ForwardT(const Tensor& logits, const Tensor& label, Tensor& loss);
+  void ForwardT(const Blobs& bottom, const Blobs& top);
   template <typename T>
-  void BackwardT(const Tensor& label, const Tensor& dloss, Tensor& dlogits);
+  void BackwardT(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom);
 
   double label_smoothing_ = 0.0;
   int64_t num_ = 0, classes_ = 0;
