@@ -39,6 +39,24 @@ using AllFloatTypes = KernelTypes<float, double, BFloat16, Half>;
 using WideFloatTypes = KernelTypes<float, double>;  // bf16 and f16 compute in f32
 using AllDTypes = KernelTypes<float, double, BFloat16, Half, OtherDTypes>;
 
+// Declares, inside a layer's class (private), the kernels TypedLayer calls on the blob lists,
+// and lets TypedLayer call them; the layer's .cpp defines them.
+#define CORTADO_TYPED_LAYER_KERNELS()                   \
+  friend TypedLayer;                                    \
+  template <typename T>                                 \
+  void ForwardT(const Blobs& bottom, const Blobs& top); \
+  template <typename T>                                 \
+  void BackwardT(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom)
+
+// The same for KernelArgs::kOneInput: the kernels take bottom[0] and top[0] (and, backward,
+// whether to compute bottom[0]'s gradient).
+#define CORTADO_TYPED_LAYER_ONE_INPUT_KERNELS() \
+  friend TypedLayer;                            \
+  template <typename T>                         \
+  void ForwardT(const Tensor& x, Tensor& y);    \
+  template <typename T>                         \
+  void BackwardT(const Tensor& x, const Tensor& dy, bool propagate, Tensor* dx)
+
 // How TypedLayer calls the kernels: on the blob lists, or on bottom[0] and top[0] alone.
 enum class KernelArgs { kBlobs, kOneInput };
 

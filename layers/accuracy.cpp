@@ -53,6 +53,9 @@ void AccuracyLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
       static_cast<T>(n > 0 ? static_cast<double>(correct) / static_cast<double>(n) : 0.0);
 }
 
+template <typename T>
+void AccuracyLayer::BackwardT(const Blobs&, const std::vector<bool>&, const Blobs&) {}
+
 template class TypedLayer<AccuracyLayer, WideFloatTypes>;
 
 CORTADO_REGISTER_LAYER(Accuracy, AccuracyLayer);

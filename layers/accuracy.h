@@ -27,17 +27,13 @@ class AccuracyLayer : public TypedLayer<AccuracyLayer, WideFloatTypes> {
 
  protected:
   // No gradient flows through an accuracy (CanBackpropTo is false): nothing to do, whatever
-  // the dtype (f32 and f64 in BackwardT; bf16 and f16 here, not computed in f32).
+  // the dtype (BackwardT for f32 and f64; bf16 and f16 here, not computed in f32).
   void BackwardBF16(const Blobs&, const std::vector<bool>&, const Blobs&) override {}
   void BackwardF16(const Blobs&, const std::vector<bool>&, const Blobs&) override {}
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
-  friend TypedLayer;
-  template <typename T>
-  void ForwardT(const Blobs& bottom, const Blobs& top);
-  template <typename T>
-  void BackwardT(const Blobs&, const std::vector<bool>&, const Blobs&) {}
+  CORTADO_TYPED_LAYER_KERNELS();
   int64_t top_k_ = 1;
 };
 

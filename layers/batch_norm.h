@@ -49,16 +49,12 @@ class BatchNormLayer : public TypedLayer<BatchNormLayer, AllFloatTypes, KernelAr
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
-  friend TypedLayer;
   bool UseGlobalStats() const;
   // The reducer this layer synchronizes through, or null for per-rank statistics.
   BatchStatsReducer* Reducer() const;
-  // S: the activations' storage type; params, statistics and arithmetic in Compute<S> (f32 for
-  // bf16 and f16, which thus run natively, without staging copies).
-  template <typename S>
-  void ForwardT(const Tensor& x, Tensor& y);
-  template <typename S>
-  void BackwardT(const Tensor& x, const Tensor& dy, bool propagate, Tensor* dx);
+  // The kernels' T is the activations' storage type; params, statistics and arithmetic in
+  // Compute<T> (f32 for bf16 and f16, which thus run natively, without staging copies).
+  CORTADO_TYPED_LAYER_ONE_INPUT_KERNELS();
 
   double eps_ = 1e-5;
   double momentum_ = 0.1;

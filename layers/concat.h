@@ -24,12 +24,8 @@ class ConcatLayer : public TypedLayer<ConcatLayer, AllDTypes> {
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
-  friend TypedLayer;
   // Moves bytes only, so one implementation serves every dtype (T is not used).
-  template <typename T>
-  void ForwardT(const Blobs& bottom, const Blobs& top);
-  template <typename T>
-  void BackwardT(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom);
+  CORTADO_TYPED_LAYER_KERNELS();
   int64_t axis_setting_ = 1;
   int axis_ = 1;
   int64_t outer_ = 1, inner_ = 1;

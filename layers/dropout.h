@@ -31,11 +31,7 @@ class DropoutLayer : public TypedLayer<DropoutLayer, WideFloatTypes> {
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
-  friend TypedLayer;
-  template <typename T>
-  void ForwardT(const Blobs& bottom, const Blobs& top);
-  template <typename T>
-  void BackwardT(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom);
+  CORTADO_TYPED_LAYER_KERNELS();
   double ratio_ = 0.5;
   bool last_forward_train_ = false;  // whether the last Forward applied a mask
   Tensor mask_;                      // u8, bottom's shape: 1 = kept

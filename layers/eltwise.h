@@ -33,11 +33,7 @@ class EltwiseLayer : public TypedLayer<EltwiseLayer, AllFloatTypes> {
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
-  friend TypedLayer;
-  template <typename T>
-  void ForwardT(const Blobs& bottom, const Blobs& top);
-  template <typename T>
-  void BackwardT(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom);
+  CORTADO_TYPED_LAYER_KERNELS();
   // One block of n elements, pointers already at the block (T is the compute type).
   template <typename T>
   void ForwardChunk(const std::vector<const T*>& x, T* y, int32_t* arg, int64_t n) const;

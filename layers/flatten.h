@@ -23,12 +23,8 @@ class FlattenLayer : public TypedLayer<FlattenLayer, AllDTypes> {
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
-  friend TypedLayer;
   // Moves bytes only, so one implementation serves every dtype (T is not used).
-  template <typename T>
-  void ForwardT(const Blobs& bottom, const Blobs& top);
-  template <typename T>
-  void BackwardT(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom);
+  CORTADO_TYPED_LAYER_KERNELS();
   Shape TopShape(const Shape& bottom_shape) const;
   int64_t axis_ = 1;
 };

@@ -31,12 +31,8 @@ class InnerProductLayer
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
-  friend TypedLayer;
   // bf16 and f16: 16-bit operands, products accumulated in f32 (engine/gemm_lowp.h).
-  template <typename T>
-  void ForwardT(const Tensor& x, Tensor& y);
-  template <typename T>
-  void BackwardT(const Tensor& x, const Tensor& dy, bool propagate, Tensor* dx);
+  CORTADO_TYPED_LAYER_ONE_INPUT_KERNELS();
 
   int64_t num_output_ = 0;
   int64_t num_input_ = 0;  // K

@@ -31,12 +31,8 @@ class PoolingLayer : public TypedLayer<PoolingLayer, AllFloatTypes, KernelArgs::
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
-  friend TypedLayer;
   // bf16 and f16: each plane widened, pooled by the f32 kernel, rounded back.
-  template <typename T>
-  void ForwardT(const Tensor& x, Tensor& y);
-  template <typename T>
-  void BackwardT(const Tensor& x, const Tensor& dy, bool propagate, Tensor* dx);
+  CORTADO_TYPED_LAYER_ONE_INPUT_KERNELS();
   template <typename T>
   void ForwardPlane(const T* xp, T* yp, int32_t* argp) const;
   template <typename T>

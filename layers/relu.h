@@ -42,15 +42,11 @@ class ReluLayer : public TypedLayer<ReluLayer, WideFloatTypes> {
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
-  friend TypedLayer;
   static constexpr uint16_t kBF16Inf = 0x7f80, kF16Inf = 0x7c00;  // codes of +inf
   void Forward16(const Blobs& bottom, const Blobs& top, uint16_t inf);
   void Backward16(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom,
                   uint16_t inf);
-  template <typename T>
-  void ForwardT(const Blobs& bottom, const Blobs& top);
-  template <typename T>
-  void BackwardT(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom);
+  CORTADO_TYPED_LAYER_KERNELS();
   double negative_slope_ = 0.0;
 };
 

@@ -35,11 +35,7 @@ class SoftmaxWithLossLayer : public TypedLayer<SoftmaxWithLossLayer, WideFloatTy
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
-  friend TypedLayer;
-  template <typename T>
-  void ForwardT(const Blobs& bottom, const Blobs& top);
-  template <typename T>
-  void BackwardT(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom);
+  CORTADO_TYPED_LAYER_KERNELS();
 
   double label_smoothing_ = 0.0;
   int64_t num_ = 0, classes_ = 0;

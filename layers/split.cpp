@@ -59,6 +59,11 @@ void SplitLayer::BackwardT(const Blobs& top, const std::vector<bool>& propagate_
   });
 }
 
+template <typename T>
+void SplitLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
+  Share(bottom, top);
+}
+
 template class TypedLayer<SplitLayer, AllFloatTypes>;
 
 CORTADO_REGISTER_LAYER(Split, SplitLayer);

@@ -28,14 +28,8 @@ class SplitLayer : public TypedLayer<SplitLayer, AllFloatTypes> {
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
-  friend TypedLayer;
   void Share(const Blobs& bottom, const Blobs& top);
-  template <typename T>
-  void ForwardT(const Blobs& bottom, const Blobs& top) {
-    Share(bottom, top);
-  }
-  template <typename T>
-  void BackwardT(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom);
+  CORTADO_TYPED_LAYER_KERNELS();
 };
 
 }  // namespace cortado
