@@ -14,9 +14,6 @@
 
 namespace cortado {
 
-class AccuracyLayer;
-extern template class TypedLayer<AccuracyLayer, WideFloatTypes>;
-
 class AccuracyLayer : public TypedLayer<AccuracyLayer, WideFloatTypes> {
  public:
   using TypedLayer::TypedLayer;
@@ -36,5 +33,7 @@ class AccuracyLayer : public TypedLayer<AccuracyLayer, WideFloatTypes> {
   CORTADO_TYPED_LAYER_KERNELS();
   int64_t top_k_ = 1;
 };
+// Instantiated in the .cpp, where the kernels are defined.
+extern template class TypedLayer<AccuracyLayer, WideFloatTypes>;
 
 }  // namespace cortado

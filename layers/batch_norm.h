@@ -36,9 +36,6 @@
 
 namespace cortado {
 
-class BatchNormLayer;
-extern template class TypedLayer<BatchNormLayer, AllFloatTypes, KernelArgs::kOneInput>;
-
 class BatchNormLayer : public TypedLayer<BatchNormLayer, AllFloatTypes, KernelArgs::kOneInput> {
  public:
   using TypedLayer::TypedLayer;
@@ -72,5 +69,7 @@ class BatchNormLayer : public TypedLayer<BatchNormLayer, AllFloatTypes, KernelAr
   double count_ = 0;
   std::vector<double> reduce_buf_;  // all-reduce staging
 };
+// Instantiated in the .cpp, where the kernels are defined.
+extern template class TypedLayer<BatchNormLayer, AllFloatTypes, KernelArgs::kOneInput>;
 
 }  // namespace cortado

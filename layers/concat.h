@@ -10,9 +10,6 @@
 
 namespace cortado {
 
-class ConcatLayer;
-extern template class TypedLayer<ConcatLayer, AllDTypes>;
-
 class ConcatLayer : public TypedLayer<ConcatLayer, AllDTypes> {
  public:
   using TypedLayer::TypedLayer;
@@ -30,5 +27,7 @@ class ConcatLayer : public TypedLayer<ConcatLayer, AllDTypes> {
   int axis_ = 1;
   int64_t outer_ = 1, inner_ = 1;
 };
+// Instantiated in the .cpp, where the kernels are defined.
+extern template class TypedLayer<ConcatLayer, AllDTypes>;
 
 }  // namespace cortado

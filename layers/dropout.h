@@ -18,9 +18,6 @@
 
 namespace cortado {
 
-class DropoutLayer;
-extern template class TypedLayer<DropoutLayer, WideFloatTypes>;
-
 class DropoutLayer : public TypedLayer<DropoutLayer, WideFloatTypes> {
  public:
   using TypedLayer::TypedLayer;
@@ -36,5 +33,7 @@ class DropoutLayer : public TypedLayer<DropoutLayer, WideFloatTypes> {
   bool last_forward_train_ = false;  // whether the last Forward applied a mask
   Tensor mask_;                      // u8, bottom's shape: 1 = kept
 };
+// Instantiated in the .cpp, where the kernels are defined.
+extern template class TypedLayer<DropoutLayer, WideFloatTypes>;
 
 }  // namespace cortado

@@ -13,9 +13,6 @@
 
 namespace cortado {
 
-class EltwiseLayer;
-extern template class TypedLayer<EltwiseLayer, AllFloatTypes>;
-
 class EltwiseLayer : public TypedLayer<EltwiseLayer, AllFloatTypes> {
  public:
   enum class Op { kSum, kProd, kMax };
@@ -44,5 +41,7 @@ class EltwiseLayer : public TypedLayer<EltwiseLayer, AllFloatTypes> {
   std::vector<double> coeffs_;
   Tensor argmax_;  // i32, top's shape: which input held the max (max only)
 };
+// Instantiated in the .cpp, where the kernels are defined.
+extern template class TypedLayer<EltwiseLayer, AllFloatTypes>;
 
 }  // namespace cortado

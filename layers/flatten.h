@@ -10,9 +10,6 @@
 
 namespace cortado {
 
-class FlattenLayer;
-extern template class TypedLayer<FlattenLayer, AllDTypes>;
-
 class FlattenLayer : public TypedLayer<FlattenLayer, AllDTypes> {
  public:
   using TypedLayer::TypedLayer;
@@ -28,5 +25,7 @@ class FlattenLayer : public TypedLayer<FlattenLayer, AllDTypes> {
   Shape TopShape(const Shape& bottom_shape) const;
   int64_t axis_ = 1;
 };
+// Instantiated in the .cpp, where the kernels are defined.
+extern template class TypedLayer<FlattenLayer, AllDTypes>;
 
 }  // namespace cortado

@@ -13,9 +13,6 @@
 
 namespace cortado {
 
-class InnerProductLayer;
-extern template class TypedLayer<InnerProductLayer, AllFloatTypes, KernelArgs::kOneInput>;
-
 class InnerProductLayer
     : public TypedLayer<InnerProductLayer, AllFloatTypes, KernelArgs::kOneInput> {
  public:
@@ -43,5 +40,7 @@ class InnerProductLayer
   Tensor own_weight_copy_;
   Tensor wide_;  // 16-bit kernels: the f32 output or input gradient before rounding
 };
+// Instantiated in the .cpp, where the kernels are defined.
+extern template class TypedLayer<InnerProductLayer, AllFloatTypes, KernelArgs::kOneInput>;
 
 }  // namespace cortado

@@ -18,9 +18,6 @@
 
 namespace cortado {
 
-class PoolingLayer;
-extern template class TypedLayer<PoolingLayer, AllFloatTypes, KernelArgs::kOneInput>;
-
 class PoolingLayer : public TypedLayer<PoolingLayer, AllFloatTypes, KernelArgs::kOneInput> {
  public:
   using TypedLayer::TypedLayer;
@@ -50,5 +47,7 @@ class PoolingLayer : public TypedLayer<PoolingLayer, AllFloatTypes, KernelArgs::
   // the net's ScratchSpace::ForwardOnly buffer, shared by every pooling layer.
   Tensor argmax_;
 };
+// Instantiated in the .cpp, where the kernels are defined.
+extern template class TypedLayer<PoolingLayer, AllFloatTypes, KernelArgs::kOneInput>;
 
 }  // namespace cortado

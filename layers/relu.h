@@ -12,9 +12,6 @@
 
 namespace cortado {
 
-class ReluLayer;
-extern template class TypedLayer<ReluLayer, WideFloatTypes>;
-
 class ReluLayer : public TypedLayer<ReluLayer, WideFloatTypes> {
  public:
   using TypedLayer::TypedLayer;
@@ -49,5 +46,7 @@ class ReluLayer : public TypedLayer<ReluLayer, WideFloatTypes> {
   CORTADO_TYPED_LAYER_KERNELS();
   double negative_slope_ = 0.0;
 };
+// Instantiated in the .cpp, where the kernels are defined.
+extern template class TypedLayer<ReluLayer, WideFloatTypes>;
 
 }  // namespace cortado

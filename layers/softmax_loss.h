@@ -18,9 +18,6 @@
 
 namespace cortado {
 
-class SoftmaxWithLossLayer;
-extern template class TypedLayer<SoftmaxWithLossLayer, WideFloatTypes>;
-
 class SoftmaxWithLossLayer : public TypedLayer<SoftmaxWithLossLayer, WideFloatTypes> {
  public:
   using TypedLayer::TypedLayer;
@@ -42,5 +39,7 @@ class SoftmaxWithLossLayer : public TypedLayer<SoftmaxWithLossLayer, WideFloatTy
   Tensor prob_;                      // (N, C) softmax from the last Forward
   std::vector<double> sample_loss_;  // (N)
 };
+// Instantiated in the .cpp, where the kernels are defined.
+extern template class TypedLayer<SoftmaxWithLossLayer, WideFloatTypes>;
 
 }  // namespace cortado

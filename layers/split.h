@@ -11,9 +11,6 @@
 
 namespace cortado {
 
-class SplitLayer;
-extern template class TypedLayer<SplitLayer, AllFloatTypes>;
-
 class SplitLayer : public TypedLayer<SplitLayer, AllFloatTypes> {
  public:
   using TypedLayer::TypedLayer;
@@ -31,5 +28,7 @@ class SplitLayer : public TypedLayer<SplitLayer, AllFloatTypes> {
   void Share(const Blobs& bottom, const Blobs& top);
   CORTADO_TYPED_LAYER_KERNELS();
 };
+// Instantiated in the .cpp, where the kernels are defined.
+extern template class TypedLayer<SplitLayer, AllFloatTypes>;
 
 }  // namespace cortado
