@@ -174,6 +174,15 @@ bool MaxPool2x2Row(const T* __restrict r0, const T* __restrict r1, int32_t n, in
 }  // namespace
 
 // One (N, C) plane; T is the compute type (f32 or f64).
+int64_t PoolingLayer::AverageDivisor(int64_t hs_pad, int64_t he_pad, int64_t ow) const {
+  const int64_t hs = std::max<int64_t>(hs_pad, 0), he = std::min(he_pad, height_);
+  const int64_t ws_pad = ow * sw_ - pw_;
+  const int64_t we_pad = std::min(ws_pad + kw_, width_ + pw_);
+  const int64_t ws = std::max<int64_t>(ws_pad, 0), we = std::min(we_pad, width_);
+  if (hs >= he || ws >= we) return 0;  // the window lies wholly in the padding
+  return count_include_pad_ ? (he_pad - hs_pad) * (we_pad - ws_pad) : (he - hs) * (we - ws);
+}
+
 template <typename T>
 void PoolingLayer::ForwardPlane(const T* xp, T* yp, int32_t* argp) const {
   const int64_t h = height_, w = width_, oh_n = out_h_, ow_n = out_w_;
@@ -237,12 +246,8 @@ void PoolingLayer::ForwardPlane(const T* xp, T* yp, int32_t* argp) const {
         }
       }
       for (int64_t ow = 0; ow < ow_n; ++ow) {
-        const int64_t ws_pad = ow * sw_ - pw_;
-        const int64_t we_pad = std::min(ws_pad + kw_, w + pw_);
-        const int64_t ws = std::max<int64_t>(ws_pad, 0), we = std::min(we_pad, w);
-        const int64_t divisor =
-            count_include_pad_ ? (he_pad - hs_pad) * (we_pad - ws_pad) : (he - hs) * (we - ws);
-        yrow[ow] = (hs >= he || ws >= we) ? T(0) : yrow[ow] / static_cast<T>(divisor);
+        const int64_t divisor = AverageDivisor(hs_pad, he_pad, ow);
+        yrow[ow] = divisor == 0 ? T(0) : yrow[ow] / static_cast<T>(divisor);
       }
     }
   }
@@ -294,12 +299,8 @@ void PoolingLayer::BackwardPlane(const T* dyp, T* dxp, const int32_t* argp,
     const int64_t he_pad = std::min(hs_pad + kh_, h + ph_);
     const int64_t hs = std::max<int64_t>(hs_pad, 0), he = std::min(he_pad, h);
     for (int64_t ow = 0; ow < ow_n; ++ow) {
-      const int64_t ws_pad = ow * sw_ - pw_;
-      const int64_t we_pad = std::min(ws_pad + kw_, w + pw_);
-      const int64_t ws = std::max<int64_t>(ws_pad, 0), we = std::min(we_pad, w);
-      const int64_t divisor =
-          count_include_pad_ ? (he_pad - hs_pad) * (we_pad - ws_pad) : (he - hs) * (we - ws);
-      g[ow] = (hs >= he || ws >= we) ? T(0) : dyp[oh * ow_n + ow] / static_cast<T>(divisor);
+      const int64_t divisor = AverageDivisor(hs_pad, he_pad, ow);
+      g[ow] = divisor == 0 ? T(0) : dyp[oh * ow_n + ow] / static_cast<T>(divisor);
     }
     for (int64_t ih = hs; ih < he; ++ih) {
       T* row = dxp + ih * w;

@@ -34,6 +34,10 @@ class PoolingLayer : public TypedLayer<PoolingLayer, AllFloatTypes, KernelArgs::
   void ForwardPlane(const T* xp, T* yp, int32_t* argp) const;
   template <typename T>
   void BackwardPlane(const T* dyp, T* dxp, const int32_t* argp, std::vector<T>& g) const;
+  // Average pooling's divisor for output (oh, ow), the window's rows [hs_pad, he_pad) with
+  // padding: the elements it covers (with count_include_pad, padding included), or 0 when it
+  // covers no input element (its output is 0).
+  int64_t AverageDivisor(int64_t hs_pad, int64_t he_pad, int64_t ow) const;
 
   bool is_max_ = true;
   bool global_ = false;
