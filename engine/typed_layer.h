@@ -3,19 +3,16 @@
 //
 // Why: Layer dispatches on the dtype to eight (ten with other dtypes) virtual functions so that a
 // dtype a layer lacks fails naming the layer, or falls back to f32 for bf16/f16. Nearly every
-// layer implements them all by calling its own kernel template; writing those one-line
-// functions in every layer repeated the same code a dozen times. A layer now derives from
-// TypedLayer<ItsClass, KernelTypes<...>>, names the types its kernels take, and defines
-//   template <typename T> void ForwardT(const Blobs& bottom, const Blobs& top);
-//   template <typename T>
-//   void BackwardT(const Blobs& top, const std::vector<bool>& propagate_down,
-//                  const Blobs& bottom);
-// (with KernelArgs::kOneInput instead: ForwardT<T>(x, y) and BackwardT<T>(x, dy, propagate,
-// dx) on bottom[0] and top[0]). A dtype not in the list keeps Layer's default: f32/f64 fail
-// naming the layer, bf16/f16 compute in f32 (ForwardInF32), other dtypes fail. OtherDTypes in
-// the list sends i32/u8 blobs to ForwardT<OtherDTypes> (layers that only move bytes).
+// layer implemented them all as one-line calls of its own kernel template, the same code a dozen
+// times. A layer now derives from TypedLayer<ItsClass, KernelTypes<...>> naming the types its
+// kernels take, declares them with CORTADO_TYPED_LAYER_KERNELS() (on the blob lists) or, with
+// KernelArgs::kOneInput, CORTADO_TYPED_LAYER_ONE_INPUT_KERNELS() (on bottom[0] and top[0]), and
+// defines ForwardT<T> and BackwardT<T>. A dtype not in the list keeps Layer's default: f32/f64
+// fail naming the layer, bf16/f16 compute in f32 (ForwardInF32), other dtypes fail. OtherDTypes
+// in the list sends i32/u8 blobs to the kernels as T = OtherDTypes (layers that only move bytes).
+// A layer may still override one dtype itself (ReLU's 16-bit kernels on the raw codes).
 //
-// The layer's kernels are defined in its .cpp, so the layer's header declares
+// The kernels are defined in the layer's .cpp, so its header declares
 // `extern template class TypedLayer<...>;` and its .cpp instantiates it: the overrides are
 // compiled once, where the kernels are.
 #pragma once
