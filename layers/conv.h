@@ -42,6 +42,8 @@ extern template class TypedLayer<ConvolutionLayer, AllFloatTypes, KernelArgs::kO
 // bf16 and f16: 16-bit activations and columns, products accumulated in f32 (native bf16 GEMM
 // where the CPU has it, engine/gemm_lowp.h), f32 parameters and gradients.
 class ConvolutionLayer : public TypedLayer<ConvolutionLayer, AllFloatTypes, KernelArgs::kOneInput> {
+  friend TypedLayer;  // calls ForwardT and BackwardT
+
  public:
   using TypedLayer::TypedLayer;
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
@@ -55,7 +57,6 @@ class ConvolutionLayer : public TypedLayer<ConvolutionLayer, AllFloatTypes, Kern
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
-  friend TypedLayer;
   template <typename T>
   void ForwardT(const Tensor& x, Tensor& y);
   template <typename T>
