@@ -23,14 +23,10 @@ namespace {
 
 struct BenchDataArgs {
   std::string db;
-  int threads = 0;
-  int64_t batch_size = 64;
-  int64_t crop = 224;
-  int prefetch = 4;
+  int threads = 0, prefetch = 4;
+  int64_t batch_size = 64, crop = 224, warmup = 3;
   double seconds = 10;
-  int64_t warmup = 3;
-  bool val = false;
-  bool json = false;
+  bool val = false, json = false;
 };
 
 // Times the loader on the database for the requested seconds and prints the rate.
