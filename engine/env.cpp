@@ -1,6 +1,7 @@
 #include "engine/env.h"
 
 #include <cstdlib>
+#include <string_view>
 
 #include "engine/error.h"
 #include "engine/numbers.h"
@@ -13,22 +14,29 @@ std::optional<std::string> EnvString(const char* name) {
   return std::string(v);
 }
 
-int64_t EnvInt(const char* name, int64_t fallback, int64_t min, int64_t max) {
+namespace {
+
+// The variable parsed by `parse` and within [min, max], or fallback when it is unset or empty;
+// anything else throws naming the variable, its value and `what` ("an integer").
+template <typename T>
+T EnvNumber(const char* name, T fallback, T min, T max, bool (*parse)(std::string_view, T*),
+            const char* what) {
   const auto text = EnvString(name);
   if (!text) return fallback;
-  int64_t v = 0;
-  CORTADO_CHECK(ParseInt64(*text, &v) && v >= min && v <= max, name, "='", *text,
-                "': must be an integer from ", min, " to ", max);
+  T v = 0;
+  CORTADO_CHECK(parse(*text, &v) && v >= min && v <= max, name, "='", *text, "': must be ", what,
+                " from ", min, " to ", max);
   return v;
 }
 
+}  // namespace
+
+int64_t EnvInt(const char* name, int64_t fallback, int64_t min, int64_t max) {
+  return EnvNumber<int64_t>(name, fallback, min, max, ParseInt64, "an integer");
+}
+
 double EnvDouble(const char* name, double fallback, double min, double max) {
-  const auto text = EnvString(name);
-  if (!text) return fallback;
-  double v = 0;
-  CORTADO_CHECK(ParseFiniteDouble(*text, &v) && v >= min && v <= max, name, "='", *text,
-                "': must be a number from ", min, " to ", max);
-  return v;
+  return EnvNumber<double>(name, fallback, min, max, ParseFiniteDouble, "a number");
 }
 
 std::string EnvChoice(const char* name, const std::string& fallback,

@@ -31,7 +31,7 @@ void AccuracyLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<
 }
 
 template <typename T>
-void AccuracyLayer::ForwardCpu(const Blobs& bottom, const Blobs& top) {
+void AccuracyLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
   const Tensor& xt = bottom[0]->data;
   const int64_t n = xt.dim(0), c_n = xt.dim(1);
   const T* x = xt.data<T>();                               // bottom[0]: (N, C)
@@ -53,12 +53,10 @@ void AccuracyLayer::ForwardCpu(const Blobs& bottom, const Blobs& top) {
       static_cast<T>(n > 0 ? static_cast<double>(correct) / static_cast<double>(n) : 0.0);
 }
 
-void AccuracyLayer::ForwardF32(const Blobs& bottom, const Blobs& top) {
-  ForwardCpu<float>(bottom, top);
-}
-void AccuracyLayer::ForwardF64(const Blobs& bottom, const Blobs& top) {
-  ForwardCpu<double>(bottom, top);
-}
+template <typename T>
+void AccuracyLayer::BackwardT(const Blobs&, const std::vector<bool>&, const Blobs&) {}
+
+template class TypedLayer<AccuracyLayer, WideFloatTypes>;
 
 CORTADO_REGISTER_LAYER(Accuracy, AccuracyLayer);
 

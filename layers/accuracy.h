@@ -10,33 +10,30 @@
 // No backward: CanBackpropTo is false for every input.
 #pragma once
 
-#include "engine/layer.h"
+#include "engine/typed_layer.h"
 
 namespace cortado {
 
-class AccuracyLayer : public Layer {
+class AccuracyLayer : public TypedLayer<AccuracyLayer, WideFloatTypes> {
  public:
-  using Layer::Layer;
+  using TypedLayer::TypedLayer;
   int MinInputs() const override { return 2; }
   int MaxInputs() const override { return 2; }
   bool CanBackpropTo(int input_index) const override { return false; }
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  protected:
-  void ForwardF32(const Blobs& bottom, const Blobs& top) override;
-  void ForwardF64(const Blobs& bottom, const Blobs& top) override;
   // No gradient flows through an accuracy (CanBackpropTo is false): nothing to do, whatever
-  // the dtype.
-  void BackwardF32(const Blobs&, const std::vector<bool>&, const Blobs&) override {}
-  void BackwardF64(const Blobs&, const std::vector<bool>&, const Blobs&) override {}
+  // the dtype (BackwardT for f32 and f64; bf16 and f16 here, not computed in f32).
   void BackwardBF16(const Blobs&, const std::vector<bool>&, const Blobs&) override {}
   void BackwardF16(const Blobs&, const std::vector<bool>&, const Blobs&) override {}
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
-  template <typename T>
-  void ForwardCpu(const Blobs& bottom, const Blobs& top);
+  CORTADO_TYPED_LAYER_KERNELS();
   int64_t top_k_ = 1;
 };
+// Instantiated in the .cpp, where the kernels are defined.
+extern template class TypedLayer<AccuracyLayer, WideFloatTypes>;
 
 }  // namespace cortado

@@ -230,35 +230,7 @@ void BatchNormLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propaga
   });
 }
 
-void BatchNormLayer::ForwardF32(const Blobs& bottom, const Blobs& top) {
-  ForwardT<float>(bottom[0]->data, top[0]->data);
-}
-void BatchNormLayer::ForwardF64(const Blobs& bottom, const Blobs& top) {
-  ForwardT<double>(bottom[0]->data, top[0]->data);
-}
-void BatchNormLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                                 const Blobs& bottom) {
-  BackwardT<float>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
-}
-void BatchNormLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                                 const Blobs& bottom) {
-  BackwardT<double>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
-}
-
-void BatchNormLayer::ForwardBF16(const Blobs& bottom, const Blobs& top) {
-  ForwardT<BFloat16>(bottom[0]->data, top[0]->data);
-}
-void BatchNormLayer::ForwardF16(const Blobs& bottom, const Blobs& top) {
-  ForwardT<Half>(bottom[0]->data, top[0]->data);
-}
-void BatchNormLayer::BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                                  const Blobs& bottom) {
-  BackwardT<BFloat16>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
-}
-void BatchNormLayer::BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                                 const Blobs& bottom) {
-  BackwardT<Half>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
-}
+template class TypedLayer<BatchNormLayer, AllFloatTypes, KernelArgs::kOneInput>;
 
 CORTADO_REGISTER_LAYER(BatchNorm, BatchNormLayer);
 

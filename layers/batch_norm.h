@@ -32,41 +32,26 @@
 
 #include <vector>
 
-#include "engine/layer.h"
+#include "engine/typed_layer.h"
 
 namespace cortado {
 
-class BatchNormLayer : public Layer {
+class BatchNormLayer : public TypedLayer<BatchNormLayer, AllFloatTypes, KernelArgs::kOneInput> {
  public:
-  using Layer::Layer;
+  using TypedLayer::TypedLayer;
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   bool BackwardReadsOutputs() const override { return false; }
 
  protected:
-  void ForwardF32(const Blobs& bottom, const Blobs& top) override;
-  void ForwardF64(const Blobs& bottom, const Blobs& top) override;
-  void BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
-  void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
-  void ForwardBF16(const Blobs& bottom, const Blobs& top) override;
-  void ForwardF16(const Blobs& bottom, const Blobs& top) override;
-  void BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                    const Blobs& bottom) override;
-  void BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
   bool UseGlobalStats() const;
   // The reducer this layer synchronizes through, or null for per-rank statistics.
   BatchStatsReducer* Reducer() const;
-  // S: the activations' storage type; params, statistics and arithmetic in Compute<S> (f32 for
-  // bf16 and f16, which thus run natively, without staging copies).
-  template <typename S>
-  void ForwardT(const Tensor& x, Tensor& y);
-  template <typename S>
-  void BackwardT(const Tensor& x, const Tensor& dy, bool propagate, Tensor* dx);
+  // The kernels' T is the activations' storage type; params, statistics and arithmetic in
+  // Compute<T> (f32 for bf16 and f16, which thus run natively, without staging copies).
+  CORTADO_TYPED_LAYER_ONE_INPUT_KERNELS();
 
   double eps_ = 1e-5;
   double momentum_ = 0.1;
@@ -84,5 +69,7 @@ class BatchNormLayer : public Layer {
   double count_ = 0;
   std::vector<double> reduce_buf_;  // all-reduce staging
 };
+// Instantiated in the .cpp, where the kernels are defined.
+extern template class TypedLayer<BatchNormLayer, AllFloatTypes, KernelArgs::kOneInput>;
 
 }  // namespace cortado

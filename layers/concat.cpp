@@ -60,14 +60,18 @@ static void CopySlices(const std::vector<Blob*>& bottom, Blob* top, int axis, in
   });
 }
 
-void ConcatLayer::Move(const Blobs& bottom, const Blobs& top) {
+template <typename T>
+void ConcatLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
   CopySlices(bottom, top[0], axis_, outer_, inner_, /*to_top=*/true, nullptr);
 }
 
-void ConcatLayer::MoveBack(const Blobs& top, const std::vector<bool>& propagate_down,
-                           const Blobs& bottom) {
+template <typename T>
+void ConcatLayer::BackwardT(const Blobs& top, const std::vector<bool>& propagate_down,
+                            const Blobs& bottom) {
   CopySlices(bottom, top[0], axis_, outer_, inner_, /*to_top=*/false, &propagate_down);
 }
+
+template class TypedLayer<ConcatLayer, AllDTypes>;
 
 CORTADO_REGISTER_LAYER(Concat, ConcatLayer);
 

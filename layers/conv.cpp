@@ -452,35 +452,7 @@ void ConvolutionLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propa
   }
 }
 
-void ConvolutionLayer::ForwardF32(const Blobs& bottom, const Blobs& top) {
-  ForwardT<float>(bottom[0]->data, top[0]->data);
-}
-void ConvolutionLayer::ForwardF64(const Blobs& bottom, const Blobs& top) {
-  ForwardT<double>(bottom[0]->data, top[0]->data);
-}
-void ConvolutionLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                                   const Blobs& bottom) {
-  BackwardT<float>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
-}
-void ConvolutionLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                                   const Blobs& bottom) {
-  BackwardT<double>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
-}
-
-void ConvolutionLayer::ForwardBF16(const Blobs& bottom, const Blobs& top) {
-  ForwardT<BFloat16>(bottom[0]->data, top[0]->data);
-}
-void ConvolutionLayer::ForwardF16(const Blobs& bottom, const Blobs& top) {
-  ForwardT<Half>(bottom[0]->data, top[0]->data);
-}
-void ConvolutionLayer::BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                                    const Blobs& bottom) {
-  BackwardT<BFloat16>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
-}
-void ConvolutionLayer::BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                                   const Blobs& bottom) {
-  BackwardT<Half>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
-}
+template class TypedLayer<ConvolutionLayer, AllFloatTypes, KernelArgs::kOneInput>;
 
 CORTADO_REGISTER_LAYER(Convolution, ConvolutionLayer);
 

@@ -37,14 +37,21 @@
 #include <array>
 #include <vector>
 
-#include "engine/layer.h"
+#include "engine/typed_layer.h"
 #include "layers/im2col.h"
 
 namespace cortado {
 
-class ConvolutionLayer : public Layer {
+class ConvolutionLayer;
+extern template class TypedLayer<ConvolutionLayer, AllFloatTypes, KernelArgs::kOneInput>;
+
+// bf16 and f16: 16-bit activations and columns, products accumulated in f32 (native bf16 GEMM
+// where the CPU has it, engine/gemm_lowp.h), f32 parameters and gradients.
+class ConvolutionLayer : public TypedLayer<ConvolutionLayer, AllFloatTypes, KernelArgs::kOneInput> {
+  friend TypedLayer;  // calls ForwardT and BackwardT
+
  public:
-  using Layer::Layer;
+  using TypedLayer::TypedLayer;
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   bool BackwardReadsOutputs() const override { return false; }
 
@@ -59,20 +66,6 @@ class ConvolutionLayer : public Layer {
   double ForwardFlops() const override;
 
  protected:
-  void ForwardF32(const Blobs& bottom, const Blobs& top) override;
-  void ForwardF64(const Blobs& bottom, const Blobs& top) override;
-  void BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
-  void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
-  // bf16 and f16: 16-bit activations and columns, products accumulated in f32 (native bf16
-  // GEMM where the CPU has it, engine/gemm_lowp.h), f32 parameters and gradients.
-  void ForwardBF16(const Blobs& bottom, const Blobs& top) override;
-  void ForwardF16(const Blobs& bottom, const Blobs& top) override;
-  void BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                    const Blobs& bottom) override;
-  void BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:

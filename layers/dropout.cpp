@@ -37,7 +37,7 @@ void DropoutLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<B
 }
 
 template <typename T>
-void DropoutLayer::ForwardCpu(const Blobs& bottom, const Blobs& top) {
+void DropoutLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
   last_forward_train_ = phase() == Phase::kTrain && ratio_ > 0.0;
   const T* x = bottom[0]->data.data<T>();  // bottom: any shape
   T* y = top[0]->data.data<T>();           // top: same shape
@@ -72,16 +72,9 @@ void DropoutLayer::ForwardCpu(const Blobs& bottom, const Blobs& top) {
   });
 }
 
-void DropoutLayer::ForwardF32(const Blobs& bottom, const Blobs& top) {
-  ForwardCpu<float>(bottom, top);
-}
-void DropoutLayer::ForwardF64(const Blobs& bottom, const Blobs& top) {
-  ForwardCpu<double>(bottom, top);
-}
-
 template <typename T>
-void DropoutLayer::BackwardCpu(const Blobs& top, const std::vector<bool>& propagate_down,
-                               const Blobs& bottom) {
+void DropoutLayer::BackwardT(const Blobs& top, const std::vector<bool>& propagate_down,
+                             const Blobs& bottom) {
   if (!propagate_down[0]) return;
   const T* dy = top[0]->grad.data<T>();
   T* dx = bottom[0]->grad.data<T>();
@@ -97,14 +90,7 @@ void DropoutLayer::BackwardCpu(const Blobs& top, const std::vector<bool>& propag
   });
 }
 
-void DropoutLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                               const Blobs& bottom) {
-  BackwardCpu<float>(top, propagate_down, bottom);
-}
-void DropoutLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                               const Blobs& bottom) {
-  BackwardCpu<double>(top, propagate_down, bottom);
-}
+template class TypedLayer<DropoutLayer, WideFloatTypes>;
 
 CORTADO_REGISTER_LAYER(Dropout, DropoutLayer);
 

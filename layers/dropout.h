@@ -14,33 +14,26 @@
 // Threads: ParallelFor over contiguous element ranges.
 #pragma once
 
-#include "engine/layer.h"
+#include "engine/typed_layer.h"
 
 namespace cortado {
 
-class DropoutLayer : public Layer {
+class DropoutLayer : public TypedLayer<DropoutLayer, WideFloatTypes> {
  public:
-  using Layer::Layer;
+  using TypedLayer::TypedLayer;
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   bool BackwardReadsInputs() const override { return false; }  // by the saved mask
 
  protected:
-  void ForwardF32(const Blobs& bottom, const Blobs& top) override;
-  void ForwardF64(const Blobs& bottom, const Blobs& top) override;
-  void BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
-  void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
-  template <typename T>
-  void ForwardCpu(const Blobs& bottom, const Blobs& top);
-  template <typename T>
-  void BackwardCpu(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom);
+  CORTADO_TYPED_LAYER_KERNELS();
   double ratio_ = 0.5;
   bool last_forward_train_ = false;  // whether the last Forward applied a mask
   Tensor mask_;                      // u8, bottom's shape: 1 = kept
 };
+// Instantiated in the .cpp, where the kernels are defined.
+extern template class TypedLayer<DropoutLayer, WideFloatTypes>;
 
 }  // namespace cortado

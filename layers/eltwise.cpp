@@ -137,7 +137,7 @@ void EltwiseLayer::ForwardChunk(const std::vector<const T*>& x, T* y, int32_t* a
 }
 
 template <typename T>
-void EltwiseLayer::ForwardCpu(const Blobs& bottom, const Blobs& top) {
+void EltwiseLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
   using A = Compute<T>;
   // In place, input 0 may have been reallocated since Reshape (a larger batch); share again.
   if (in_place_) top[0]->data = bottom[0]->data;
@@ -168,13 +168,6 @@ void EltwiseLayer::ForwardCpu(const Blobs& bottom, const Blobs& top) {
       }
     }
   });
-}
-
-void EltwiseLayer::ForwardF32(const Blobs& bottom, const Blobs& top) {
-  ForwardCpu<float>(bottom, top);
-}
-void EltwiseLayer::ForwardF64(const Blobs& bottom, const Blobs& top) {
-  ForwardCpu<double>(bottom, top);
 }
 
 template <typename T>
@@ -209,8 +202,8 @@ void EltwiseLayer::BackwardChunk(size_t j, const T* dy, const std::vector<const 
 }
 
 template <typename T>
-void EltwiseLayer::BackwardCpu(const Blobs& top, const std::vector<bool>& propagate_down,
-                               const Blobs& bottom) {
+void EltwiseLayer::BackwardT(const Blobs& top, const std::vector<bool>& propagate_down,
+                             const Blobs& bottom) {
   using A = Compute<T>;
   const T* dy = top[0]->grad.data<T>();  // top: any shape
   const int32_t* arg = op_ == Op::kMax ? argmax_.data<int32_t>() : nullptr;
@@ -251,29 +244,7 @@ void EltwiseLayer::BackwardCpu(const Blobs& top, const std::vector<bool>& propag
   }
 }
 
-void EltwiseLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                               const Blobs& bottom) {
-  BackwardCpu<float>(top, propagate_down, bottom);
-}
-void EltwiseLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                               const Blobs& bottom) {
-  BackwardCpu<double>(top, propagate_down, bottom);
-}
-
-void EltwiseLayer::ForwardBF16(const Blobs& bottom, const Blobs& top) {
-  ForwardCpu<BFloat16>(bottom, top);
-}
-void EltwiseLayer::ForwardF16(const Blobs& bottom, const Blobs& top) {
-  ForwardCpu<Half>(bottom, top);
-}
-void EltwiseLayer::BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                                const Blobs& bottom) {
-  BackwardCpu<BFloat16>(top, propagate_down, bottom);
-}
-void EltwiseLayer::BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                               const Blobs& bottom) {
-  BackwardCpu<Half>(top, propagate_down, bottom);
-}
+template class TypedLayer<EltwiseLayer, AllFloatTypes>;
 
 CORTADO_REGISTER_LAYER(Eltwise, EltwiseLayer);
 

@@ -9,14 +9,14 @@
 // Threads: ParallelFor over contiguous element ranges.
 #pragma once
 
-#include "engine/layer.h"
+#include "engine/typed_layer.h"
 
 namespace cortado {
 
-class EltwiseLayer : public Layer {
+class EltwiseLayer : public TypedLayer<EltwiseLayer, AllFloatTypes> {
  public:
   enum class Op { kSum, kProd, kMax };
-  using Layer::Layer;
+  using TypedLayer::TypedLayer;
   int MinInputs() const override { return 2; }
   int MaxInputs() const override { return -1; }
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
@@ -26,26 +26,11 @@ class EltwiseLayer : public Layer {
   bool CanRunInPlace() const override { return op_ == Op::kSum; }
 
  protected:
-  void ForwardF32(const Blobs& bottom, const Blobs& top) override;
-  void ForwardF64(const Blobs& bottom, const Blobs& top) override;
-  void BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
-  void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
   // bf16 and f16: the f32 kernels on cache-sized widened blocks.
-  void ForwardBF16(const Blobs& bottom, const Blobs& top) override;
-  void ForwardF16(const Blobs& bottom, const Blobs& top) override;
-  void BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                    const Blobs& bottom) override;
-  void BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
-  template <typename T>
-  void ForwardCpu(const Blobs& bottom, const Blobs& top);
-  template <typename T>
-  void BackwardCpu(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom);
+  CORTADO_TYPED_LAYER_KERNELS();
   // One block of n elements, pointers already at the block (T is the compute type).
   template <typename T>
   void ForwardChunk(const std::vector<const T*>& x, T* y, int32_t* arg, int64_t n) const;
@@ -56,5 +41,7 @@ class EltwiseLayer : public Layer {
   std::vector<double> coeffs_;
   Tensor argmax_;  // i32, top's shape: which input held the max (max only)
 };
+// Instantiated in the .cpp, where the kernels are defined.
+extern template class TypedLayer<EltwiseLayer, AllFloatTypes>;
 
 }  // namespace cortado

@@ -23,13 +23,15 @@ void FlattenLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<B
   top[0]->data = bottom[0]->data.View(TopShape(bottom[0]->data.shape()));
 }
 
-void FlattenLayer::Move(const Blobs& bottom, const Blobs& top) {
+template <typename T>
+void FlattenLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
   // Re-view in case the bottom was reallocated after Reshape.
   top[0]->data = bottom[0]->data.View(TopShape(bottom[0]->data.shape()));
 }
 
-void FlattenLayer::MoveBack(const Blobs& top, const std::vector<bool>& propagate_down,
-                            const Blobs& bottom) {
+template <typename T>
+void FlattenLayer::BackwardT(const Blobs& top, const std::vector<bool>& propagate_down,
+                             const Blobs& bottom) {
   if (!propagate_down[0]) return;
   Tensor& dx = bottom[0]->grad;     // bottom: (d0, ..., dk)
   const Tensor& dy = top[0]->grad;  // top: (d0, ..., d[axis-1], prod)
@@ -39,6 +41,8 @@ void FlattenLayer::MoveBack(const Blobs& top, const std::vector<bool>& propagate
     std::memcpy(dx.raw_data(), dy.raw_data(), dx.nbytes());
   }
 }
+
+template class TypedLayer<FlattenLayer, AllDTypes>;
 
 CORTADO_REGISTER_LAYER(Flatten, FlattenLayer);
 

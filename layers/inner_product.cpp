@@ -101,35 +101,7 @@ void InnerProductLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool prop
   }
 }
 
-void InnerProductLayer::ForwardF32(const Blobs& bottom, const Blobs& top) {
-  ForwardT<float>(bottom[0]->data, top[0]->data);
-}
-void InnerProductLayer::ForwardF64(const Blobs& bottom, const Blobs& top) {
-  ForwardT<double>(bottom[0]->data, top[0]->data);
-}
-void InnerProductLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                                    const Blobs& bottom) {
-  BackwardT<float>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
-}
-void InnerProductLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                                    const Blobs& bottom) {
-  BackwardT<double>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
-}
-
-void InnerProductLayer::ForwardBF16(const Blobs& bottom, const Blobs& top) {
-  ForwardT<BFloat16>(bottom[0]->data, top[0]->data);
-}
-void InnerProductLayer::ForwardF16(const Blobs& bottom, const Blobs& top) {
-  ForwardT<Half>(bottom[0]->data, top[0]->data);
-}
-void InnerProductLayer::BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                                     const Blobs& bottom) {
-  BackwardT<BFloat16>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
-}
-void InnerProductLayer::BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                                    const Blobs& bottom) {
-  BackwardT<Half>(bottom[0]->data, top[0]->grad, propagate_down[0], &bottom[0]->grad);
-}
+template class TypedLayer<InnerProductLayer, AllFloatTypes, KernelArgs::kOneInput>;
 
 CORTADO_REGISTER_LAYER(InnerProduct, InnerProductLayer);
 

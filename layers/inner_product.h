@@ -9,13 +9,14 @@
 // the pool; each result element is computed by one thread, so results are deterministic).
 #pragma once
 
-#include "engine/layer.h"
+#include "engine/typed_layer.h"
 
 namespace cortado {
 
-class InnerProductLayer : public Layer {
+class InnerProductLayer
+    : public TypedLayer<InnerProductLayer, AllFloatTypes, KernelArgs::kOneInput> {
  public:
-  using Layer::Layer;
+  using TypedLayer::TypedLayer;
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   bool BackwardReadsOutputs() const override { return false; }
   double ForwardFlops() const override {
@@ -24,26 +25,11 @@ class InnerProductLayer : public Layer {
   }
 
  protected:
-  void ForwardF32(const Blobs& bottom, const Blobs& top) override;
-  void ForwardF64(const Blobs& bottom, const Blobs& top) override;
-  void BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
-  void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
-  // bf16 and f16: 16-bit operands, products accumulated in f32 (engine/gemm_lowp.h).
-  void ForwardBF16(const Blobs& bottom, const Blobs& top) override;
-  void ForwardF16(const Blobs& bottom, const Blobs& top) override;
-  void BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                    const Blobs& bottom) override;
-  void BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
-  template <typename T>
-  void ForwardT(const Tensor& x, Tensor& y);
-  template <typename T>
-  void BackwardT(const Tensor& x, const Tensor& dy, bool propagate, Tensor* dx);
+  // bf16 and f16: 16-bit operands, products accumulated in f32 (engine/gemm_lowp.h).
+  CORTADO_TYPED_LAYER_ONE_INPUT_KERNELS();
 
   int64_t num_output_ = 0;
   int64_t num_input_ = 0;  // K
@@ -54,5 +40,7 @@ class InnerProductLayer : public Layer {
   Tensor own_weight_copy_;
   Tensor wide_;  // 16-bit kernels: the f32 output or input gradient before rounding
 };
+// Instantiated in the .cpp, where the kernels are defined.
+extern template class TypedLayer<InnerProductLayer, AllFloatTypes, KernelArgs::kOneInput>;
 
 }  // namespace cortado

@@ -174,6 +174,15 @@ bool MaxPool2x2Row(const T* __restrict r0, const T* __restrict r1, int32_t n, in
 }  // namespace
 
 // One (N, C) plane; T is the compute type (f32 or f64).
+int64_t PoolingLayer::AverageDivisor(int64_t hs_pad, int64_t he_pad, int64_t ow) const {
+  const int64_t hs = std::max<int64_t>(hs_pad, 0), he = std::min(he_pad, height_);
+  const int64_t ws_pad = ow * sw_ - pw_;
+  const int64_t we_pad = std::min(ws_pad + kw_, width_ + pw_);
+  const int64_t ws = std::max<int64_t>(ws_pad, 0), we = std::min(we_pad, width_);
+  if (hs >= he || ws >= we) return 0;  // the window lies wholly in the padding
+  return count_include_pad_ ? (he_pad - hs_pad) * (we_pad - ws_pad) : (he - hs) * (we - ws);
+}
+
 template <typename T>
 void PoolingLayer::ForwardPlane(const T* xp, T* yp, int32_t* argp) const {
   const int64_t h = height_, w = width_, oh_n = out_h_, ow_n = out_w_;
@@ -237,12 +246,8 @@ void PoolingLayer::ForwardPlane(const T* xp, T* yp, int32_t* argp) const {
         }
       }
       for (int64_t ow = 0; ow < ow_n; ++ow) {
-        const int64_t ws_pad = ow * sw_ - pw_;
-        const int64_t we_pad = std::min(ws_pad + kw_, w + pw_);
-        const int64_t ws = std::max<int64_t>(ws_pad, 0), we = std::min(we_pad, w);
-        const int64_t divisor =
-            count_include_pad_ ? (he_pad - hs_pad) * (we_pad - ws_pad) : (he - hs) * (we - ws);
-        yrow[ow] = (hs >= he || ws >= we) ? T(0) : yrow[ow] / static_cast<T>(divisor);
+        const int64_t divisor = AverageDivisor(hs_pad, he_pad, ow);
+        yrow[ow] = divisor == 0 ? T(0) : yrow[ow] / static_cast<T>(divisor);
       }
     }
   }
@@ -294,12 +299,8 @@ void PoolingLayer::BackwardPlane(const T* dyp, T* dxp, const int32_t* argp,
     const int64_t he_pad = std::min(hs_pad + kh_, h + ph_);
     const int64_t hs = std::max<int64_t>(hs_pad, 0), he = std::min(he_pad, h);
     for (int64_t ow = 0; ow < ow_n; ++ow) {
-      const int64_t ws_pad = ow * sw_ - pw_;
-      const int64_t we_pad = std::min(ws_pad + kw_, w + pw_);
-      const int64_t ws = std::max<int64_t>(ws_pad, 0), we = std::min(we_pad, w);
-      const int64_t divisor =
-          count_include_pad_ ? (he_pad - hs_pad) * (we_pad - ws_pad) : (he - hs) * (we - ws);
-      g[ow] = (hs >= he || ws >= we) ? T(0) : dyp[oh * ow_n + ow] / static_cast<T>(divisor);
+      const int64_t divisor = AverageDivisor(hs_pad, he_pad, ow);
+      g[ow] = divisor == 0 ? T(0) : dyp[oh * ow_n + ow] / static_cast<T>(divisor);
     }
     for (int64_t ih = hs; ih < he; ++ih) {
       T* row = dxp + ih * w;
@@ -314,10 +315,11 @@ void PoolingLayer::BackwardPlane(const T* dyp, T* dxp, const int32_t* argp,
 }
 
 template <typename T>
-void PoolingLayer::BackwardT(const Tensor& dyt, Tensor& dxt) {
+void PoolingLayer::BackwardT(const Tensor&, const Tensor& dyt, bool propagate, Tensor* dxt) {
+  if (!propagate) return;
   using A = Compute<T>;
   const T* dy = dyt.data<T>();  // top grad: (N, C, H_out, W_out)
-  T* dx = dxt.data<T>();        // bottom grad: (N, C, H, W)
+  T* dx = dxt->data<T>();       // bottom grad: (N, C, H, W)
   const int64_t in_plane = height_ * width_, out_plane = out_h_ * out_w_;
   const int32_t* arg = is_max_ ? argmax_.data<int32_t>() : nullptr;
   ParallelFor(planes_, 1, [&](int64_t p0, int64_t p1) {
@@ -337,39 +339,7 @@ void PoolingLayer::BackwardT(const Tensor& dyt, Tensor& dxt) {
   });
 }
 
-void PoolingLayer::ForwardF32(const Blobs& bottom, const Blobs& top) {
-  ForwardT<float>(bottom[0]->data, top[0]->data);
-}
-void PoolingLayer::ForwardF64(const Blobs& bottom, const Blobs& top) {
-  ForwardT<double>(bottom[0]->data, top[0]->data);
-}
-void PoolingLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                               const Blobs& bottom) {
-  if (!propagate_down[0]) return;
-  BackwardT<float>(top[0]->grad, bottom[0]->grad);
-}
-void PoolingLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                               const Blobs& bottom) {
-  if (!propagate_down[0]) return;
-  BackwardT<double>(top[0]->grad, bottom[0]->grad);
-}
-
-void PoolingLayer::ForwardBF16(const Blobs& bottom, const Blobs& top) {
-  ForwardT<BFloat16>(bottom[0]->data, top[0]->data);
-}
-void PoolingLayer::ForwardF16(const Blobs& bottom, const Blobs& top) {
-  ForwardT<Half>(bottom[0]->data, top[0]->data);
-}
-void PoolingLayer::BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                                const Blobs& bottom) {
-  if (!propagate_down[0]) return;
-  BackwardT<BFloat16>(top[0]->grad, bottom[0]->grad);
-}
-void PoolingLayer::BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                               const Blobs& bottom) {
-  if (!propagate_down[0]) return;
-  BackwardT<Half>(top[0]->grad, bottom[0]->grad);
-}
+template class TypedLayer<PoolingLayer, AllFloatTypes, KernelArgs::kOneInput>;
 
 CORTADO_REGISTER_LAYER(Pooling, PoolingLayer);
 

@@ -14,41 +14,30 @@
 // Threads: ParallelFor over the N * C planes.
 #pragma once
 
-#include "engine/layer.h"
+#include "engine/typed_layer.h"
 
 namespace cortado {
 
-class PoolingLayer : public Layer {
+class PoolingLayer : public TypedLayer<PoolingLayer, AllFloatTypes, KernelArgs::kOneInput> {
  public:
-  using Layer::Layer;
+  using TypedLayer::TypedLayer;
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   bool BackwardReadsInputs() const override { return false; }  // by the saved argmax, or evenly
 
  protected:
-  void ForwardF32(const Blobs& bottom, const Blobs& top) override;
-  void ForwardF64(const Blobs& bottom, const Blobs& top) override;
-  void BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
-  void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
-  // bf16 and f16: each plane widened, pooled by the f32 kernel, rounded back.
-  void ForwardBF16(const Blobs& bottom, const Blobs& top) override;
-  void ForwardF16(const Blobs& bottom, const Blobs& top) override;
-  void BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                    const Blobs& bottom) override;
-  void BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
-  template <typename T>
-  void ForwardT(const Tensor& x, Tensor& y);
-  template <typename T>
-  void BackwardT(const Tensor& dy, Tensor& dx);
+  // bf16 and f16: each plane widened, pooled by the f32 kernel, rounded back.
+  CORTADO_TYPED_LAYER_ONE_INPUT_KERNELS();
   template <typename T>
   void ForwardPlane(const T* xp, T* yp, int32_t* argp) const;
   template <typename T>
   void BackwardPlane(const T* dyp, T* dxp, const int32_t* argp, std::vector<T>& g) const;
+  // Average pooling's divisor for output (oh, ow), the window's rows [hs_pad, he_pad) with
+  // padding: the elements it covers (with count_include_pad, padding included), or 0 when it
+  // covers no input element (its output is 0).
+  int64_t AverageDivisor(int64_t hs_pad, int64_t he_pad, int64_t ow) const;
 
   bool is_max_ = true;
   bool global_ = false;
@@ -62,5 +51,7 @@ class PoolingLayer : public Layer {
   // the net's ScratchSpace::ForwardOnly buffer, shared by every pooling layer.
   Tensor argmax_;
 };
+// Instantiated in the .cpp, where the kernels are defined.
+extern template class TypedLayer<PoolingLayer, AllFloatTypes, KernelArgs::kOneInput>;
 
 }  // namespace cortado

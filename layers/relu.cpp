@@ -113,7 +113,7 @@ void ReluLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob
 }
 
 template <typename T>
-void ReluLayer::ForwardCpu(const Blobs& bottom, const Blobs& top) {
+void ReluLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
   const T slope = static_cast<T>(negative_slope_);
   if (in_place_) {
     // The bottom may have been reallocated since Reshape (a larger batch); share again.
@@ -131,16 +131,9 @@ void ReluLayer::ForwardCpu(const Blobs& bottom, const Blobs& top) {
   });
 }
 
-void ReluLayer::ForwardF32(const Blobs& bottom, const Blobs& top) {
-  ForwardCpu<float>(bottom, top);
-}
-void ReluLayer::ForwardF64(const Blobs& bottom, const Blobs& top) {
-  ForwardCpu<double>(bottom, top);
-}
-
 template <typename T>
-void ReluLayer::BackwardCpu(const Blobs& top, const std::vector<bool>& propagate_down,
-                            const Blobs& bottom) {
+void ReluLayer::BackwardT(const Blobs& top, const std::vector<bool>& propagate_down,
+                          const Blobs& bottom) {
   if (!propagate_down[0]) return;
   // The sign of y is that of x unless the slope is negative; in place only y is left.
   const T* x = negative_slope_ >= 0 ? top[0]->data.data<T>() : bottom[0]->data.data<T>();
@@ -152,14 +145,7 @@ void ReluLayer::BackwardCpu(const Blobs& top, const std::vector<bool>& propagate
   });
 }
 
-void ReluLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                            const Blobs& bottom) {
-  BackwardCpu<float>(top, propagate_down, bottom);
-}
-void ReluLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                            const Blobs& bottom) {
-  BackwardCpu<double>(top, propagate_down, bottom);
-}
+template class TypedLayer<ReluLayer, WideFloatTypes>;
 
 CORTADO_REGISTER_LAYER(ReLU, ReluLayer);
 

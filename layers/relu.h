@@ -8,25 +8,19 @@
 // Threads: ParallelFor over contiguous element ranges.
 #pragma once
 
-#include "engine/layer.h"
+#include "engine/typed_layer.h"
 
 namespace cortado {
 
-class ReluLayer : public Layer {
+class ReluLayer : public TypedLayer<ReluLayer, WideFloatTypes> {
  public:
-  using Layer::Layer;
+  using TypedLayer::TypedLayer;
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   bool CanRunInPlace() const override { return negative_slope_ >= 0; }
   // The gradient's mask comes from y where the slope is not negative (y > 0 iff x > 0).
   bool BackwardReadsInputs() const override { return negative_slope_ < 0; }
 
  protected:
-  void ForwardF32(const Blobs& bottom, const Blobs& top) override;
-  void ForwardF64(const Blobs& bottom, const Blobs& top) override;
-  void BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
-  void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
   // bf16 and f16 with slope 0 on the 16-bit codes (no conversion); a leaky ReLU computes in f32.
   void ForwardBF16(const Blobs& bottom, const Blobs& top) override {
     Forward16(bottom, top, kBF16Inf);
@@ -49,11 +43,10 @@ class ReluLayer : public Layer {
   void Forward16(const Blobs& bottom, const Blobs& top, uint16_t inf);
   void Backward16(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom,
                   uint16_t inf);
-  template <typename T>
-  void ForwardCpu(const Blobs& bottom, const Blobs& top);
-  template <typename T>
-  void BackwardCpu(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom);
+  CORTADO_TYPED_LAYER_KERNELS();
   double negative_slope_ = 0.0;
 };
+// Instantiated in the .cpp, where the kernels are defined.
+extern template class TypedLayer<ReluLayer, WideFloatTypes>;
 
 }  // namespace cortado

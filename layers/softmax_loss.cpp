@@ -52,10 +52,10 @@ void SoftmaxWithLossLayer::Reshape(const std::vector<Blob*>& bottom,
 }
 
 template <typename T>
-void SoftmaxWithLossLayer::ForwardT(const Tensor& logits, const Tensor& label_t, Tensor& loss) {
-  const T* x = logits.data<T>();                   // bottom[0]: (N, C)
-  const int32_t* label = label_t.data<int32_t>();  // bottom[1]: (N)
-  T* prob = prob_.data<T>();                       // (N, C)
+void SoftmaxWithLossLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
+  const T* x = bottom[0]->data.data<T>();                  // logits: (N, C)
+  const int32_t* label = bottom[1]->data.data<int32_t>();  // (N)
+  T* prob = prob_.data<T>();                               // (N, C)
   const int64_t c_n = classes_;
   for (int64_t i = 0; i < num_; ++i) {
     if (label[i] < 0 || label[i] >= c_n) {
@@ -89,16 +89,18 @@ void SoftmaxWithLossLayer::ForwardT(const Tensor& logits, const Tensor& label_t,
   });
   double total = 0;
   for (int64_t i = 0; i < num_; ++i) total += sample_loss_[i];
-  loss.data<T>()[0] = static_cast<T>(num_ > 0 ? total / static_cast<double>(num_) : 0.0);
+  top[0]->data.data<T>()[0] = static_cast<T>(num_ > 0 ? total / static_cast<double>(num_) : 0.0);
 }
 
 template <typename T>
-void SoftmaxWithLossLayer::BackwardT(const Tensor& label_t, const Tensor& dloss, Tensor& dlogits) {
-  const int32_t* label = label_t.data<int32_t>();
+void SoftmaxWithLossLayer::BackwardT(const Blobs& top, const std::vector<bool>& propagate_down,
+                                     const Blobs& bottom) {
+  if (!propagate_down[0]) return;
+  const int32_t* label = bottom[1]->data.data<int32_t>();
   const T* prob = prob_.data<T>();
-  T* dx = dlogits.data<T>();  // bottom[0] grad: (N, C)
+  T* dx = bottom[0]->grad.data<T>();  // (N, C)
   const int64_t c_n = classes_;
-  const double scale = num_ > 0 ? static_cast<double>(dloss.data<T>()[0]) / num_ : 0.0;
+  const double scale = num_ > 0 ? static_cast<double>(top[0]->grad.data<T>()[0]) / num_ : 0.0;
   const T s = static_cast<T>(scale);
   const T off = static_cast<T>(scale * label_smoothing_ / static_cast<double>(c_n));
   const T hit = static_cast<T>(scale * (1.0 - label_smoothing_));
@@ -112,22 +114,7 @@ void SoftmaxWithLossLayer::BackwardT(const Tensor& label_t, const Tensor& dloss,
   });
 }
 
-void SoftmaxWithLossLayer::ForwardF32(const Blobs& bottom, const Blobs& top) {
-  ForwardT<float>(bottom[0]->data, bottom[1]->data, top[0]->data);
-}
-void SoftmaxWithLossLayer::ForwardF64(const Blobs& bottom, const Blobs& top) {
-  ForwardT<double>(bottom[0]->data, bottom[1]->data, top[0]->data);
-}
-void SoftmaxWithLossLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                                       const Blobs& bottom) {
-  if (!propagate_down[0]) return;
-  BackwardT<float>(bottom[1]->data, top[0]->grad, bottom[0]->grad);
-}
-void SoftmaxWithLossLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                                       const Blobs& bottom) {
-  if (!propagate_down[0]) return;
-  BackwardT<double>(bottom[1]->data, top[0]->grad, bottom[0]->grad);
-}
+template class TypedLayer<SoftmaxWithLossLayer, WideFloatTypes>;
 
 CORTADO_REGISTER_LAYER(SoftmaxWithLoss, SoftmaxWithLossLayer);
 

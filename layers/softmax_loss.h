@@ -14,13 +14,13 @@
 
 #include <vector>
 
-#include "engine/layer.h"
+#include "engine/typed_layer.h"
 
 namespace cortado {
 
-class SoftmaxWithLossLayer : public Layer {
+class SoftmaxWithLossLayer : public TypedLayer<SoftmaxWithLossLayer, WideFloatTypes> {
  public:
-  using Layer::Layer;
+  using TypedLayer::TypedLayer;
   int MinInputs() const override { return 2; }
   int MaxInputs() const override { return 2; }
   bool CanBackpropTo(int input_index) const override { return input_index == 0; }
@@ -29,24 +29,17 @@ class SoftmaxWithLossLayer : public Layer {
   bool BackwardReadsInputs() const override { return false; }  // from the saved probabilities
 
  protected:
-  void ForwardF32(const Blobs& bottom, const Blobs& top) override;
-  void ForwardF64(const Blobs& bottom, const Blobs& top) override;
-  void BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
-  void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
-  template <typename T>
-  void ForwardT(const Tensor& logits, const Tensor& label, Tensor& loss);
-  template <typename T>
-  void BackwardT(const Tensor& label, const Tensor& dloss, Tensor& dlogits);
+  CORTADO_TYPED_LAYER_KERNELS();
 
   double label_smoothing_ = 0.0;
   int64_t num_ = 0, classes_ = 0;
   Tensor prob_;                      // (N, C) softmax from the last Forward
   std::vector<double> sample_loss_;  // (N)
 };
+// Instantiated in the .cpp, where the kernels are defined.
+extern template class TypedLayer<SoftmaxWithLossLayer, WideFloatTypes>;
 
 }  // namespace cortado

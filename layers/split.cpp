@@ -24,8 +24,8 @@ void SplitLayer::Share(const Blobs& bottom, const Blobs& top) {
 }
 
 template <typename T>
-void SplitLayer::BackwardCpu(const Blobs& top, const std::vector<bool>& propagate_down,
-                             const Blobs& bottom) {
+void SplitLayer::BackwardT(const Blobs& top, const std::vector<bool>& propagate_down,
+                           const Blobs& bottom) {
   if (!propagate_down[0]) return;
   T* dx = bottom[0]->grad.data<T>();  // bottom: any shape
   std::vector<const T*> dy;           // top[j]: bottom's shape
@@ -59,23 +59,12 @@ void SplitLayer::BackwardCpu(const Blobs& top, const std::vector<bool>& propagat
   });
 }
 
-void SplitLayer::BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                             const Blobs& bottom) {
-  BackwardCpu<float>(top, propagate_down, bottom);
-}
-void SplitLayer::BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                             const Blobs& bottom) {
-  BackwardCpu<double>(top, propagate_down, bottom);
+template <typename T>
+void SplitLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
+  Share(bottom, top);
 }
 
-void SplitLayer::BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                              const Blobs& bottom) {
-  BackwardCpu<BFloat16>(top, propagate_down, bottom);
-}
-void SplitLayer::BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                             const Blobs& bottom) {
-  BackwardCpu<Half>(top, propagate_down, bottom);
-}
+template class TypedLayer<SplitLayer, AllFloatTypes>;
 
 CORTADO_REGISTER_LAYER(Split, SplitLayer);
 

@@ -7,13 +7,13 @@
 // Threads: ParallelFor over contiguous element ranges.
 #pragma once
 
-#include "engine/layer.h"
+#include "engine/typed_layer.h"
 
 namespace cortado {
 
-class SplitLayer : public Layer {
+class SplitLayer : public TypedLayer<SplitLayer, AllFloatTypes> {
  public:
-  using Layer::Layer;
+  using TypedLayer::TypedLayer;
   int NumOutputs() const override { return -1; }
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   bool BackwardReadsInputs() const override { return false; }  // the sum of the top gradients
@@ -21,25 +21,14 @@ class SplitLayer : public Layer {
 
  protected:
   // Forward shares storage, so one implementation serves every dtype.
-  void ForwardF32(const Blobs& bottom, const Blobs& top) override { Share(bottom, top); }
-  void ForwardF64(const Blobs& bottom, const Blobs& top) override { Share(bottom, top); }
-  void ForwardBF16(const Blobs& bottom, const Blobs& top) override { Share(bottom, top); }
-  void ForwardF16(const Blobs& bottom, const Blobs& top) override { Share(bottom, top); }
   void ForwardOtherDType(const Blobs& bottom, const Blobs& top) override { Share(bottom, top); }
-  void BackwardF32(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
-  void BackwardF64(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
-  void BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                    const Blobs& bottom) override;
-  void BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
-                   const Blobs& bottom) override;
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
   void Share(const Blobs& bottom, const Blobs& top);
-  template <typename T>
-  void BackwardCpu(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom);
+  CORTADO_TYPED_LAYER_KERNELS();
 };
+// Instantiated in the .cpp, where the kernels are defined.
+extern template class TypedLayer<SplitLayer, AllFloatTypes>;
 
 }  // namespace cortado

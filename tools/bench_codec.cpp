@@ -116,6 +116,69 @@ std::string Cell(const Stat& s) {
   return buf;
 }
 
+// The baselines every row is compared with, measured after an untimed warm-up.
+struct Baselines {
+  Stat memcpy_stat;
+  Stat scalar_stat;
+  bool have_f16c = false;
+  Stat f16c_stat;
+};
+
+Baselines MeasureBaselines(const std::vector<float>& src, std::vector<float>& copy,
+                           std::vector<uint16_t>& halves, int rounds, size_t reps) {
+  const size_t count = src.size();
+  // Untimed memcpy passes for a quarter second first: measured cold, the first baseline came
+  // out below the same memcpy timed later in the run (the f32 row), which skewed every ratio.
+  for (const auto t0 = std::chrono::steady_clock::now();
+       std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(250);) {
+    std::memcpy(copy.data(), src.data(), count * 4);
+  }
+  Baselines b;
+  b.memcpy_stat =
+      Measure(count, rounds, reps, [&] { std::memcpy(copy.data(), src.data(), count * 4); });
+  b.scalar_stat = Measure(count, rounds, reps, [&] {
+    for (size_t i = 0; i < count; ++i) halves[i] = dist::FloatToHalf(src[i]);
+  });
+#if CORTADO_BENCH_HAVE_F16C
+  if (CpuHasF16c()) {
+    b.have_f16c = true;
+    b.f16c_stat = Measure(count, rounds, reps, [&] { CvtpsPh(src.data(), count, halves.data()); });
+  }
+#endif
+  return b;
+}
+
+// The run's description and baselines: JSON fields, or the text table's heading.
+void StartReport(const BenchArgs& a, size_t count, size_t reps, const Baselines& b,
+                 nlohmann::ordered_json& json) {
+  const char* isa = dist::CodecIsa();
+  json["count"] = count;
+  json["bytes"] = count * 4;
+  json["rounds"] = a.rounds;
+  json["reps_per_round"] = reps;
+  json["threads"] = 1;
+  json["clock"] = a.cpu_time ? "thread_cpu_time" : "wall";
+  json["isa"] = isa;
+  json["unit"] = "GB/s of fp32 input (1e9 bytes/s)";
+  json["baselines"]["memcpy"] = ToJson(b.memcpy_stat);
+  json["baselines"]["float_to_half_scalar"] = ToJson(b.scalar_stat);
+  if (b.have_f16c) json["baselines"]["f16c_cvtps_ph"] = ToJson(b.f16c_stat);
+  json["results"] = nlohmann::ordered_json::array();
+  if (a.json) return;
+  std::printf(
+      "# cortado bench codec: %zu floats (%.1f MiB of fp32), %d rounds of %zu pass(es), "
+      "one thread, kernels: %s%s\n",
+      count, count * 4.0 / (1 << 20), a.rounds, reps, isa,
+      a.cpu_time ? ", timed by thread CPU time" : "");
+  std::printf("# GB/s of fp32 input: median [min, max]\n");
+  std::printf("# baseline  memcpy            %s\n", Cell(b.memcpy_stat).c_str());
+  std::printf("# baseline  FloatToHalf loop  %s\n", Cell(b.scalar_stat).c_str());
+  if (b.have_f16c) std::printf("# baseline  F16C cvtps_ph     %s\n", Cell(b.f16c_stat).c_str());
+  std::printf("%-7s %-10s %-22s %-22s %-22s %8s %8s\n", "codec", "rounding", "encode",
+              "encode+residual", "decode_accumulate", "enc/cpy", "dacc/cpy");
+  std::fflush(stdout);
+}
+
 void RunBench(const BenchArgs& a) {
   // K = 1024, M, G: a count of floats
   const size_t count = ParseFlag("--count", [&] { return dist::ParseByteSize(a.count); });
@@ -132,7 +195,6 @@ void RunBench(const BenchArgs& a) {
   if (kinds.empty() || roundings.empty()) {
     UsageFail("--codec and --rounding need at least one name");
   }
-  const char* isa = dist::CodecIsa();
   g_cpu_time = a.cpu_time;
   const size_t reps = std::max<size_t>(1, (size_t{8} << 20) / count);
 
@@ -144,53 +206,10 @@ void RunBench(const BenchArgs& a) {
   std::vector<uint8_t> encoded(dist::EncodedBytes(dist::CodecKind::kF32, count));
   std::vector<uint16_t> halves(count);
 
-  // Untimed memcpy passes for a quarter second first: measured cold, the first baseline came
-  // out below the same memcpy timed later in the run (the f32 row), which skewed every ratio.
-  for (const auto t0 = std::chrono::steady_clock::now();
-       std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(250);) {
-    std::memcpy(copy.data(), src.data(), count * 4);
-  }
-  const Stat memcpy_stat =
-      Measure(count, a.rounds, reps, [&] { std::memcpy(copy.data(), src.data(), count * 4); });
-  const Stat scalar_stat = Measure(count, a.rounds, reps, [&] {
-    for (size_t i = 0; i < count; ++i) halves[i] = dist::FloatToHalf(src[i]);
-  });
-  bool have_f16c = false;
-  Stat f16c_stat;
-#if CORTADO_BENCH_HAVE_F16C
-  if (CpuHasF16c()) {
-    have_f16c = true;
-    f16c_stat = Measure(count, a.rounds, reps, [&] { CvtpsPh(src.data(), count, halves.data()); });
-  }
-#endif
-
+  const Baselines baselines = MeasureBaselines(src, copy, halves, a.rounds, reps);
+  const Stat& memcpy_stat = baselines.memcpy_stat;
   nlohmann::ordered_json json;
-  json["count"] = count;
-  json["bytes"] = count * 4;
-  json["rounds"] = a.rounds;
-  json["reps_per_round"] = reps;
-  json["threads"] = 1;
-  json["clock"] = a.cpu_time ? "thread_cpu_time" : "wall";
-  json["isa"] = isa;
-  json["unit"] = "GB/s of fp32 input (1e9 bytes/s)";
-  json["baselines"]["memcpy"] = ToJson(memcpy_stat);
-  json["baselines"]["float_to_half_scalar"] = ToJson(scalar_stat);
-  if (have_f16c) json["baselines"]["f16c_cvtps_ph"] = ToJson(f16c_stat);
-  json["results"] = nlohmann::ordered_json::array();
-  if (!a.json) {
-    std::printf(
-        "# cortado bench codec: %zu floats (%.1f MiB of fp32), %d rounds of %zu pass(es), "
-        "one thread, kernels: %s%s\n",
-        count, count * 4.0 / (1 << 20), a.rounds, reps, isa,
-        a.cpu_time ? ", timed by thread CPU time" : "");
-    std::printf("# GB/s of fp32 input: median [min, max]\n");
-    std::printf("# baseline  memcpy            %s\n", Cell(memcpy_stat).c_str());
-    std::printf("# baseline  FloatToHalf loop  %s\n", Cell(scalar_stat).c_str());
-    if (have_f16c) std::printf("# baseline  F16C cvtps_ph     %s\n", Cell(f16c_stat).c_str());
-    std::printf("%-7s %-10s %-22s %-22s %-22s %8s %8s\n", "codec", "rounding", "encode",
-                "encode+residual", "decode_accumulate", "enc/cpy", "dacc/cpy");
-    std::fflush(stdout);
-  }
+  StartReport(a, count, reps, baselines, json);
   for (dist::CodecKind kind : kinds) {
     // f32 is a copy whatever the rounding: one row.
     const std::vector<dist::Rounding> modes =

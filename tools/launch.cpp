@@ -75,19 +75,85 @@ bool Runnable(const std::string& program) {
   return false;
 }
 
+struct LaunchArgs {
+  int nproc = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master;
+  bool no_prefix = false;
+  double grace_s = 5.0;
+  std::vector<std::string> command;
+};
+
+// Checks the options, prepares the ranks' environment and runs them; grace_given: whether
+// --grace was on the command line (else CORTADO_LAUNCH_GRACE_S may set it).
+void RunLaunch(const LaunchArgs& args, bool grace_given) {
+  dist::LauncherOptions o;
+  o.nproc = args.nproc;
+  o.nnodes = args.nnodes;
+  o.node_rank = args.node_rank;
+  o.master = args.master;
+  o.prefix_output = !args.no_prefix;
+  if (o.node_rank >= o.nnodes) {
+    UsageFail("--node-rank must be in 0..", o.nnodes - 1, " (--nnodes ", o.nnodes, "), got ",
+              o.node_rank);
+  }
+  std::string master_from = "--master";
+  if (o.master.empty()) o.master = MasterFromEnv(&master_from);
+  if (!o.master.empty()) {
+    const size_t colon = o.master.rfind(':');
+    int port = 0;
+    try {
+      port = colon == std::string::npos ? 0 : std::stoi(o.master.substr(colon + 1));
+    } catch (const std::exception&) {
+      port = 0;
+    }
+    if (port <= 0 || port > 65535) {
+      UsageFail(master_from, " '", o.master, "': expected HOST:PORT with a port in 1..65535");
+    }
+  } else if (o.nnodes > 1) {
+    UsageFail("--master HOST:PORT is required with --nnodes > 1");
+  }
+  double grace = args.grace_s;
+  if (!grace_given) grace = EnvDouble("CORTADO_LAUNCH_GRACE_S", grace, 0, 1e6);
+  o.grace = std::chrono::milliseconds(static_cast<int64_t>(grace * 1000.0));
+  o.command = args.command;
+  o.command[0] = ResolveSelf(o.command[0]);
+  CORTADO_CHECK(Runnable(o.command[0]), "cannot run '", args.command[0],
+                "': not an executable file, nor a program on PATH");
+  // The launcher adds these for each rank; a value inherited from an outer job would come
+  // first in the rank's environment and win.
+  for (const char* name :
+       {"CORTADO_RANK", "CORTADO_WORLD_SIZE", "CORTADO_LOCAL_RANK", "CORTADO_LOCAL_WORLD_SIZE",
+        "CORTADO_NODE_RANK", "CORTADO_MASTER_ADDR", "CORTADO_MASTER_PORT", "CORTADO_STORE_FD"}) {
+    ::unsetenv(name);
+  }
+  // This command up to its `--`: a stopped training prints it before its own command line
+  // (tools/command_line.h, ResumeCommand).
+  const std::vector<std::string>& argv = CommandLine();
+  std::vector<std::string> launch(
+      argv.begin(),
+      argv.end() - static_cast<std::ptrdiff_t>(std::min(argv.size(), args.command.size())));
+  if (launch.empty() || launch.back() != "--") launch.push_back("--");
+  ::setenv("CORTADO_LAUNCH_COMMAND", ShellJoin(launch).c_str(), 1);
+  try {
+    SetExitCode(dist::RunLauncher(o));
+  } catch (const dist::Error& e) {
+    const std::string what = e.what();
+    // Binding the master port is the launcher's first act: name where the port came from.
+    if (what.find("cannot listen on") != std::string::npos && master_from != "--master") {
+      Fail(what, " (the master port comes from ", master_from,
+           "; choose a free port, or unset it to let cortado launch pick one)");
+    }
+    if (what.rfind("launch: ", 0) == 0) Fail(what.substr(8));
+    throw;
+  }
+}
+
 }  // namespace
 
 void AddLaunchCommand(CLI::App& app) {
-  struct Args {
-    int nproc = 1;
-    int nnodes = 1;
-    int node_rank = 0;
-    std::string master;
-    bool no_prefix = false;
-    double grace_s = 5.0;
-    std::vector<std::string> command;
-  };
-  auto args = std::make_shared<Args>();
+  auto args = std::make_shared<LaunchArgs>();
   CLI::App* cmd = app.add_subcommand(
       "launch", "Start N local ranks of a command with the Cortado environment set");
   // torchrun spells it --nproc-per-node (and --nproc_per_node).
@@ -116,68 +182,7 @@ void AddLaunchCommand(CLI::App& app) {
       "CORTADO_JOB_TOKEN (kept from the environment when set, else random) and\n"
       "CORTADO_LAUNCH_COMMAND (this launch command up to --, for the resume hint of train).\n"
       "Exit code: the first failing rank's, or 128 + the signal the launcher received.");
-  cmd->callback([args, cmd] {
-    dist::LauncherOptions o;
-    o.nproc = args->nproc;
-    o.nnodes = args->nnodes;
-    o.node_rank = args->node_rank;
-    o.master = args->master;
-    o.prefix_output = !args->no_prefix;
-    if (o.node_rank >= o.nnodes) {
-      UsageFail("--node-rank must be in 0..", o.nnodes - 1, " (--nnodes ", o.nnodes, "), got ",
-                o.node_rank);
-    }
-    std::string master_from = "--master";
-    if (o.master.empty()) o.master = MasterFromEnv(&master_from);
-    if (!o.master.empty()) {
-      const size_t colon = o.master.rfind(':');
-      int port = 0;
-      try {
-        port = colon == std::string::npos ? 0 : std::stoi(o.master.substr(colon + 1));
-      } catch (const std::exception&) {
-        port = 0;
-      }
-      if (port <= 0 || port > 65535) {
-        UsageFail(master_from, " '", o.master, "': expected HOST:PORT with a port in 1..65535");
-      }
-    } else if (o.nnodes > 1) {
-      UsageFail("--master HOST:PORT is required with --nnodes > 1");
-    }
-    double grace = args->grace_s;
-    if (cmd->count("--grace") == 0) grace = EnvDouble("CORTADO_LAUNCH_GRACE_S", grace, 0, 1e6);
-    o.grace = std::chrono::milliseconds(static_cast<int64_t>(grace * 1000.0));
-    o.command = args->command;
-    o.command[0] = ResolveSelf(o.command[0]);
-    CORTADO_CHECK(Runnable(o.command[0]), "cannot run '", args->command[0],
-                  "': not an executable file, nor a program on PATH");
-    // The launcher adds these for each rank; a value inherited from an outer job would come
-    // first in the rank's environment and win.
-    for (const char* name :
-         {"CORTADO_RANK", "CORTADO_WORLD_SIZE", "CORTADO_LOCAL_RANK", "CORTADO_LOCAL_WORLD_SIZE",
-          "CORTADO_NODE_RANK", "CORTADO_MASTER_ADDR", "CORTADO_MASTER_PORT", "CORTADO_STORE_FD"}) {
-      ::unsetenv(name);
-    }
-    // This command up to its `--`: a stopped training prints it before its own command line
-    // (tools/command_line.h, ResumeCommand).
-    const std::vector<std::string>& argv = CommandLine();
-    std::vector<std::string> launch(
-        argv.begin(),
-        argv.end() - static_cast<std::ptrdiff_t>(std::min(argv.size(), args->command.size())));
-    if (launch.empty() || launch.back() != "--") launch.push_back("--");
-    ::setenv("CORTADO_LAUNCH_COMMAND", ShellJoin(launch).c_str(), 1);
-    try {
-      SetExitCode(dist::RunLauncher(o));
-    } catch (const dist::Error& e) {
-      const std::string what = e.what();
-      // Binding the master port is the launcher's first act: name where the port came from.
-      if (what.find("cannot listen on") != std::string::npos && master_from != "--master") {
-        Fail(what, " (the master port comes from ", master_from,
-             "; choose a free port, or unset it to let cortado launch pick one)");
-      }
-      if (what.rfind("launch: ", 0) == 0) Fail(what.substr(8));
-      throw;
-    }
-  });
+  cmd->callback([args, cmd] { RunLaunch(*args, cmd->count("--grace") > 0); });
 }
 
 }  // namespace cortado::tools

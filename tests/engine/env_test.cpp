@@ -55,6 +55,10 @@ TEST(Env, UnsetOrEmptyIsTheDefaultAndBadValuesAreNamed) {
         std::string::npos)
         << m;
   }
+  ::setenv("CORTADO_TEST_VAR", "20", 1);
+  const std::string range = ErrorOf([] { EnvDouble("CORTADO_TEST_VAR", 0.5, 0, 10); });
+  EXPECT_NE(range.find("CORTADO_TEST_VAR='20': must be a number from 0 to 10"), std::string::npos)
+      << range;
   ::setenv("CORTADO_TEST_VAR", "loud", 1);
   const std::string m = ErrorOf([] { EnvChoice("CORTADO_TEST_VAR", "info", {"info", "debug"}); });
   EXPECT_NE(m.find("CORTADO_TEST_VAR='loud': must be one of info, debug"), std::string::npos) << m;
