@@ -171,9 +171,16 @@ TEST(Launcher, ForwardedSignalsWaitForTheRanksAndASecondOneKills) {
                                      out, signals, milliseconds(100)),
               128 + SIGTERM);
     std::string text = out.Read();
+    // The launcher says what the first signal does and what a second one costs.
+    EXPECT_NE(text.find("SIGTERM forwarded to the ranks"), std::string::npos) << text;
     if (signals == 2) {
       EXPECT_EQ(text.find("cleaned-up"), std::string::npos) << text;
+      EXPECT_NE(text.find("a second SIGTERM: killing the ranks now; what they did after their "
+                          "last checkpoint is lost"),
+                std::string::npos)
+          << text;
     } else {
+      EXPECT_EQ(text.find("a second SIGTERM:"), std::string::npos) << text;
       EXPECT_NE(text.find("[0] cleaned-up"), std::string::npos) << text;
       EXPECT_NE(text.find("[1] cleaned-up"), std::string::npos) << text;
     }

@@ -355,9 +355,25 @@ void Supervisor::ForwardSignals() {
   for (int sig = signals_->Next(); sig != 0; sig = signals_->Next()) {
     if (sig == SIGCHLD) continue;  // exits are reaped by ReapExited
     if (result_ == 0) result_ = 128 + sig;
+    // Said on the terminal because what a second Ctrl-C costs is not obvious: the ranks'
+    // stop (finish the step or abandon an evaluation at its next batch, then checkpoint) can
+    // take a while, and a kill loses what no checkpoint holds yet.
+    const std::string name = sig == SIGINT    ? "SIGINT"
+                             : sig == SIGTERM ? "SIGTERM"
+                                              : std::string("signal ") + std::to_string(sig);
     if (stopping_) {
-      KillAll(SIGKILL);  // a second signal while stopping
+      WriteAllFd(o_.stderr_fd,
+                 "cortado launch: a second " + name +
+                     ": killing the ranks now; what they did after their last checkpoint is "
+                     "lost (training's end is checkpointed before its final evaluation, so a "
+                     "kill during that evaluation abandons only the evaluation)\n");
+      KillAll(SIGKILL);
     } else {
+      WriteAllFd(o_.stderr_fd,
+                 "cortado launch: " + name +
+                     " forwarded to the ranks: each finishes its step (or abandons an "
+                     "evaluation at its next batch), writes a checkpoint and stops; a second " +
+                     name + " kills them at once\n");
       BeginStop(sig, false);
     }
   }
