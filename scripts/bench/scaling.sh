@@ -149,7 +149,9 @@ trap 'exit 143' TERM
   echo "# $(date -Is) $(uname -srm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(free -g | awk '/Mem:/ {print $2}') GiB"
   echo "# commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
   echo "# models $models; rates $rates; rounds $rounds; steps $steps_spec; warmup $warmup_spec; batch $batch_spec; codecs $codecs; overlap $overlaps; transports $transports"
-  ((torch)) && echo "# peer: torch $("$py" -c 'import torch; print(torch.__version__)') DistributedDataParallel, gloo"
+  if ((torch)); then
+    echo "# peer: torch $("$py" -c 'import torch; print(torch.__version__)') DistributedDataParallel, gloo"
+  fi
 } | tee "$out/info.txt"
 bench_load before "$out/info.txt"
 
