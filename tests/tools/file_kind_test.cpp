@@ -9,19 +9,27 @@
 namespace cortado::tooltest {
 namespace {
 
-using FileKinds = UserRun;
+// A one-step LeNet run's config, its checkpoint and that checkpoint exported as safetensors.
+class FileKinds : public UserRun {
+ protected:
+  void TrainAndExport() {
+    config = Write(
+        "run.yaml",
+        StrCat("model: {builder: lenet}\n", "data:\n  type: synthetic\n  batch_size: 2\n",
+               "  synthetic: {shape: [1, 28, 28], classes: 10, samples: 4}\n",
+               "solver: {max_iter: 1}\n", "checkpoint: {dir: ", (dir_ / "a").string(), "}\n"));
+    std::string out, err;
+    ASSERT_EQ(Cortado("train --config " + config, &out, &err), 0) << err;
+    ckpt = (dir_ / "a" / "ckpt-00000001.cortado").string();
+    weights = (dir_ / "w.safetensors").string();
+    ASSERT_EQ(Cortado("export --checkpoint " + ckpt + " --out " + weights, &out, &err), 0) << err;
+  }
+  std::string config, ckpt, weights;
+};
 
 TEST_F(FileKinds, CheckpointsAndWeightsFilesGivenToTheOtherFlagSayWhatToUse) {
-  const std::string config =
-      Write("run.yaml",
-            StrCat("model: {builder: lenet}\n", "data:\n  type: synthetic\n  batch_size: 2\n",
-                   "  synthetic: {shape: [1, 28, 28], classes: 10, samples: 4}\n",
-                   "solver: {max_iter: 1}\n", "checkpoint: {dir: ", (dir_ / "a").string(), "}\n"));
+  ASSERT_NO_FATAL_FAILURE(TrainAndExport());
   std::string out, err;
-  ASSERT_EQ(Cortado("train --config " + config, &out, &err), 0) << err;
-  const std::string ckpt = (dir_ / "a" / "ckpt-00000001.cortado").string();
-  const std::string weights = (dir_ / "w.safetensors").string();
-  ASSERT_EQ(Cortado("export --checkpoint " + ckpt + " --out " + weights, &out, &err), 0) << err;
   EXPECT_EQ(Cortado("train --config " + config + " --weights " + ckpt, &out, &err), 2);
   EXPECT_NE(err.find("--weights: '" + ckpt + "' is a Cortado checkpoint, not a safetensors file: " +
                      "continue its run with --resume " + ckpt),
@@ -41,16 +49,8 @@ TEST_F(FileKinds, CheckpointsAndWeightsFilesGivenToTheOtherFlagSayWhatToUse) {
 }
 
 TEST_F(FileKinds, InspectShowsASafetensorsFilesMetadataAndTensors) {
-  const std::string config =
-      Write("run.yaml",
-            StrCat("model: {builder: lenet}\n", "data:\n  type: synthetic\n  batch_size: 2\n",
-                   "  synthetic: {shape: [1, 28, 28], classes: 10, samples: 4}\n",
-                   "solver: {max_iter: 1}\n", "checkpoint: {dir: ", (dir_ / "a").string(), "}\n"));
+  ASSERT_NO_FATAL_FAILURE(TrainAndExport());
   std::string out, err;
-  ASSERT_EQ(Cortado("train --config " + config, &out, &err), 0) << err;
-  const std::string ckpt = (dir_ / "a" / "ckpt-00000001.cortado").string();
-  const std::string weights = (dir_ / "w.safetensors").string();
-  ASSERT_EQ(Cortado("export --checkpoint " + ckpt + " --out " + weights, &out, &err), 0) << err;
   for (const std::string flag : {"--weights", "--checkpoint"}) {
     ASSERT_EQ(Cortado("inspect " + flag + " " + weights, &out, &err), 0) << err;
     EXPECT_NE(out.find("safetensors " + weights + "\n"), std::string::npos) << out;
