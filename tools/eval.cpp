@@ -23,16 +23,146 @@
 #include "tools/world.h"
 
 namespace cortado::tools {
+namespace {
+
+struct EvalArgs {
+  std::string config, checkpoint, weights;
+  std::vector<std::string> sets;
+  bool json = false;
+  bool no_progress = false;
+  int threads = 0;
+};
+
+// Usage errors (exit 2) come first, before any file is read.
+void CheckEvalFlags(const EvalArgs& a) {
+  if (!a.checkpoint.empty() && !a.weights.empty()) {
+    UsageFail("give --checkpoint or --weights, not both: a checkpoint holds its own weights");
+  }
+  if (a.checkpoint.empty() && a.weights.empty()) {
+    UsageFail("give --checkpoint (a checkpoint, or auto) or --weights (a safetensors file)");
+  }
+  if (!a.weights.empty() && a.config.empty()) {
+    UsageFail("--weights needs --config: a weights file holds no model or data settings");
+  }
+  if (a.checkpoint == "auto" && a.config.empty()) {
+    UsageFail("--checkpoint auto needs --config, whose checkpoint.dir it searches");
+  }
+}
+
+// What is evaluated: the config, and the checkpoint with its path unless --weights is given.
+struct EvalInputs {
+  RunConfig config;
+  Checkpoint ckpt;
+  std::string ckpt_path;
+};
+
+// The config stored in the checkpoint (the resolved YAML of the run that wrote it), with --set.
+RunConfig StoredConfig(const Checkpoint& ckpt, const std::string& ckpt_path,
+                       const std::vector<std::string>& sets) {
+  auto stored = ckpt.meta.find("config");
+  CORTADO_CHECK(stored != ckpt.meta.end(), "checkpoint '", ckpt_path,
+                "' holds no config; give --config");
+  YamlConfig yaml = YamlConfig::FromString(stored->second, ckpt_path + " (stored config)");
+  for (const std::string& o : sets) yaml.Set(o);
+  return ParseRunConfig(yaml, /*need_train=*/false);
+}
+
+EvalInputs LoadEvalInputs(const EvalArgs& a) {
+  EvalInputs in;
+  in.ckpt_path = a.checkpoint;
+  if (!a.weights.empty()) {
+    CheckInputFile("--weights", a.weights, "a safetensors file (cortado export)");
+    ExpectSafetensors("--weights", a.weights);
+    in.config = LoadRunConfig(a.config, a.sets, /*need_train=*/false);
+  } else if (in.ckpt_path == "auto") {
+    in.config = LoadRunConfig(a.config, a.sets, /*need_train=*/false);
+    in.ckpt_path = NewestLoadableCheckpoint(in.config.checkpoint.dir, &in.ckpt, Net::IsNetState);
+    CORTADO_CHECK(!in.ckpt_path.empty(), "--checkpoint auto: no valid checkpoint in '",
+                  in.config.checkpoint.dir, "' (checkpoint.dir of ", a.config, ")");
+  } else {
+    CheckInputFile("--checkpoint", in.ckpt_path, "a checkpoint file (ckpt-*.cortado)");
+    ExpectCheckpoint("--checkpoint", in.ckpt_path,
+                     "evaluate it with --weights " + in.ckpt_path + " --config F");
+    in.ckpt = LoadCheckpoint(in.ckpt_path, Net::IsNetState);  // no solver state
+    in.config = a.config.empty() ? StoredConfig(in.ckpt, in.ckpt_path, a.sets)
+                                 : LoadRunConfig(a.config, a.sets, /*need_train=*/false);
+  }
+  CORTADO_CHECK(HasValidation(in.config.data), in.config.file,
+                in.config.data.type == "synthetic"
+                    ? ": data.synthetic.val_samples is 0; there is nothing to evaluate on "
+                      "(--set data.synthetic.val_samples=N)"
+                    : ": data.val is not set; there is nothing to evaluate on "
+                      "(--set data.val=PATH)");
+  return in;
+}
+
+// An inference net: the checkpoint's weights and batch-norm statistics load without any
+// gradient or solver state, and activations go back to the pool once read.
+std::unique_ptr<Net> MakeEvalNet(const EvalArgs& a, EvalInputs& in, const BatchSource& val) {
+  const RunConfig& config = in.config;
+  int64_t batch =
+      config.data.val_batch_size > 0 ? config.data.val_batch_size : config.data.batch_size;
+  NetSpec spec = MakeNetSpec(config, val.sample_shape(), val.num_classes(), batch);
+  NetOptions options;
+  options.mode = NetMode::kInference;
+  auto net = std::make_unique<Net>(spec, config.seed, config.precision.compute, options);
+  if (a.weights.empty()) {
+    net->LoadState(in.ckpt, in.ckpt_path);
+    in.ckpt.tensors = {};  // the net holds its own copy: not the weights twice while evaluating
+  } else {
+    LoadWeights(*net, config.model.builder, LoadSafetensors(a.weights), a.weights,
+                /*strict=*/true);
+  }
+  return net;
+}
+
+// Rank 0's report: the warnings, then one JSON object or one line naming what was evaluated.
+void ReportEval(const EvalArgs& a, const EvalInputs& in, const EvalResult& r,
+                const std::string& classes_warning) {
+  if (!classes_warning.empty()) LogWarning(classes_warning);
+  if (r.skipped > 0) {
+    LogWarning(r.skipped, " unreadable record(s) of ", in.config.data.val,
+               " were left out of the evaluation (the first are named above)");
+  }
+  if (a.json) {
+    nlohmann::ordered_json j;
+    j["top1"] = r.top1;
+    j["top5"] = r.top5;
+    j["loss"] = r.loss;
+    j["images"] = r.images;
+    j["skipped"] = r.skipped;
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return;
+  }
+  const std::string source =
+      a.weights.empty() ? "checkpoint " + in.ckpt_path : "weights " + a.weights;
+  const std::string skipped =
+      r.skipped > 0 ? StrCat(r.skipped, " unreadable record(s) skipped, ") : std::string();
+  std::printf("top1 %.2f%%  top5 %.2f%%  loss %.4f  (%lld images, %s%s)\n", r.top1 * 100,
+              r.top5 * 100, r.loss, static_cast<long long>(r.images), skipped.c_str(),
+              source.c_str());
+}
+
+void RunEval(const EvalArgs& a) {
+  CheckEvalFlags(a);
+  EvalInputs in = LoadEvalInputs(a);
+  const std::string classes_warning = CheckClassNames(in.config.data);
+  World world = JoinWorld(in.config.distributed);
+  JoinAsRank(world);
+  ApplyThreadBudget(a.threads, world.local_size);
+  std::unique_ptr<BatchSource> val =
+      MakeEvalSource(in.config.data, ShardSpec{world.rank, world.size});
+  std::unique_ptr<Net> net = MakeEvalNet(a, in, *val);
+  EvalResult r = Evaluate(*net, *val, world.comm.get());
+  CORTADO_CHECK(r.images > 0, "no record of ", in.config.data.val,
+                " could be read; there is nothing to evaluate");
+  if (world.rank == 0) ReportEval(a, in, r, classes_warning);
+}
+
+}  // namespace
 
 void AddEvalCommand(CLI::App& app) {
-  struct Args {
-    std::string config, checkpoint, weights;
-    std::vector<std::string> sets;
-    bool json = false;
-    bool no_progress = false;
-    int threads = 0;
-  };
-  auto args = std::make_shared<Args>();
+  auto args = std::make_shared<EvalArgs>();
   CLI::App* cmd = app.add_subcommand(
       "eval", "Evaluate a checkpoint (or a weights file) on the validation data");
   cmd->add_option("--checkpoint", args->checkpoint,
@@ -53,99 +183,7 @@ void AddEvalCommand(CLI::App& app) {
   cmd->add_flag("--no-progress", args->no_progress,
                 "Accepted for symmetry with train (eval draws no progress bar)");
   cmd->callback([args] {
-    if (!args->checkpoint.empty() && !args->weights.empty()) {
-      UsageFail("give --checkpoint or --weights, not both: a checkpoint holds its own weights");
-    }
-    if (args->checkpoint.empty() && args->weights.empty()) {
-      UsageFail("give --checkpoint (a checkpoint, or auto) or --weights (a safetensors file)");
-    }
-    if (!args->weights.empty() && args->config.empty()) {
-      UsageFail("--weights needs --config: a weights file holds no model or data settings");
-    }
-    if (args->checkpoint == "auto" && args->config.empty()) {
-      UsageFail("--checkpoint auto needs --config, whose checkpoint.dir it searches");
-    }
-    Checkpoint ckpt;
-    std::string ckpt_path = args->checkpoint;
-    RunConfig config;
-    if (!args->weights.empty()) {
-      CheckInputFile("--weights", args->weights, "a safetensors file (cortado export)");
-      ExpectSafetensors("--weights", args->weights);
-      config = LoadRunConfig(args->config, args->sets, /*need_train=*/false);
-    } else if (ckpt_path == "auto") {
-      config = LoadRunConfig(args->config, args->sets, /*need_train=*/false);
-      ckpt_path = NewestLoadableCheckpoint(config.checkpoint.dir, &ckpt, Net::IsNetState);
-      CORTADO_CHECK(!ckpt_path.empty(), "--checkpoint auto: no valid checkpoint in '",
-                    config.checkpoint.dir, "' (checkpoint.dir of ", args->config, ")");
-    } else {
-      CheckInputFile("--checkpoint", ckpt_path, "a checkpoint file (ckpt-*.cortado)");
-      ExpectCheckpoint("--checkpoint", ckpt_path,
-                       "evaluate it with --weights " + ckpt_path + " --config F");
-      ckpt = LoadCheckpoint(ckpt_path, Net::IsNetState);  // no solver state
-      if (!args->config.empty()) {
-        config = LoadRunConfig(args->config, args->sets, /*need_train=*/false);
-      } else {
-        auto stored = ckpt.meta.find("config");
-        CORTADO_CHECK(stored != ckpt.meta.end(), "checkpoint '", ckpt_path,
-                      "' holds no config; give --config");
-        YamlConfig yaml = YamlConfig::FromString(stored->second, ckpt_path + " (stored config)");
-        for (const std::string& o : args->sets) yaml.Set(o);
-        config = ParseRunConfig(yaml, /*need_train=*/false);
-      }
-    }
-    CORTADO_CHECK(HasValidation(config.data), config.file,
-                  config.data.type == "synthetic"
-                      ? ": data.synthetic.val_samples is 0; there is nothing to evaluate on "
-                        "(--set data.synthetic.val_samples=N)"
-                      : ": data.val is not set; there is nothing to evaluate on "
-                        "(--set data.val=PATH)");
-    const std::string classes_warning = CheckClassNames(config.data);
-    World world = JoinWorld(config.distributed);
-    JoinAsRank(world);
-    ApplyThreadBudget(args->threads, world.local_size);
-    std::unique_ptr<BatchSource> val =
-        MakeEvalSource(config.data, ShardSpec{world.rank, world.size});
-    int64_t batch =
-        config.data.val_batch_size > 0 ? config.data.val_batch_size : config.data.batch_size;
-    NetSpec spec = MakeNetSpec(config, val->sample_shape(), val->num_classes(), batch);
-    // An inference net: the checkpoint's weights and batch-norm statistics load without any
-    // gradient or solver state, and activations go back to the pool once read.
-    NetOptions options;
-    options.mode = NetMode::kInference;
-    Net net(spec, config.seed, config.precision.compute, options);
-    if (args->weights.empty()) {
-      net.LoadState(ckpt, ckpt_path);
-      ckpt.tensors = {};  // the net holds its own copy: not the weights twice while evaluating
-    } else {
-      LoadWeights(net, config.model.builder, LoadSafetensors(args->weights), args->weights,
-                  /*strict=*/true);
-    }
-    const std::string source =
-        args->weights.empty() ? "checkpoint " + ckpt_path : "weights " + args->weights;
-    EvalResult r = Evaluate(net, *val, world.comm.get());
-    CORTADO_CHECK(r.images > 0, "no record of ", config.data.val,
-                  " could be read; there is nothing to evaluate");
-    if (world.rank != 0) return SetExitCode(0);
-    if (!classes_warning.empty()) LogWarning(classes_warning);
-    if (r.skipped > 0) {
-      LogWarning(r.skipped, " unreadable record(s) of ", config.data.val,
-                 " were left out of the evaluation (the first are named above)");
-    }
-    if (args->json) {
-      nlohmann::ordered_json j;
-      j["top1"] = r.top1;
-      j["top5"] = r.top5;
-      j["loss"] = r.loss;
-      j["images"] = r.images;
-      j["skipped"] = r.skipped;
-      std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-    } else {
-      const std::string skipped =
-          r.skipped > 0 ? StrCat(r.skipped, " unreadable record(s) skipped, ") : std::string();
-      std::printf("top1 %.2f%%  top5 %.2f%%  loss %.4f  (%lld images, %s%s)\n", r.top1 * 100,
-                  r.top5 * 100, r.loss, static_cast<long long>(r.images), skipped.c_str(),
-                  source.c_str());
-    }
+    RunEval(*args);
     SetExitCode(0);
   });
 }
