@@ -248,30 +248,41 @@ float ValueAt(const Buffer& buf, dist::DataType type, size_t i) {
   return type == dist::DataType::kF16 ? dist::HalfToFloat(b) : dist::BFloat16ToFloat(b);
 }
 
-void RunBench(const BenchArgs& a) {
-  if (a.codec == "auto") {
-    RunAutoPlan(a);
-    return;
-  }
-  // Flag values first (usage errors, exit 2), before joining the job.
-  dist::DataType type = ParseFlag("--dtype", [&] { return dist::ParseDataType(a.dtype); });
-  const bool codec_given = a.codec != "f32" && a.codec != "fp32" && a.codec != "none";
-  const std::string reduce = !a.reduce.empty() ? a.reduce : codec_given ? "avg" : "sum";
-  dist::ReduceOp rop = ParseFlag("--reduce", [&] { return dist::ParseReduceOp(reduce); });
-  dist::Algorithm algo = ParseFlag("--algo", [&] { return dist::ParseAlgorithm(a.algo); });
-  std::vector<size_t> sizes = ParseSizes(a.sizes);
+// What the flags settle for a timed run, all checked before joining the job.
+struct CommPlan {
+  dist::DataType type = dist::DataType::kF32;
+  std::string reduce;
+  dist::ReduceOp rop = dist::ReduceOp::kSum;
+  dist::Algorithm algo = dist::Algorithm::kAuto;
+  std::vector<size_t> sizes;
   dist::Compression compression;
-  compression.codec = ParseFlag("--codec", [&] { return dist::ParseCodec(a.codec); });
-  compression.rounding = ParseFlag("--rounding", [&] { return dist::ParseRounding(a.rounding); });
-  compression.seed = 1;
-  const bool compressed = compression.codec != dist::CodecKind::kF32;
-  if (compressed && (a.op != "allreduce" || type != dist::DataType::kF32)) {
+  bool compressed = false;
+};
+
+// Flag values first (usage errors, exit 2), before joining the job.
+CommPlan ParsePlan(const BenchArgs& a) {
+  CommPlan p;
+  p.type = ParseFlag("--dtype", [&] { return dist::ParseDataType(a.dtype); });
+  const bool codec_given = a.codec != "f32" && a.codec != "fp32" && a.codec != "none";
+  p.reduce = !a.reduce.empty() ? a.reduce : codec_given ? "avg" : "sum";
+  p.rop = ParseFlag("--reduce", [&] { return dist::ParseReduceOp(p.reduce); });
+  p.algo = ParseFlag("--algo", [&] { return dist::ParseAlgorithm(a.algo); });
+  p.sizes = ParseSizes(a.sizes);
+  p.compression.codec = ParseFlag("--codec", [&] { return dist::ParseCodec(a.codec); });
+  p.compression.rounding = ParseFlag("--rounding", [&] { return dist::ParseRounding(a.rounding); });
+  p.compression.seed = 1;
+  p.compressed = p.compression.codec != dist::CodecKind::kF32;
+  if (p.compressed && (a.op != "allreduce" || p.type != dist::DataType::kF32)) {
     UsageFail("--codec ", a.codec,
               " compresses the all-reduce of f32 data (--op allreduce --dtype f32)");
   }
-  if (compressed && rop == dist::ReduceOp::kMax) {
+  if (p.compressed && p.rop == dist::ReduceOp::kMax) {
     UsageFail("--codec ", a.codec, " sums or averages (--reduce sum or avg), not max");
   }
+  return p;
+}
+
+std::unique_ptr<dist::Communicator> JoinJob(const BenchArgs& a) {
   dist::CommOptions options = dist::CommOptions::FromEnv();
   if (!a.transport.empty()) options.transport = dist::ParseTransportKind(a.transport);
   // MPI knows rank and size itself.
@@ -279,179 +290,260 @@ void RunBench(const BenchArgs& a) {
                                 ? dist::CommConfigFor(dist::LaunchInfo{}, options)
                                 : dist::CommConfigFor(dist::DiscoverLaunchInfo(), options);
   config.fingerprint = dist::Fingerprint("bench comm");
-  auto comm = dist::CreateCommunicator(config);
-  const int n = comm->size(), rank = comm->rank();
-  const size_t esize = dist::DataTypeSize(type);
-  const bool per_rank = a.op == "allgather" || a.op == "reducescatter";
+  return dist::CreateCommunicator(config);
+}
+
+// The joined job, the plan and the pair of buffers every size reuses.
+struct Bench {
+  const BenchArgs& a;
+  const CommPlan& plan;
+  dist::Communicator& comm;
+  Buffer in, out;
+  int n = 1, rank = 0;
+};
+
+void PrintHeader(const Bench& b) {
+  const BenchArgs& a = b.a;
+  const bool compressed = b.plan.compressed;
+  std::printf("# cortado bench comm: %s, %d rank(s), transport %s, %s memory, %s, %s%s\n",
+              a.op.c_str(), b.n, b.comm.backend(), a.memory.c_str(), a.dtype.c_str(),
+              b.plan.reduce.c_str(),
+              compressed ? (", codec " + a.codec + " (" + a.rounding + ")").c_str() : "");
+  if (compressed) {
+    std::printf("# %12s  %-17s %12s %12s %12s %12s %10s %10s\n", "bytes", "algo", "time_us",
+                "algbw GB/s", "busbw GB/s", "wire GB/s", "max_rel", "mean_rel");
+  } else {
+    std::printf("# %12s  %-17s %12s %12s %12s\n", "bytes", "algo", "time_us", "algbw GB/s",
+                "busbw GB/s");
+  }
+  std::fflush(stdout);
+}
+
+// The algorithm a size runs, for the "algo" column.
+std::string AlgoName(const Bench& b, size_t bytes) {
+  if (b.a.op == "allreduce") return b.comm.AllReduceAlgorithmFor(bytes, b.plan.algo, b.in.data());
+  if (b.a.op == "broadcast") return b.comm.BroadcastAlgorithmFor(bytes, b.plan.algo);
+  if (b.n == 1) return "local";
+  return std::string(b.comm.backend()) == "mpi" ? "mpi" : "ring";
+}
+
+// One collective of `count` elements (per rank for all-gather and reduce-scatter).
+void RunOnce(Bench& b, size_t count) {
+  const CommPlan& p = b.plan;
+  if (p.compressed) {
+    b.comm.AllReduceCompressed(reinterpret_cast<float*>(b.in.data()), count, p.rop, p.compression);
+  } else if (b.a.op == "allreduce") {
+    b.comm.AllReduce(b.in.data(), count, p.type, p.rop, p.algo);
+  } else if (b.a.op == "broadcast") {
+    b.comm.Broadcast(b.in.data(), count, p.type, 0, p.algo);
+  } else if (b.a.op == "allgather") {
+    b.comm.AllGather(b.in.data(), b.out.data(), count, p.type);
+  } else {
+    b.comm.ReduceScatter(b.in.data(), b.out.data(), count, p.type, p.rop);
+  }
+}
+
+// Element i of the result when every rank's input is Fill's.
+float ExpectedValue(const Bench& b, size_t count, size_t i) {
+  const std::string& op = b.a.op;
+  if (op == "broadcast") return static_cast<float>(i % 7);
+  if (op == "allgather") return static_cast<float>((i % count + i / count) % 7);
+  size_t base = op == "reducescatter" ? i + static_cast<size_t>(b.rank) * count : i;
+  float sum = 0, mx = 0;
+  for (int r = 0; r < b.n; ++r) {
+    float v = static_cast<float>((base + static_cast<size_t>(r)) % 7);
+    sum += v;
+    mx = std::max(mx, v);
+  }
+  const dist::ReduceOp rop = b.plan.rop;
+  return rop == dist::ReduceOp::kMax ? mx : rop == dist::ReduceOp::kAvg ? sum / b.n : sum;
+}
+
+// --check: one verified run on known data before timing.
+void CheckResult(Bench& b, size_t count, size_t bytes) {
+  const std::string& op = b.a.op;
+  Fill(b.in, b.plan.type, b.rank);
+  RunOnce(b, count);
+  const Buffer& res = (op == "allgather" || op == "reducescatter") ? b.out : b.in;
+  size_t check_count = op == "allgather" ? count * static_cast<size_t>(b.n) : count;
+  for (size_t i = 0; i < check_count; ++i) {
+    const float want = ExpectedValue(b, count, i);
+    float got = ValueAt(res, b.plan.type, i);
+    if (std::fabs(got - want) > 1e-2f * std::max(1.0f, std::fabs(want))) {
+      Fail("bench comm --check: ", op, " of ", bytes, " bytes: element ", i, " is ", got,
+           ", expected ", want, " (rank ", b.rank, ")");
+    }
+  }
+}
+
+// A codec's relative error: the largest over the ranks, and rank 0's mean.
+struct CodecError {
+  double max = 0, mean = 0;
+};
+
+// Accuracy against the exact average of random-like inputs, before timing.
+CodecError MeasureCodecError(Bench& b, size_t count) {
+  float* x = reinterpret_cast<float*>(b.in.data());
+  for (size_t i = 0; i < count; ++i) x[i] = CodecInput(b.rank, i);
+  RunOnce(b, count);
+  double max_rel = 0, sum_rel = 0;
+  size_t counted = 0;
+  for (size_t i = 0; i < count; ++i) {
+    double exact = 0;
+    for (int r = 0; r < b.n; ++r) exact += CodecInput(r, i);
+    exact = b.plan.rop == dist::ReduceOp::kAvg ? exact / b.n : exact;
+    if (exact == 0) continue;
+    const double rel = std::fabs(x[i] - exact) / std::fabs(exact);
+    max_rel = std::max(max_rel, rel);
+    sum_rel += rel;
+    ++counted;
+  }
+  CodecError e;
+  e.max = max_rel;
+  e.mean = counted ? sum_rel / static_cast<double>(counted) : 0;
+  b.comm.AllReduce(&e.max, 1, dist::DataType::kF64, dist::ReduceOp::kMax);
+  return e;
+}
+
+// Warm up for iters/10 + 2 runs and at least 100 ms, so caches, socket buffers and the
+// scheduler's placement of the ranks have settled (the MPI and Gloo programs do the same).
+void WarmUp(Bench& b, size_t count, int iters) {
+  int warmup = b.a.warmup >= 0 ? b.a.warmup : iters / 10 + 2;
+  auto warm_start = std::chrono::steady_clock::now();
+  for (int i = 0; i < warmup; ++i) RunOnce(b, count);
+  if (b.a.warmup >= 0) return;
+  // Ranks must agree on the count: rank 0 decides and broadcasts whether to go on.
+  for (;;) {
+    float more = std::chrono::steady_clock::now() - warm_start < std::chrono::milliseconds(100)
+                     ? 1.0f
+                     : 0.0f;
+    b.comm.Broadcast(&more, 1, dist::DataType::kF32, 0);
+    if (more == 0.0f) break;
+    for (int i = 0; i < 10; ++i) RunOnce(b, count);
+  }
+}
+
+// A size's timing: the slowest rank's mean time per iteration and rank 0's CPU time.
+struct Timed {
+  float worst_us = 0;
+  double cpu_us = 0;
+};
+
+Timed TimeSize(Bench& b, size_t count, size_t bytes) {
+  int iters = b.a.iters > 0 ? b.a.iters
+                            : static_cast<int>(std::clamp<size_t>((256u << 20) / bytes, 5, 1000));
+  WarmUp(b, count, iters);
+  b.comm.Barrier();
+  auto t0 = std::chrono::steady_clock::now();
+  const double cpu0 = ProcessCpuMicros();
+  for (int i = 0; i < iters; ++i) RunOnce(b, count);
+  Timed t;
+  t.cpu_us = (ProcessCpuMicros() - cpu0) / iters;
+  double us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+      iters;
+  t.worst_us = static_cast<float>(us);
+  b.comm.AllReduce(&t.worst_us, 1, dist::DataType::kF32, dist::ReduceOp::kMax);
+  return t;
+}
+
+void PrintJsonLine(const nlohmann::ordered_json& j) {
+  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+}
+
+// A compressed all-reduce's row: bandwidths of the f32 bytes, the wire's, and the error.
+void PrintCodecRow(const Bench& b, size_t bytes, const Timed& t, const CodecError& e) {
+  const BenchArgs& a = b.a;
+  const double algbw = static_cast<double>(bytes) / (t.worst_us * 1e-6) / 1e9;
+  const double busbw = algbw * BusFactor(a.op, b.n);
+  const double wire_ratio = dist::CodecBits(b.plan.compression.codec) / 32.0;
+  if (a.json) {
+    nlohmann::ordered_json j;
+    j["op"] = a.op;
+    j["transport"] = b.comm.backend();
+    j["algo"] = "ring";
+    j["codec"] = a.codec;
+    j["rounding"] = a.rounding;
+    j["ranks"] = b.n;
+    j["bytes"] = bytes;
+    j["time_us"] = static_cast<double>(t.worst_us);
+    j["algbw"] = algbw;
+    j["busbw"] = busbw;
+    j["wirebw"] = busbw * wire_ratio;
+    j["cpu_us"] = t.cpu_us;
+    j["max_rel_error"] = e.max;
+    j["mean_rel_error"] = e.mean;
+    PrintJsonLine(j);
+  } else {
+    std::printf("  %12zu  %-17s %12.2f %12.4f %12.4f %12.4f %10.3g %10.3g\n", bytes, "ring",
+                static_cast<double>(t.worst_us), algbw, busbw, busbw * wire_ratio, e.max, e.mean);
+  }
+  std::fflush(stdout);
+}
+
+void PrintRow(const Bench& b, size_t bytes, const std::string& algo_name, const Timed& t) {
+  const BenchArgs& a = b.a;
+  const double algbw = static_cast<double>(bytes) / (t.worst_us * 1e-6) / 1e9;
+  const double busbw = algbw * BusFactor(a.op, b.n);
+  if (a.json) {
+    nlohmann::ordered_json j;
+    j["op"] = a.op;
+    j["transport"] = b.comm.backend();
+    j["memory"] = a.memory;
+    j["algo"] = algo_name;
+    j["ranks"] = b.n;
+    j["bytes"] = bytes;
+    j["time_us"] = static_cast<double>(t.worst_us);
+    j["algbw"] = algbw;
+    j["busbw"] = busbw;
+    j["cpu_us"] = t.cpu_us;
+    PrintJsonLine(j);
+  } else {
+    std::printf("  %12zu  %-17s %12.2f %12.4f %12.4f\n", bytes, algo_name.c_str(),
+                static_cast<double>(t.worst_us), algbw, busbw);
+  }
+  std::fflush(stdout);
+}
+
+// One size: the optional check, the codec's error, then the timed runs on Fill's data.
+void RunSize(Bench& b, size_t requested) {
+  const bool per_rank = b.a.op == "allgather" || b.a.op == "reducescatter";
+  const size_t esize = dist::DataTypeSize(b.plan.type);
+  const size_t parts = per_rank ? static_cast<size_t>(b.n) : 1;
+  const size_t count = requested / esize / parts;
+  const size_t bytes = count * esize * parts;
+  if (count == 0) return;
+  const std::string algo_name = AlgoName(b, bytes);
+  if (b.a.check) CheckResult(b, count, bytes);
+  const CodecError error = b.plan.compressed ? MeasureCodecError(b, count) : CodecError{};
+  Fill(b.in, b.plan.type, b.rank);
+  const Timed t = TimeSize(b, count, bytes);
+  if (b.rank != 0) return;
+  if (b.plan.compressed) {
+    PrintCodecRow(b, bytes, t, error);
+  } else {
+    PrintRow(b, bytes, algo_name, t);
+  }
+}
+
+void RunBench(const BenchArgs& a) {
+  if (a.codec == "auto") {
+    RunAutoPlan(a);
+    return;
+  }
+  const CommPlan plan = ParsePlan(a);
+  auto comm = JoinJob(a);
   // One pair of buffers for every size, allocated once, as the trainer's gradient block is.
-  Buffer in = MakeBuffer(*comm, sizes.back() + 64, a.memory == "registered");
-  Buffer out = MakeBuffer(*comm, sizes.back() + 64, a.memory == "registered");
-  const double wire_ratio = compressed ? dist::CodecBits(compression.codec) / 32.0 : 1.0;
-  if (rank == 0 && !a.json) {
-    std::printf("# cortado bench comm: %s, %d rank(s), transport %s, %s memory, %s, %s%s\n",
-                a.op.c_str(), n, comm->backend(), a.memory.c_str(), a.dtype.c_str(), reduce.c_str(),
-                compressed ? (", codec " + a.codec + " (" + a.rounding + ")").c_str() : "");
-    if (compressed) {
-      std::printf("# %12s  %-17s %12s %12s %12s %12s %10s %10s\n", "bytes", "algo", "time_us",
-                  "algbw GB/s", "busbw GB/s", "wire GB/s", "max_rel", "mean_rel");
-    } else {
-      std::printf("# %12s  %-17s %12s %12s %12s\n", "bytes", "algo", "time_us", "algbw GB/s",
-                  "busbw GB/s");
-    }
-    std::fflush(stdout);
-  }
-  for (size_t requested : sizes) {
-    size_t count = requested / esize / (per_rank ? static_cast<size_t>(n) : 1);
-    size_t bytes = count * esize * (per_rank ? static_cast<size_t>(n) : 1);
-    if (count == 0) continue;
-    std::string algo_name = a.op == "allreduce"
-                                ? comm->AllReduceAlgorithmFor(bytes, algo, in.data())
-                            : a.op == "broadcast" ? comm->BroadcastAlgorithmFor(bytes, algo)
-                            : n == 1              ? "local"
-                            : std::string(comm->backend()) == "mpi" ? "mpi"
-                                                                    : "ring";
-    double max_error = 0, mean_error = 0;
-    auto run_once = [&] {
-      if (compressed) {
-        comm->AllReduceCompressed(reinterpret_cast<float*>(in.data()), count, rop, compression);
-      } else if (a.op == "allreduce") {
-        comm->AllReduce(in.data(), count, type, rop, algo);
-      } else if (a.op == "broadcast") {
-        comm->Broadcast(in.data(), count, type, 0, algo);
-      } else if (a.op == "allgather") {
-        comm->AllGather(in.data(), out.data(), count, type);
-      } else {
-        comm->ReduceScatter(in.data(), out.data(), count, type, rop);
-      }
-    };
-    if (a.check) {
-      // One verified run on known data before timing.
-      Fill(in, type, rank);
-      run_once();
-      const Buffer& res = (a.op == "allgather" || a.op == "reducescatter") ? out : in;
-      size_t check_count = a.op == "allgather" ? count * static_cast<size_t>(n) : count;
-      for (size_t i = 0; i < check_count; ++i) {
-        float want = 0;
-        if (a.op == "broadcast") {
-          want = static_cast<float>(i % 7);
-        } else if (a.op == "allgather") {
-          want = static_cast<float>((i % count + i / count) % 7);
-        } else {
-          size_t base = a.op == "reducescatter" ? i + static_cast<size_t>(rank) * count : i;
-          float sum = 0, mx = 0;
-          for (int r = 0; r < n; ++r) {
-            float v = static_cast<float>((base + static_cast<size_t>(r)) % 7);
-            sum += v;
-            mx = std::max(mx, v);
-          }
-          want = rop == dist::ReduceOp::kMax ? mx : rop == dist::ReduceOp::kAvg ? sum / n : sum;
-        }
-        float got = ValueAt(res, type, i);
-        if (std::fabs(got - want) > 1e-2f * std::max(1.0f, std::fabs(want))) {
-          Fail("bench comm --check: ", a.op, " of ", bytes, " bytes: element ", i, " is ", got,
-               ", expected ", want, " (rank ", rank, ")");
-        }
-      }
-    }
-    if (compressed) {
-      // Accuracy against the exact average of random-like inputs, before timing.
-      float* x = reinterpret_cast<float*>(in.data());
-      for (size_t i = 0; i < count; ++i) x[i] = CodecInput(rank, i);
-      run_once();
-      double max_rel = 0, sum_rel = 0;
-      size_t counted = 0;
-      for (size_t i = 0; i < count; ++i) {
-        double exact = 0;
-        for (int r = 0; r < n; ++r) exact += CodecInput(r, i);
-        exact = rop == dist::ReduceOp::kAvg ? exact / n : exact;
-        if (exact == 0) continue;
-        const double rel = std::fabs(x[i] - exact) / std::fabs(exact);
-        max_rel = std::max(max_rel, rel);
-        sum_rel += rel;
-        ++counted;
-      }
-      max_error = max_rel;
-      mean_error = counted ? sum_rel / static_cast<double>(counted) : 0;
-      comm->AllReduce(&max_error, 1, dist::DataType::kF64, dist::ReduceOp::kMax);
-    }
-    Fill(in, type, rank);
-    int iters =
-        a.iters > 0 ? a.iters : static_cast<int>(std::clamp<size_t>((256u << 20) / bytes, 5, 1000));
-    // Warm up for iters/10 + 2 runs and at least 100 ms, so caches, socket buffers and the
-    // scheduler's placement of the ranks have settled (the MPI and Gloo programs do the same).
-    int warmup = a.warmup >= 0 ? a.warmup : iters / 10 + 2;
-    auto warm_start = std::chrono::steady_clock::now();
-    for (int i = 0; i < warmup; ++i) run_once();
-    if (a.warmup < 0) {
-      // Ranks must agree on the count: rank 0 decides and broadcasts whether to go on.
-      for (;;) {
-        float more = std::chrono::steady_clock::now() - warm_start < std::chrono::milliseconds(100)
-                         ? 1.0f
-                         : 0.0f;
-        comm->Broadcast(&more, 1, dist::DataType::kF32, 0);
-        if (more == 0.0f) break;
-        for (int i = 0; i < 10; ++i) run_once();
-      }
-    }
-    comm->Barrier();
-    auto t0 = std::chrono::steady_clock::now();
-    const double cpu0 = ProcessCpuMicros();
-    for (int i = 0; i < iters; ++i) run_once();
-    const double cpu_us = (ProcessCpuMicros() - cpu0) / iters;
-    double us =
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
-        iters;
-    float worst = static_cast<float>(us);
-    comm->AllReduce(&worst, 1, dist::DataType::kF32, dist::ReduceOp::kMax);
-    double algbw = static_cast<double>(bytes) / (worst * 1e-6) / 1e9;
-    double busbw = algbw * BusFactor(a.op, n);
-    if (rank == 0 && compressed) {
-      if (a.json) {
-        nlohmann::ordered_json j;
-        j["op"] = a.op;
-        j["transport"] = comm->backend();
-        j["algo"] = "ring";
-        j["codec"] = a.codec;
-        j["rounding"] = a.rounding;
-        j["ranks"] = n;
-        j["bytes"] = bytes;
-        j["time_us"] = static_cast<double>(worst);
-        j["algbw"] = algbw;
-        j["busbw"] = busbw;
-        j["wirebw"] = busbw * wire_ratio;
-        j["cpu_us"] = cpu_us;
-        j["max_rel_error"] = max_error;
-        j["mean_rel_error"] = mean_error;
-        std::printf("%s\n",
-                    j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-      } else {
-        std::printf("  %12zu  %-17s %12.2f %12.4f %12.4f %12.4f %10.3g %10.3g\n", bytes, "ring",
-                    static_cast<double>(worst), algbw, busbw, busbw * wire_ratio, max_error,
-                    mean_error);
-      }
-      std::fflush(stdout);
-    } else if (rank == 0) {
-      if (a.json) {
-        nlohmann::ordered_json j;
-        j["op"] = a.op;
-        j["transport"] = comm->backend();
-        j["memory"] = a.memory;
-        j["algo"] = algo_name;
-        j["ranks"] = n;
-        j["bytes"] = bytes;
-        j["time_us"] = static_cast<double>(worst);
-        j["algbw"] = algbw;
-        j["busbw"] = busbw;
-        j["cpu_us"] = cpu_us;
-        std::printf("%s\n",
-                    j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-      } else {
-        std::printf("  %12zu  %-17s %12.2f %12.4f %12.4f\n", bytes, algo_name.c_str(),
-                    static_cast<double>(worst), algbw, busbw);
-      }
-      std::fflush(stdout);
-    }
-  }
+  const bool registered = a.memory == "registered";
+  Bench b{a,
+          plan,
+          *comm,
+          MakeBuffer(*comm, plan.sizes.back() + 64, registered),
+          MakeBuffer(*comm, plan.sizes.back() + 64, registered),
+          comm->size(),
+          comm->rank()};
+  if (b.rank == 0 && !a.json) PrintHeader(b);
+  for (size_t requested : plan.sizes) RunSize(b, requested);
   comm->Barrier();
 }
 
