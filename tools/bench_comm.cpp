@@ -89,12 +89,9 @@ double ParseLinkRate(const std::string& text) {
   return bytes_per_s;
 }
 
-// The plan of `distributed.codec: auto` for a.model on a link of a.link.
-void RunAutoPlan(const BenchArgs& a) {
-  const double rate = ParseLinkRate(a.link);
-  if (a.threads > 0) SetNumThreads(a.threads);
-  // ImageNet-style models on 224x224 images of 1000 classes, the others on 32x32 of 10 (the
-  // shapes of scripts/bench/scaling.sh).
+// The shapes the plan is made for: ImageNet-style models on 224x224 images of 1000 classes, the
+// others on 32x32 of 10 (the shapes of scripts/bench/scaling.sh).
+ModelOptions AutoPlanShapes(const BenchArgs& a) {
   const bool imagenet = a.model.rfind("vgg", 0) == 0 || a.model == "resnet18" ||
                         a.model == "resnet34" || a.model == "resnet50" || a.model == "resnet101" ||
                         a.model == "resnet152";
@@ -103,27 +100,20 @@ void RunAutoPlan(const BenchArgs& a) {
   mo.in_channels = 3;
   mo.height = mo.width = imagenet ? 224 : 32;
   mo.num_classes = mo.height == 224 ? 1000 : 10;
-  Net net(ParseFlag("--model", [&] { return BuildModel(a.model, mo); }), 1);
-  auto comm = dist::CreateCommunicator(dist::CommConfig{});  // alone: only timing is measured
-  CodecPolicy policy;
-  policy.codec = "auto";
-  ApplyCodecPolicy(net, policy);
-  DataParallelOptions o;
-  o.bucket_mb = a.bucket_mb;
-  o.auto_codec.enabled = true;
-  o.auto_codec.warmup_steps = 3;  // the first is left out
-  o.auto_codec.interval = 0;
-  o.auto_codec.plan_world_size = a.ranks;
-  o.auto_codec.link_override = {{0, rate}};
-  DataParallel dp(net, *comm, o);
+  return mo;
+}
+
+// Trains `steps` steps on random data, so that dp measures when backward makes each bucket
+// ready and makes its plan after them.
+void RunPlanSteps(Net& net, DataParallel& dp, int64_t num_classes, int64_t steps) {
   Rng rng(1);
-  for (int step = 0; step < o.auto_codec.warmup_steps; ++step) {
+  for (int step = 0; step < steps; ++step) {
     Tensor& x = net.input("data");
     for (int64_t i = 0; i < x.numel(); ++i)
       x.data<float>()[i] = static_cast<float>(rng.Normal(0, 1));
     Tensor& label = net.input("label");
     for (int64_t i = 0; i < label.numel(); ++i) {
-      label.data<int32_t>()[i] = static_cast<int32_t>(i % mo.num_classes);
+      label.data<int32_t>()[i] = static_cast<int32_t>(i % num_classes);
     }
     dp.BeginStep(step);
     const double loss = net.Forward();
@@ -131,6 +121,10 @@ void RunAutoPlan(const BenchArgs& a) {
     net.Backward();
     dp.FinishStep();
   }
+}
+
+// The plan: one JSON object, or a heading and one line per bucket.
+void PrintAutoPlan(const BenchArgs& a, double rate, const DataParallel& dp) {
   const auto& buckets = dp.buckets();
   if (a.json) {
     nlohmann::ordered_json j;
@@ -159,6 +153,28 @@ void RunAutoPlan(const BenchArgs& a) {
                 static_cast<long long>((b.end - b.begin) * 4), dist::CodecName(b.codec),
                 b.first.c_str(), b.last.c_str());
   }
+}
+
+// The plan of `distributed.codec: auto` for a.model on a link of a.link.
+void RunAutoPlan(const BenchArgs& a) {
+  const double rate = ParseLinkRate(a.link);
+  if (a.threads > 0) SetNumThreads(a.threads);
+  const ModelOptions mo = AutoPlanShapes(a);
+  Net net(ParseFlag("--model", [&] { return BuildModel(a.model, mo); }), 1);
+  auto comm = dist::CreateCommunicator(dist::CommConfig{});  // alone: only timing is measured
+  CodecPolicy policy;
+  policy.codec = "auto";
+  ApplyCodecPolicy(net, policy);
+  DataParallelOptions o;
+  o.bucket_mb = a.bucket_mb;
+  o.auto_codec.enabled = true;
+  o.auto_codec.warmup_steps = 3;  // the first is left out
+  o.auto_codec.interval = 0;
+  o.auto_codec.plan_world_size = a.ranks;
+  o.auto_codec.link_override = {{0, rate}};
+  DataParallel dp(net, *comm, o);
+  RunPlanSteps(net, dp, mo.num_classes, o.auto_codec.warmup_steps);
+  PrintAutoPlan(a, rate, dp);
 }
 
 // A buffer of the benchmark: from the communicator's AllocateRegistered, or plain heap memory.
