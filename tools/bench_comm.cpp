@@ -563,6 +563,20 @@ void RunBench(const BenchArgs& a) {
   comm->Barrier();
 }
 
+// The options of --codec auto only (the plan for a model and a link); registered in their
+// place among the others, so the help lists them in the same order.
+void AddAutoPlanOptions(CLI::App& cmd, BenchArgs& args) {
+  cmd.add_option("--model", args.model, "With --codec auto: the model to plan for");
+  cmd.add_option("--batch", args.batch, "With --codec auto: per-rank batch")->check(IntAtLeast(1));
+  cmd.add_option("--link", args.link,
+                 "With --codec auto: the link's rate (100mbit, 1gbit, ... or bytes/s)");
+  cmd.add_option("--ranks", args.ranks, "With --codec auto: ranks of the job planned for")
+      ->check(IntAtLeast(2));
+  cmd.add_option("--threads", args.threads, "With --codec auto: compute threads (0: default)")
+      ->check(IntAtLeast(0));
+  cmd.add_option("--bucket-mb", args.bucket_mb, "With --codec auto: distributed.bucket_mb");
+}
+
 }  // namespace
 
 void AddBenchCommCommand(CLI::App& bench) {
@@ -596,16 +610,7 @@ void AddBenchCommCommand(CLI::App& bench) {
                   "trainer's gradients (over UCX on one host: shared memory, so large "
                   "all-reduces run 'direct'); plain: heap memory (the ring)")
       ->check(OneOf({"registered", "plain"}));
-  cmd->add_option("--model", args->model, "With --codec auto: the model to plan for");
-  cmd->add_option("--batch", args->batch, "With --codec auto: per-rank batch")
-      ->check(IntAtLeast(1));
-  cmd->add_option("--link", args->link,
-                  "With --codec auto: the link's rate (100mbit, 1gbit, ... or bytes/s)");
-  cmd->add_option("--ranks", args->ranks, "With --codec auto: ranks of the job planned for")
-      ->check(IntAtLeast(2));
-  cmd->add_option("--threads", args->threads, "With --codec auto: compute threads (0: default)")
-      ->check(IntAtLeast(0));
-  cmd->add_option("--bucket-mb", args->bucket_mb, "With --codec auto: distributed.bucket_mb");
+  AddAutoPlanOptions(*cmd, *args);
   cmd->add_option("--codec", args->codec,
                   "All-reduce in a gradient codec: f32, f16, bf16, epgc11, epgc9, epgc8; "
                   "auto: report the plan of distributed.codec: auto for --model and --link "
