@@ -94,4 +94,42 @@ BucketPlan PlanBuckets(const std::vector<BucketedParam>& order, const BucketSize
   return plan;
 }
 
+std::vector<IssueRun> MergeRuns(const std::vector<double>& bytes,
+                                const std::vector<bool>& mergeable, const BucketSizes& sizes) {
+  CORTADO_CHECK(bytes.size() == mergeable.size(), "MergeRuns: ", bytes.size(), " sizes but ",
+                mergeable.size(), " flags");
+  const size_t n = bytes.size();
+  const double mb = 1048576.0;
+  // Extends a run from `at` in direction `step` while the buckets are mergeable and the run
+  // stays within `limit` bytes; returns one past the last bucket taken (in that direction).
+  const auto extend = [&](size_t at, int step, size_t stop, double limit) {
+    size_t i = at;
+    double total = 0;
+    while (i != stop && mergeable[i] && (i == at || total + bytes[i] <= limit)) {
+      total += bytes[i];
+      i = step > 0 ? i + 1 : i - 1;
+    }
+    return i;
+  };
+  std::vector<IssueRun> runs;
+  if (n == 0) return runs;
+  const size_t head = mergeable[0] ? extend(0, 1, n, sizes.first_bucket_mb * mb) : 1;
+  runs.push_back({0, head});
+  size_t tail = n;  // the last run is [tail, n)
+  if (head < n && mergeable[n - 1]) {
+    // extend() walks down from n - 1 and stops at the bucket it does not take.
+    const size_t below = extend(n - 1, -1, head - 1, sizes.last_bucket_mb * mb);
+    tail = below + 1;
+  } else if (head < n) {
+    tail = n - 1;
+  }
+  for (size_t i = head; i < tail;) {
+    const size_t end = mergeable[i] ? extend(i, 1, tail, sizes.bucket_mb * mb) : i + 1;
+    runs.push_back({i, end});
+    i = end;
+  }
+  if (tail < n) runs.push_back({tail, n});
+  return runs;
+}
+
 }  // namespace cortado

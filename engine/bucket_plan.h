@@ -54,4 +54,18 @@ struct BucketPlan {
 BucketPlan PlanBuckets(const std::vector<BucketedParam>& order, const BucketSizes& sizes,
                        int64_t element_bytes);
 
+// Buckets [begin, end) issued as one all-reduce over their joined range of the block.
+struct IssueRun {
+  size_t begin = 0, end = 0;
+};
+
+// Under `distributed.codec: auto` buckets are cut where a codec could change, and a plan that
+// keeps neighbours in f32 would otherwise pay one all-reduce (its latency, its wake-ups) per
+// small bucket: consecutive mergeable buckets (f32 without a residual) join, by the rules
+// PlanBuckets cuts by: the first run up to first_bucket_mb, the last up to last_bucket_mb, the
+// middle ones up to bucket_mb (a bucket larger than its limit runs alone). A bucket that is not
+// mergeable runs alone. `bytes`: each bucket's size in bytes.
+std::vector<IssueRun> MergeRuns(const std::vector<double>& bytes,
+                                const std::vector<bool>& mergeable, const BucketSizes& sizes);
+
 }  // namespace cortado

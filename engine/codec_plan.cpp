@@ -23,6 +23,8 @@ void CheckInput(const CodecPlanInput& in) {
                 "codec plan: the link's rate must be positive (", in.link.bytes_per_s,
                 " B/s) and its latency not negative (", in.link.latency_s, " s)");
   CORTADO_CHECK(in.world_size >= 2, "codec plan: needs 2 or more ranks, got ", in.world_size);
+  CORTADO_CHECK(in.hiding_fraction > 0 && in.hiding_fraction <= 1,
+                "codec plan: the hiding fraction must be in (0, 1], got ", in.hiding_fraction);
 }
 
 }  // namespace
@@ -34,19 +36,41 @@ double LinkModel::AllReduceSeconds(double bytes, int world_size) const {
 
 namespace {
 
-// Predicted transfers of every bucket in its codec, queued in bucket order.
+// Predicted transfers of every bucket in its codec, queued in bucket order (in runs with
+// merge_f32); each ready time counts `fraction` of its hiding time.
 std::vector<PlannedBucket> Schedule(const CodecPlanInput& in,
-                                    const std::vector<dist::CodecKind>& codecs) {
-  std::vector<PlannedBucket> plan(in.buckets.size());
-  double link_free_at = 0;  // when the previous bucket's transfer finishes
-  for (size_t b = 0; b < in.buckets.size(); ++b) {
-    PlannedBucket& p = plan[b];
-    p.codec = in.buckets[b].fixed ? in.buckets[b].codec : codecs[b];
-    p.start_s = std::max(in.buckets[b].ready_s, link_free_at);
-    p.finish_s = p.start_s + in.link.AllReduceSeconds(
-                                 EncodedBytes(p.codec, in.buckets[b].f32_bytes), in.world_size);
-    p.hidden = p.finish_s <= in.backward_end_s;
-    link_free_at = p.finish_s;
+                                    const std::vector<dist::CodecKind>& codecs, double fraction) {
+  const size_t n = in.buckets.size();
+  std::vector<PlannedBucket> plan(n);
+  std::vector<double> bytes(n);
+  std::vector<bool> f32(n);
+  for (size_t b = 0; b < n; ++b) {
+    plan[b].codec = in.buckets[b].fixed ? in.buckets[b].codec : codecs[b];
+    bytes[b] = EncodedBytes(plan[b].codec, in.buckets[b].f32_bytes);
+    f32[b] = plan[b].codec == dist::CodecKind::kF32;
+  }
+  std::vector<IssueRun> runs;
+  if (in.merge_f32) {
+    runs = MergeRuns(bytes, f32, in.merge_sizes);
+  } else {
+    for (size_t b = 0; b < n; ++b) runs.push_back({b, b + 1});
+  }
+  double link_free_at = 0;  // when the previous run's transfer finishes
+  for (const IssueRun& run : runs) {
+    double ready = 0, run_bytes = 0;
+    for (size_t b = run.begin; b < run.end; ++b) {
+      const double hiding = std::max(0.0, in.backward_end_s - in.buckets[b].ready_s);
+      ready = std::max(ready, in.buckets[b].ready_s + (1 - fraction) * hiding);
+      run_bytes += bytes[b];
+    }
+    const double start = std::max(ready, link_free_at);
+    const double finish = start + in.link.AllReduceSeconds(run_bytes, in.world_size);
+    for (size_t b = run.begin; b < run.end; ++b) {
+      plan[b].start_s = start;
+      plan[b].finish_s = finish;
+      plan[b].hidden = finish <= in.backward_end_s;
+    }
+    link_free_at = finish;
   }
   return plan;
 }
@@ -61,15 +85,16 @@ std::vector<PlannedBucket> PlanCodecs(const CodecPlanInput& in) {
   CheckInput(in);
   std::vector<dist::CodecKind> codecs(in.buckets.size(), in.candidates.back());
   // A tiny slack so that rounding in the sums never rejects a choice that ties the limit.
-  const double limit = std::max(End(Schedule(in, codecs)), in.backward_end_s) * (1 + 1e-12);
+  const double f = in.hiding_fraction;
+  const double limit = std::max(End(Schedule(in, codecs, f)), in.backward_end_s) * (1 + 1e-12);
   for (size_t b = 0; b < codecs.size(); ++b) {
     if (in.buckets[b].fixed) continue;
     for (dist::CodecKind codec : in.candidates) {  // widest first; the narrowest always fits
       codecs[b] = codec;
-      if (End(Schedule(in, codecs)) <= limit) break;
+      if (End(Schedule(in, codecs, f)) <= limit) break;
     }
   }
-  return Schedule(in, codecs);
+  return Schedule(in, codecs, 1.0);
 }
 
 std::vector<PlannedBucket> ScheduleCodecs(const CodecPlanInput& in,
@@ -77,7 +102,13 @@ std::vector<PlannedBucket> ScheduleCodecs(const CodecPlanInput& in,
   CheckInput(in);
   CORTADO_CHECK(codecs.size() == in.buckets.size(), "codec plan: ", in.buckets.size(),
                 " buckets but ", codecs.size(), " codecs");
-  return Schedule(in, codecs);
+  return Schedule(in, codecs, 1.0);
+}
+
+double NextHidingFraction(double fraction, double exposed_s, double predicted_s,
+                          double backward_end_s) {
+  if (exposed_s - predicted_s <= 0.05 * backward_end_s + 1e-3) return fraction;
+  return std::max(0.05, 0.75 * fraction);
 }
 
 std::vector<dist::CodecKind> Widen(const std::vector<dist::CodecKind>& codecs,

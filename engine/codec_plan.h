@@ -16,6 +16,17 @@
 // first-ready bucket keeps the most, and the queue pushes the later ones narrower; the last
 // bucket, ready when backward ends, gets the narrowest unless its transfer is free.
 //
+// Margin. The hiding times are measured in the warmup, with every bucket in the widest
+// candidate beside backward; under a narrower plan backward runs at another speed, and a plan
+// that fills every hiding time exactly exposes whatever the measurement missed. The choice
+// therefore counts on hiding_fraction of each bucket's measured hiding time (its ready time
+// moved that much closer to the end of backward); predictions (PlannedBucket, ScheduleCodecs)
+// use the measured times as they are.
+//
+// Runs. Under `codec: auto` consecutive f32 buckets are issued as one all-reduce (MergeRuns,
+// engine/bucket_plan.h); with merge_f32 the queue is one of runs: a run starts when its last
+// bucket is ready and carries the bytes of all of them.
+//
 // Guard. A lossy codec's error-feedback residual grows relative to the gradient where the codec
 // is too coarse for the bucket's values; Widen moves each bucket whose measured ratio exceeds the
 // limit one candidate wider.
@@ -25,6 +36,7 @@
 #include <vector>
 
 #include "cortado/dist/codec.h"
+#include "engine/bucket_plan.h"
 
 namespace cortado {
 
@@ -52,6 +64,9 @@ struct CodecPlanInput {
   int world_size = 2;
   LinkModel link;
   std::vector<dist::CodecKind> candidates;  // widest first, e.g. f32, bf16, epgc11, epgc8
+  double hiding_fraction = 1.0;  // of each measured hiding time the choice counts on, (0, 1]
+  bool merge_f32 = false;        // consecutive f32 buckets travel as one all-reduce...
+  BucketSizes merge_sizes;       // ... joined by these sizes (MergeRuns)
 };
 
 struct PlannedBucket {
@@ -61,13 +76,20 @@ struct PlannedBucket {
 };
 
 // Throws naming what is wrong: no candidates, a candidate list not ordered widest first, a
-// non-positive rate or world size.
+// non-positive rate or world size, a hiding fraction outside (0, 1].
 std::vector<PlannedBucket> PlanCodecs(const CodecPlanInput& input);
 
 // The predicted transfers of the buckets in the given codecs (one per bucket; fixed buckets
 // travel in theirs whatever `codecs` says), queued as PlanCodecs queues them.
 std::vector<PlannedBucket> ScheduleCodecs(const CodecPlanInput& input,
                                           const std::vector<dist::CodecKind>& codecs);
+
+// The hiding fraction after a check that measured `exposed_s` of communication past the end of
+// backward (backward_end_s) where the plan predicted `predicted_s` from the same measurements:
+// a quarter lower when the excess is more than 5% of backward plus 1 ms (the plan counted on
+// hiding that was not there), else unchanged; never below 0.05.
+double NextHidingFraction(double fraction, double exposed_s, double predicted_s,
+                          double backward_end_s);
 
 // One candidate wider for every bucket whose residual ratio (error-feedback residual norm over
 // gradient norm) is above max_ratio; buckets already in the widest stay.

@@ -194,6 +194,9 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
       if (auto_bucket_[b]) buckets_[b].codec = ac.candidates.front();
     }
     floor_.assign(buckets_.size(), ac.candidates.size() - 1);
+    CORTADO_CHECK(ac.hiding_fraction > 0 && ac.hiding_fraction <= 1,
+                  "distributed.auto_hiding_fraction must be in (0, 1], got ", ac.hiding_fraction);
+    hiding_fraction_ = ac.hiding_fraction;
     samples_.ready_s.assign(buckets_.size(), {});
     samples_.transfer_s.assign(buckets_.size(), {});
     measured_transfer_s_.assign(buckets_.size(), 0.0);
@@ -220,8 +223,7 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
     order[i]->grad = block_.View(order[i]->grad.shape(), offset[i]);
   }
   pending_.assign(buckets_.size(), 0);
-  work_.assign(buckets_.size(), nullptr);
-  queued_at_.resize(buckets_.size());
+  CutRuns();
   ready_at_.resize(buckets_.size());
   ready_seen_.assign(buckets_.size(), false);
   net_.set_grad_ready_hook(
@@ -291,11 +293,9 @@ void DataParallel::VerifySameJob(const std::string& description) {
 void DataParallel::BeginStep(int64_t step) {
   step_ = step;
   WaitAll(true);  // nothing may still write the block (a step that failed halfway)
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    pending_[b] = buckets_[b].params;
-    work_[b].reset();
-  }
-  next_issue_ = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].params;
+  for (auto& w : work_) w.reset();
+  next_run_ = 0;
   step_start_ = Trace::Clock::now();
   std::fill(ready_seen_.begin(), ready_seen_.end(), false);
   SetControlWord(0, 0.0);
@@ -324,8 +324,7 @@ void DataParallel::DiscardStep() {
 }
 
 void DataParallel::SetControl(double loss, bool stop_vote) {
-  CORTADO_CHECK(next_issue_ < buckets_.size(),
-                "SetControl after the last gradient bucket was issued");
+  CORTADO_CHECK(next_run_ < runs_.size(), "SetControl after the last gradient bucket was issued");
   SetControlWord(0, stop_vote ? 1.0 : 0.0);
   SetControlWord(1, loss);
 }
@@ -350,23 +349,52 @@ void DataParallel::OnGradientsReady(std::vector<Param>& params) {
       ready_seen_[it->second] = true;
     }
   }
-  if (options_.overlap) IssueReadyBuckets();
+  if (options_.overlap) IssueReadyRuns();
 }
 
-void DataParallel::IssueReadyBuckets() {
-  while (next_issue_ < buckets_.size() && pending_[next_issue_] == 0) Issue(next_issue_++);
+void DataParallel::CutRuns() {
+  runs_.clear();
+  if (options_.auto_codec.enabled) {
+    std::vector<double> bytes;
+    std::vector<bool> f32;
+    for (const Bucket& b : buckets_) {
+      bytes.push_back(static_cast<double>(b.end - b.begin) * DTypeSize(block_.dtype()));
+      f32.push_back(b.codec == dist::CodecKind::kF32);
+    }
+    runs_ = MergeRuns(
+        bytes, f32,
+        BucketSizes{options_.bucket_mb, options_.first_bucket_mb, options_.last_bucket_mb});
+  } else {
+    for (size_t b = 0; b < buckets_.size(); ++b) runs_.push_back({b, b + 1});
+  }
+  work_.assign(runs_.size(), nullptr);
+  queued_at_.resize(runs_.size());
 }
 
-void DataParallel::Issue(size_t b) {
+void DataParallel::IssueReadyRuns() {
+  while (next_run_ < runs_.size()) {
+    const IssueRun& run = runs_[next_run_];
+    for (size_t b = run.begin; b < run.end; ++b) {
+      if (pending_[b] != 0) return;
+    }
+    Issue(next_run_++);
+  }
+}
+
+void DataParallel::Issue(size_t r) {
+  // A run of several buckets is f32 (MergeRuns joins only those): one all-reduce over their
+  // joined range. A compressed bucket runs alone, and its stream is seeded by its index.
+  const size_t b = runs_[r].begin;
   const Bucket& bucket = buckets_[b];
   const size_t esize = DTypeSize(block_.dtype());
   char* base = static_cast<char*>(block_.raw_data()) + static_cast<size_t>(bucket.begin) * esize;
-  const size_t count = static_cast<size_t>(bucket.end - bucket.begin);
-  queued_at_[b] = Trace::Clock::now();
+  const size_t count = static_cast<size_t>(buckets_[runs_[r].end - 1].end - bucket.begin);
+  queued_at_[r] = Trace::Clock::now();
   if (bucket.codec == dist::CodecKind::kF32) {
-    work_[b] = comm_.AllReduceAsync(base, count, wire_type_, dist::ReduceOp::kAvg);
+    work_[r] = comm_.AllReduceAsync(base, count, wire_type_, dist::ReduceOp::kAvg);
     return;
   }
+  CORTADO_ASSERT(runs_[r].end == b + 1);
   dist::Compression compression;
   compression.codec = bucket.codec;
   compression.rounding = options_.rounding;
@@ -375,7 +403,7 @@ void DataParallel::Issue(size_t b) {
   h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull + b;
   compression.seed = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
   if (UsesFeedback(bucket.codec)) compression.residual = residual_.data<float>() + bucket.begin;
-  work_[b] = comm_.AllReduceCompressedAsync(reinterpret_cast<float*>(base), count,
+  work_[r] = comm_.AllReduceCompressedAsync(reinterpret_cast<float*>(base), count,
                                             dist::ReduceOp::kAvg, compression);
 }
 
@@ -394,8 +422,9 @@ double DataParallel::wire_bytes_per_step() const {
 std::string DataParallel::bucket_algorithms() const {
   std::vector<std::string> seen;
   const size_t esize = DTypeSize(block_.dtype());
-  for (const Bucket& b : buckets_) {
-    const size_t bytes = static_cast<size_t>(b.end - b.begin) * esize;
+  for (const IssueRun& run : runs_) {
+    const Bucket& b = buckets_[run.begin];
+    const size_t bytes = static_cast<size_t>(buckets_[run.end - 1].end - b.begin) * esize;
     const char* at = static_cast<const char*>(block_.raw_data()) + b.begin * esize;
     std::string algo = b.codec != dist::CodecKind::kF32
                            ? "compressed ring"
@@ -504,7 +533,7 @@ DataParallel::StepResult DataParallel::FinishStep() {
   const auto t0 = Trace::Clock::now();
   // Backward has returned: every gradient is final, whatever the hook saw.
   std::fill(pending_.begin(), pending_.end(), 0);
-  IssueReadyBuckets();
+  IssueReadyRuns();
   WaitAll(true);
   const auto t1 = Trace::Clock::now();
   last_wait_s_ = std::chrono::duration<double>(t1 - t0).count();
@@ -516,15 +545,17 @@ DataParallel::StepResult DataParallel::FinishStep() {
   }
   if (trace_ != nullptr) {
     const double esize = static_cast<double>(DTypeSize(block_.dtype()));
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      const dist::Work& w = *work_[b];
+    for (size_t r = 0; r < runs_.size(); ++r) {
+      const dist::Work& w = *work_[r];
       const dist::ThreadCpu cpu = w.cpu();
+      const size_t b = runs_[r].begin, last = runs_[r].end - 1;
       trace_->Add(
-          TraceTrack::kGradients, StrCat("all-reduce bucket ", b), "comm", queued_at_[b],
-          w.finished_at(),
-          {{"bytes", (buckets_[b].end - buckets_[b].begin) * esize},
+          TraceTrack::kGradients,
+          b == last ? StrCat("all-reduce bucket ", b) : StrCat("all-reduce buckets ", b, "-", last),
+          "comm", queued_at_[r], w.finished_at(),
+          {{"bytes", (buckets_[last].end - buckets_[b].begin) * esize},
            {"queued_ms",
-            std::chrono::duration<double, std::milli>(w.started_at() - queued_at_[b]).count()},
+            std::chrono::duration<double, std::milli>(w.started_at() - queued_at_[r]).count()},
            {"cpu_ms", 1000 * cpu.total_s},
            {"user_ms", 1000 * cpu.user_s},
            {"system_ms", 1000 * cpu.system_s},
@@ -611,6 +642,24 @@ void DataParallel::MeasureStep(Trace::Clock::time_point backward_end) {
     const double esize = static_cast<double>(DTypeSize(block_.dtype()));
     const double ring = 2.0 * (comm_.size() - 1) / comm_.size();
     double ready = 0;
+    std::vector<double> run_seconds(buckets_.size(), 0.0);
+    for (size_t r = 0; r < runs_.size(); ++r) {
+      const dist::Work& w = *work_[r];
+      const double seconds =
+          std::chrono::duration<double>(w.finished_at() - w.started_at()).count();
+      double bytes = 0;
+      for (size_t b = runs_[r].begin; b < runs_[r].end; ++b) {
+        run_seconds[b] = seconds;
+        const size_t count = static_cast<size_t>(buckets_[b].end - buckets_[b].begin);
+        bytes += buckets_[b].codec == dist::CodecKind::kF32
+                     ? static_cast<double>(count) * esize
+                     : static_cast<double>(dist::EncodedBytes(buckets_[b].codec, count));
+      }
+      if (bytes > 0) {
+        samples_.ring_bytes.push_back(ring * bytes);
+        samples_.seconds.push_back(seconds);
+      }
+    }
     for (size_t b = 0; b < buckets_.size(); ++b) {
       // A bucket without parameters (the control words) is ready with the one before it; one
       // that the hook did not complete, when backward returned.
@@ -622,29 +671,18 @@ void DataParallel::MeasureStep(Trace::Clock::time_point backward_end) {
         ready = since_start(backward_end);
       }
       samples_.ready_s[b].push_back(ready);
-      const dist::Work& w = *work_[b];
-      const double seconds =
-          std::chrono::duration<double>(w.finished_at() - w.started_at()).count();
-      const size_t count = static_cast<size_t>(buckets_[b].end - buckets_[b].begin);
-      const double bytes = buckets_[b].codec == dist::CodecKind::kF32
-                               ? static_cast<double>(count) * esize
-                               : static_cast<double>(dist::EncodedBytes(buckets_[b].codec, count));
-      samples_.transfer_s[b].push_back(seconds);
-      if (bytes > 0) {
-        samples_.ring_bytes.push_back(ring * bytes);
-        samples_.seconds.push_back(seconds);
-      }
+      samples_.transfer_s[b].push_back(run_seconds[b]);
     }
     samples_.backward_end_s.push_back(since_start(backward_end));
+    samples_.wait_s.push_back(last_wait_s_);
   }
   if (!planned_) {
     if (samples_.steps < ac.warmup_steps) return;
     const std::vector<double> m = AgreedMeasurement();
     const size_t n = buckets_.size();
-    agreed_link_ = LinkModel{m[0], m[1] > 0 ? 1.0 / m[1] : 0.0};
-    agreed_backward_end_s_ = m[2];
-    agreed_ready_s_.assign(m.begin() + 3, m.begin() + 3 + static_cast<int64_t>(n));
-    measured_transfer_s_.assign(m.begin() + 3 + 2 * static_cast<int64_t>(n), m.end());
+    AdoptMeasurement(m);
+    measured_transfer_s_.assign(m.begin() + 3 + 2 * static_cast<int64_t>(n),
+                                m.begin() + 3 + 3 * static_cast<int64_t>(n));
     CORTADO_CHECK(agreed_link_.bytes_per_s > 0,
                   "codec auto: the warmup measured no transfer to plan from");
     planned_ = true;
@@ -659,8 +697,8 @@ void DataParallel::MeasureStep(Trace::Clock::time_point backward_end) {
 std::vector<double> DataParallel::AgreedMeasurement() {
   const size_t n = buckets_.size();
   // [latency, seconds per byte, backward end, ready per bucket, residual ratio per bucket,
-  //  transfer per bucket]
-  std::vector<double> v(3 + 3 * n, 0.0);
+  //  transfer per bucket, exposed communication]
+  std::vector<double> v(4 + 3 * n, 0.0);
   const std::vector<double>& u = samples_.ring_bytes;
   const std::vector<double>& y = samples_.seconds;
   if (!u.empty() && comm_.size() > 1) {
@@ -685,6 +723,7 @@ std::vector<double> DataParallel::AgreedMeasurement() {
     v[1] = spb;
   }
   v[2] = Median(samples_.backward_end_s);
+  v[3 + 3 * n] = Median(samples_.wait_s);
   for (size_t b = 0; b < n; ++b) {
     v[3 + b] = Median(samples_.ready_s[b]);
     v[3 + 2 * n + b] = Median(samples_.transfer_s[b]);
@@ -706,6 +745,7 @@ std::vector<double> DataParallel::AgreedMeasurement() {
     if (i == 0 || over[i].first <= step_) {
       v[0] = 0;
       v[1] = 1.0 / over[i].second;
+      v[3 + 3 * n] = -1;  // the measured exposure is not the fixed rate's: no exposure check
       break;
     }
   }
@@ -720,19 +760,43 @@ void DataParallel::AutoCheck() {
   const AutoCodecOptions& ac = options_.auto_codec;
   const size_t n = buckets_.size();
   const std::vector<double> m = AgreedMeasurement();
-  measured_transfer_s_.assign(m.begin() + 3 + 2 * static_cast<int64_t>(n), m.end());
+  measured_transfer_s_.assign(m.begin() + 3 + 2 * static_cast<int64_t>(n),
+                              m.begin() + 3 + 3 * static_cast<int64_t>(n));
   std::vector<dist::CodecKind> codecs;
   for (const Bucket& b : buckets_) codecs.push_back(b.codec);
   std::string why;
   if (m[1] > 0) {
     const double rate = 1.0 / m[1];
     const double drift = rate / agreed_link_.bytes_per_s;
+    // The plan's prediction with the numbers just measured under it, against the exposure
+    // measured: more than predicted means the plan counted on hiding that was not there.
+    const double exposed = m[3 + 3 * n];
+    const LinkModel old_link = agreed_link_;
+    const double old_end = agreed_backward_end_s_;
+    const std::vector<double> old_ready = agreed_ready_s_;
+    AdoptMeasurement(m);
+    const std::vector<PlannedBucket> now = ScheduleCodecs(PlanInput(), codecs);
+    const double predicted =
+        std::max(0.0, (now.empty() ? 0.0 : now.back().finish_s) - agreed_backward_end_s_);
+    const double fraction = exposed < 0
+                                ? hiding_fraction_
+                                : NextHidingFraction(hiding_fraction_, exposed, predicted, m[2]);
     if (std::max(drift, 1 / drift) > ac.replan_factor) {
-      why = StrCat("the link's rate moved from ", Bytes(agreed_link_.bytes_per_s), "/s to ",
+      why = StrCat("the link's rate moved from ", Bytes(old_link.bytes_per_s), "/s to ",
                    Bytes(rate), "/s");
-      agreed_link_ = LinkModel{m[0], rate};
-      agreed_backward_end_s_ = m[2];
-      agreed_ready_s_.assign(m.begin() + 3, m.begin() + 3 + static_cast<int64_t>(n));
+    }
+    if (fraction != hiding_fraction_) {
+      why += StrCat(why.empty() ? "" : "; ", "exposed ", Ms(exposed), " where the plan predicted ",
+                    Ms(predicted), ": it now counts on ", Fixed(fraction, 2),
+                    " of the hiding time (was ", Fixed(hiding_fraction_, 2), ")");
+      hiding_fraction_ = fraction;
+    }
+    if (why.empty()) {
+      // Nothing to re-plan for: the plan keeps the numbers it was made with.
+      agreed_link_ = old_link;
+      agreed_backward_end_s_ = old_end;
+      agreed_ready_s_ = old_ready;
+    } else {
       codecs.clear();
       for (const PlannedBucket& p : PlanCodecs(PlanInput())) codecs.push_back(p.codec);
     }
@@ -770,6 +834,13 @@ void DataParallel::AutoCheck() {
   if (changed) ApplyPlan(codecs, why);
 }
 
+void DataParallel::AdoptMeasurement(const std::vector<double>& m) {
+  const size_t n = buckets_.size();
+  agreed_link_ = LinkModel{m[0], m[1] > 0 ? 1.0 / m[1] : 0.0};
+  agreed_backward_end_s_ = m[2];
+  agreed_ready_s_.assign(m.begin() + 3, m.begin() + 3 + static_cast<int64_t>(n));
+}
+
 CodecPlanInput DataParallel::PlanInput() const {
   CodecPlanInput in;
   const double esize = static_cast<double>(DTypeSize(block_.dtype()));
@@ -787,6 +858,10 @@ CodecPlanInput DataParallel::PlanInput() const {
                                                           : std::max(2, comm_.size());
   in.link = agreed_link_;
   in.candidates = options_.auto_codec.candidates;
+  in.hiding_fraction = hiding_fraction_;
+  in.merge_f32 = true;  // as CutRuns issues them
+  in.merge_sizes =
+      BucketSizes{options_.bucket_mb, options_.first_bucket_mb, options_.last_bucket_mb};
   return in;
 }
 
@@ -826,13 +901,15 @@ void DataParallel::ApplyPlan(const std::vector<dist::CodecKind>& codecs, const s
         comm_.size() > 1 ? StrCat(Ms(measured_transfer_s_[b]), " (in ", dist::CodecName(old), ")")
                          : std::string("nothing (one rank)")));
   }
+  CutRuns();
   if (rank() == 0) {
     LogInfo("codec auto: plan ", auto_plans_, " at iteration ", step_ + 1, ", ", why, ": link ",
             Bytes(agreed_link_.bytes_per_s), "/s + ", Fixed(1e6 * agreed_link_.latency_s, 1),
-            " us latency, backward ", Ms(agreed_backward_end_s_), "; predicted exposed ",
+            " us latency, backward ", Ms(agreed_backward_end_s_), ", counting on ",
+            Fixed(hiding_fraction_, 2), " of each hiding time; predicted exposed ",
             Ms(std::max(0.0, (predicted.empty() ? 0.0 : predicted.back().finish_s) -
                                  agreed_backward_end_s_)),
-            "; codecs ", codec_plan());
+            "; ", runs_.size(), " all-reduces per step; codecs ", codec_plan());
     for (const std::string& line : lines) LogInfo(line);
   }
   if (trace_ != nullptr) {
@@ -859,6 +936,9 @@ void DataParallel::SaveCodecPlan(Checkpoint& ckpt) const {
   const size_t n = buckets_.size();
   ckpt.meta["codec_auto_plan"] = codec_plan();
   ckpt.meta["codec_auto_plans"] = std::to_string(auto_plans_);
+  char fraction[32];  // %.17g: the double back bitwise, so a resumed run plans alike
+  std::snprintf(fraction, sizeof(fraction), "%.17g", hiding_fraction_);
+  ckpt.meta["codec_auto_hiding_fraction"] = fraction;
   // [latency, rate, backward end, ready per bucket, floor per bucket, measured per bucket]
   Tensor t({static_cast<int64_t>(3 + 3 * n)}, DType::kF64);
   double* v = t.data<double>();
@@ -915,6 +995,15 @@ void DataParallel::LoadCodecPlan(const Checkpoint& ckpt, const std::string& path
   }
   auto plans = ckpt.meta.find("codec_auto_plans");
   auto_plans_ = plans != ckpt.meta.end() ? std::stoll(plans->second) : 1;
+  auto fraction = ckpt.meta.find("codec_auto_hiding_fraction");
+  if (fraction != ckpt.meta.end()) {
+    char* end = nullptr;
+    const double f = std::strtod(fraction->second.c_str(), &end);
+    CORTADO_CHECK(*end == '\0' && f > 0 && f <= 1, "checkpoint '", path,
+                  "': codec_auto_hiding_fraction '", fraction->second, "' is not in (0, 1]");
+    hiding_fraction_ = f;
+  }
+  CutRuns();
   planned_ = true;
   samples_ = Samples{};
   samples_.ready_s.assign(n, {});

@@ -35,23 +35,27 @@
 // Auto codecs (distributed.codec: auto). Parameters whose Param::codec is "auto" are cut into
 // buckets as a compressed codec's would be (batch norm and biases kept in f32 get buckets of
 // their own), and each such bucket's codec is chosen from auto_codec.candidates by PlanCodecs
-// (engine/codec_plan.h). During the first warmup_steps steps the auto buckets travel in the
+// (engine/codec_plan.h). Consecutive f32 buckets are issued as one all-reduce (runs_, cut by
+// MergeRuns with the bucket sizes), so a plan that keeps them in f32 pays no more all-reduces
+// than plain f32. During the first warmup_steps steps the auto buckets travel in the
 // widest candidate, and every rank records per bucket when backward made it ready and how long
 // its all-reduce took for how many bytes; the first step is left out when there are two or
 // more (allocation and connection set-up). Then the ranks agree on one set of numbers (a max
 // all-reduce of the medians of the ready times and backward's end, and of the link model fitted
 // to the transfers: latency and seconds per byte), and every rank computes the same plan from
 // them. Every `interval` iterations the same numbers are measured again since the last check
-// and agreed: when the link's rate moved by more than replan_factor the buckets are planned
-// again, and the accuracy guard runs: per bucket with error feedback the ratio of the
-// residual's norm to the reduced gradient's norm (max over ranks); above max_residual_ratio the
-// bucket is held one candidate wider than it travels in, from then on. Every decision comes from
-// agreed numbers at an iteration every rank reaches, so codecs change on every rank at the same
-// step boundary (at the end of FinishStep, after the step's transfers). A bucket whose codec
-// changes between one with error feedback and one without starts from a zero residual (what
-// the last step lost in it is dropped). Rank 0 logs every plan and change; the trace gets a
-// "codec plan" event; SaveState/LoadState keep the plan, the agreed numbers and the guard's
-// floors (timing samples since the last check are not kept: a resumed run measures afresh).
+// and agreed: when the link's rate moved by more than replan_factor, or the exposed time
+// measured exceeds what the plan predicts from those numbers (the hiding fraction then drops,
+// NextHidingFraction), the buckets are planned again, and the accuracy guard runs: per bucket with
+// error feedback the ratio of the residual's norm to the reduced gradient's norm (max over ranks);
+// above max_residual_ratio the bucket is held one candidate wider than it travels in, from then on.
+// Every decision comes from agreed numbers at an iteration every rank reaches, so codecs change on
+// every rank at the same step boundary (at the end of FinishStep, after the step's transfers). A
+// bucket whose codec changes between one with error feedback and one without starts from a zero
+// residual (what the last step lost in it is dropped). Rank 0 logs every plan and change; the trace
+// gets a "codec plan" event; SaveState/LoadState keep the plan, the agreed numbers, the hiding
+// fraction and the guard's floors (timing samples since the last check are not kept: a resumed run
+// measures afresh).
 //
 // Control words. Two elements after the last parameter ride in the last bucket, so every rank
 // learns two things about the step without an extra round trip: the stop vote (a job must stop
@@ -95,6 +99,10 @@ struct AutoCodecOptions {
   int64_t interval = 50;     // check drift and the guard every this many iterations; 0: never
   double max_residual_ratio = 0.5;  // the guard: residual norm / gradient norm per bucket
   double replan_factor = 1.5;       // re-plan when the link's rate moved by more than this
+  // The fraction of each bucket's measured hiding time the plan counts on (codec_plan.h,
+  // "Margin"). A check that measures more exposed communication than the plan predicted
+  // lowers it by a quarter and plans again.
+  double hiding_fraction = 0.7;
   // Replaces the agreed link model by a fixed rate (bytes/s, no latency) from each given
   // iteration on, (iteration, rate) in increasing iteration order: for tests, and to see the
   // plans a link would get (CORTADO_AUTO_LINK, see AutoLinkFromEnv). Empty: measured.
@@ -134,6 +142,9 @@ class DataParallel : public CheckpointState {
   int rank() const { return comm_.rank(); }
   int world_size() const { return comm_.size(); }
   const std::vector<Bucket>& buckets() const { return buckets_; }
+  // The all-reduces of a step: one per bucket, except under auto, where consecutive f32
+  // buckets join (MergeRuns).
+  const std::vector<IssueRun>& runs() const { return runs_; }
   const Tensor& gradient_block() const { return block_; }
   const DataParallelOptions& options() const { return options_; }
   // Bytes one rank sends per step (ring all-reduce: 2 (W-1)/W of each bucket's encoded size;
@@ -214,8 +225,11 @@ class DataParallel : public CheckpointState {
   void SaveCodecPlan(Checkpoint& ckpt) const;
   void LoadCodecPlan(const Checkpoint& ckpt, const std::string& path);
   void OnGradientsReady(std::vector<Param>& params);
-  void IssueReadyBuckets();
-  void Issue(size_t bucket);
+  void IssueReadyRuns();
+  void Issue(size_t run);
+  // Cuts the buckets into issue runs: under auto, consecutive f32 buckets join (MergeRuns);
+  // otherwise one run per bucket. Between steps only.
+  void CutRuns();
   void WaitAll(bool rethrow);
   void SetControlWord(int i, double value);
   // Copies the compressed buckets' ranges of one residual block to another.
@@ -229,7 +243,9 @@ class DataParallel : public CheckpointState {
   void AutoCheck();
   std::vector<double> AgreedMeasurement();  // collective
   void ApplyPlan(const std::vector<dist::CodecKind>& codecs, const std::string& why);
-  CodecPlanInput PlanInput() const;
+  CodecPlanInput PlanInput() const;  // from the agreed numbers
+  // Takes an agreed measurement (AgreedMeasurement's layout) as the numbers plans are made from.
+  void AdoptMeasurement(const std::vector<double>& m);
 
   Net& net_;
   dist::Communicator& comm_;
@@ -243,12 +259,13 @@ class DataParallel : public CheckpointState {
   int64_t step_ = 0;
   int64_t control_index_ = 0;  // [stop vote, loss]
   std::vector<Bucket> buckets_;
+  std::vector<IssueRun> runs_;  // buckets issued together, in order
   std::unordered_map<const Param*, size_t> bucket_of_;
   // Per step:
-  std::vector<int> pending_;  // parameters of each bucket not yet ready
-  std::vector<std::shared_ptr<dist::Work>> work_;
-  std::vector<Trace::Clock::time_point> queued_at_;
-  size_t next_issue_ = 0;
+  std::vector<int> pending_;                         // per bucket: parameters not yet ready
+  std::vector<std::shared_ptr<dist::Work>> work_;    // per run
+  std::vector<Trace::Clock::time_point> queued_at_;  // per run
+  size_t next_run_ = 0;
   double last_wait_s_ = 0;
   dist::ThreadCpu last_comm_cpu_;
   uint64_t last_comm_wakeups_ = 0;
@@ -263,7 +280,8 @@ class DataParallel : public CheckpointState {
     std::vector<std::vector<double>> ready_s;     // per bucket, per step
     std::vector<double> backward_end_s;           // per step
     std::vector<double> ring_bytes, seconds;      // per transfer: (steps/W) bytes, duration
-    std::vector<std::vector<double>> transfer_s;  // per bucket, per step
+    std::vector<std::vector<double>> transfer_s;  // per bucket (its run's), per step
+    std::vector<double> wait_s;                   // per step: exposed communication
     int64_t steps = 0;
   } samples_;
   bool planned_ = false;
@@ -273,6 +291,7 @@ class DataParallel : public CheckpointState {
   std::vector<double> agreed_ready_s_;
   std::vector<double> measured_transfer_s_;  // per bucket, median of the last window
   std::vector<size_t> floor_;                // per bucket: the narrowest candidate index allowed
+  double hiding_fraction_ = 1;               // what the plan counts on now (starts at the option)
 };
 
 // Which codec each parameter's gradient travels in (the `distributed:` codec keys): `codec` for

@@ -346,7 +346,8 @@ constexpr std::string_view kDistributedKeys[] = {"backend",
                                                  "codec_candidates",
                                                  "auto_warmup_steps",
                                                  "auto_interval",
-                                                 "auto_max_residual_ratio"};
+                                                 "auto_max_residual_ratio",
+                                                 "auto_hiding_fraction"};
 
 // distributed.codec_keep_f32: the parameter kinds every codec leaves in f32.
 void ParseKeepF32(const YamlSection& dd, CodecPolicy& codec) {
@@ -433,9 +434,12 @@ void ParseCodec(const YamlSection& dd, DistributedConfig& dc) {
     Require(ac.interval >= 0, dd, "auto_interval", "must be >= 0 (0: plan once)");
     ac.max_residual_ratio = dd.Float("auto_max_residual_ratio", ac.max_residual_ratio);
     Require(ac.max_residual_ratio > 0, dd, "auto_max_residual_ratio", "must be > 0");
+    ac.hiding_fraction = dd.Float("auto_hiding_fraction", ac.hiding_fraction);
+    Require(ac.hiding_fraction > 0 && ac.hiding_fraction <= 1, dd, "auto_hiding_fraction",
+            "must be in (0, 1]");
   } else {
-    for (const char* key :
-         {"codec_candidates", "auto_warmup_steps", "auto_interval", "auto_max_residual_ratio"}) {
+    for (const char* key : {"codec_candidates", "auto_warmup_steps", "auto_interval",
+                            "auto_max_residual_ratio", "auto_hiding_fraction"}) {
       Require(!dd.Has(key), dd, key, "is for distributed.codec: auto");
     }
   }

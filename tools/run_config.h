@@ -60,7 +60,8 @@ struct DistributedConfig {
   CodecPolicy codec;  // codec, codec_keep_f32, codec_overrides
   dist::Rounding rounding = dist::Rounding::kNearest;
   bool error_feedback = false;
-  // codec: auto (codec_candidates, auto_warmup_steps, auto_interval, auto_max_residual_ratio).
+  // codec: auto (codec_candidates, auto_warmup_steps, auto_interval, auto_max_residual_ratio,
+  // auto_hiding_fraction).
   AutoCodecOptions auto_codec;
 };
 

@@ -91,5 +91,36 @@ TEST(PlanBuckets, RefusesNonPositiveSizesAndAnEmptyNet) {
   }
 }
 
+std::vector<std::pair<size_t, size_t>> Ranges(const std::vector<IssueRun>& runs) {
+  std::vector<std::pair<size_t, size_t>> out;
+  for (const IssueRun& r : runs) out.emplace_back(r.begin, r.end);
+  return out;
+}
+
+TEST(MergeRuns, F32NeighboursJoinByTheBucketSizes) {
+  // MB: a small first run, a small last run, middle runs up to 25 MB; a bucket over its limit
+  // runs alone.
+  const std::vector<double> mb = {0.5, 0.3, 10, 10, 10, 30, 0.4, 0.3};
+  std::vector<double> bytes;
+  for (double m : mb) bytes.push_back(m * kMiB);
+  const auto runs = MergeRuns(bytes, std::vector<bool>(mb.size(), true), BucketSizes{25, 1, 1});
+  EXPECT_EQ(Ranges(runs),
+            (std::vector<std::pair<size_t, size_t>>{{0, 2}, {2, 4}, {4, 5}, {5, 6}, {6, 8}}));
+}
+
+TEST(MergeRuns, ABucketThatCannotMergeRunsAloneAndSplitsItsNeighbours) {
+  const std::vector<double> bytes(7, 0.1 * kMiB);
+  const std::vector<bool> mergeable = {true, true, false, true, true, false, true};
+  EXPECT_EQ(Ranges(MergeRuns(bytes, mergeable, BucketSizes{25, 1, 1})),
+            (std::vector<std::pair<size_t, size_t>>{{0, 2}, {2, 3}, {3, 5}, {5, 6}, {6, 7}}));
+  // Nothing mergeable: one run per bucket.
+  EXPECT_EQ(MergeRuns(bytes, std::vector<bool>(7, false), BucketSizes{}).size(), 7u);
+  // Everything fits the first run's limit: one run.
+  EXPECT_EQ(Ranges(MergeRuns(bytes, std::vector<bool>(7, true), BucketSizes{25, 1, 1})),
+            (std::vector<std::pair<size_t, size_t>>{{0, 7}}));
+  EXPECT_TRUE(MergeRuns({}, {}, BucketSizes{}).empty());
+  EXPECT_THROW(MergeRuns(bytes, {true}, BucketSizes{}), Error);
+}
+
 }  // namespace
 }  // namespace cortado

@@ -136,5 +136,52 @@ TEST(CodecPlan, RefusesWhatCannotBePlanned) {
   EXPECT_THROW(Widen({CodecKind::kF16}, {1.0}, 0.1, kCandidates), Error);
 }
 
+// 400 Mbit/s: every bucket but the last hides in f32 when the plan counts on all of its
+// measured hiding time; counting on half of it, the buckets ready late in backward narrow, and
+// the predictions stay those of the measured times.
+TEST(CodecPlan, TheChoiceCountsOnAFractionOfTheHidingTime) {
+  CodecPlanInput in = Resnet50Like(50e6);
+  const auto full = PlanCodecs(in);
+  for (size_t b = 0; b + 1 < full.size(); ++b) EXPECT_EQ(full[b].codec, CodecKind::kF32) << b;
+  in.hiding_fraction = 0.5;
+  const auto half = PlanCodecs(in);
+  EXPECT_EQ(half[0].codec, CodecKind::kF32);
+  EXPECT_NE(half[3].codec, CodecKind::kF32);
+  for (size_t b = 0; b < half.size(); ++b) {
+    EXPECT_LE(dist::CodecBits(half[b].codec), dist::CodecBits(full[b].codec)) << b;
+  }
+  const auto predicted = ScheduleCodecs(in, Codecs(half));
+  for (size_t b = 0; b < half.size(); ++b) {
+    EXPECT_DOUBLE_EQ(half[b].finish_s, predicted[b].finish_s) << b;
+  }
+  in.hiding_fraction = 0;
+  EXPECT_THROW(PlanCodecs(in), Error);
+  in.hiding_fraction = 1.5;
+  EXPECT_THROW(PlanCodecs(in), Error);
+}
+
+TEST(CodecPlan, MoreExposureThanPredictedLowersTheHidingFraction) {
+  // Backward 5 s: up to 0.251 s more than predicted is noise.
+  EXPECT_DOUBLE_EQ(NextHidingFraction(0.7, 0.25, 0.0, 5.0), 0.7);
+  EXPECT_DOUBLE_EQ(NextHidingFraction(0.7, 0.72, 0.003, 5.0), 0.525);
+  EXPECT_DOUBLE_EQ(NextHidingFraction(0.7, 1.0, 0.9, 5.0), 0.7);  // predicted, so planned for
+  EXPECT_DOUBLE_EQ(NextHidingFraction(0.06, 9.0, 0.0, 5.0), 0.05);
+}
+
+// With merge_f32, neighbouring f32 buckets travel as one all-reduce that starts when the later
+// one is ready: 26 + 26 MB fit one 60 MB run.
+TEST(CodecPlan, MergedF32BucketsQueueAsOneTransfer) {
+  CodecPlanInput in = Resnet50Like(1.25e9);
+  in.merge_f32 = true;
+  in.merge_sizes = BucketSizes{60, 1, 1};
+  const auto plan = PlanCodecs(in);
+  EXPECT_EQ(Codecs(plan), (std::vector<CodecKind>{CodecKind::kF32, CodecKind::kF32, CodecKind::kF32,
+                                                  CodecKind::kF32, CodecKind::kEpgc8}));
+  EXPECT_DOUBLE_EQ(plan[1].start_s, 1.6);  // bucket 2's ready time
+  EXPECT_DOUBLE_EQ(plan[2].start_s, 1.6);
+  EXPECT_DOUBLE_EQ(plan[1].finish_s, 1.6 + 2 * 50e-6 + 52e6 / 1.25e9);
+  EXPECT_DOUBLE_EQ(plan[3].start_s, 2.3);  // alone: 26 MB more would pass 60
+}
+
 }  // namespace
 }  // namespace cortado

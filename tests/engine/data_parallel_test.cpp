@@ -252,6 +252,7 @@ TEST(DataParallel, AutoCodecsPlanAfterTheWarmupAndComeBackFromACheckpoint) {
   o.auto_codec.interval = 1;
   o.auto_codec.max_residual_ratio = 1e9;
   o.auto_codec.link_override = {{0, 1e3}};
+  o.auto_codec.hiding_fraction = 0.5;
   auto dp = std::make_unique<DataParallel>(net, *comm, o);
   EXPECT_TRUE(dp->options().error_feedback) << "epgc11 and epgc8 run with error feedback";
   int64_t iteration = 0;
@@ -301,13 +302,16 @@ TEST(DataParallel, AutoCodecsPlanAfterTheWarmupAndComeBackFromACheckpoint) {
   dp->SaveState(ckpt);
   ASSERT_EQ(ckpt.meta.count("codec_auto_plan"), 1u);
   ASSERT_NE(ckpt.Find("codec_auto/measurements"), nullptr);
+  EXPECT_EQ(ckpt.meta["codec_auto_hiding_fraction"], "0.5");
   const std::string plan = dp->codec_plan();
+  const size_t runs = dp->runs().size();
   dp.reset();
   dp = std::make_unique<DataParallel>(net, *comm, o);
   EXPECT_TRUE(codecs_are(*dp, CodecKind::kF32));
   dp->LoadState(ckpt, "ckpt");
   EXPECT_EQ(dp->codec_plan(), plan);
   EXPECT_EQ(dp->codec_plans(), 1);
+  EXPECT_EQ(dp->runs().size(), runs);
   step(*dp);
   EXPECT_TRUE(codecs_are(*dp, CodecKind::kEpgc8));
   EXPECT_EQ(dp->codec_plans(), 1);

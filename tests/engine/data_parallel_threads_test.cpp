@@ -149,9 +149,13 @@ TEST(DataParallelThreads, TwoRanksWithOverlapAndSyncBatchNormTrainAsOneProcess) 
 struct AutoRun {
   std::vector<std::vector<std::string>> plans;  // [rank][step]: codec_plan() after the step
   std::vector<Checkpoint> state;                // [rank]
+  std::vector<size_t> runs;                     // [step]: rank 0's all-reduces per step
+  size_t buckets = 0;                           // rank 0's
 };
 
-AutoRun TrainAuto(int world, int steps, const AutoCodecOptions& auto_codec) {
+// `codec`: the policy's (a fixed codec runs with auto_codec.enabled false).
+AutoRun TrainAuto(int world, int steps, const AutoCodecOptions& auto_codec,
+                  const std::string& codec = "auto") {
   SgdOptions sgd;
   sgd.momentum = 0.9;
   dist::InMemoryStore store;
@@ -170,7 +174,7 @@ AutoRun TrainAuto(int world, int steps, const AutoCodecOptions& auto_codec) {
         std::unique_ptr<dist::Communicator> comm = dist::CreateCommunicator(config);
         Net net(Spec(kBatch), 11, DType::kF32);
         CodecPolicy policy;
-        policy.codec = "auto";
+        policy.codec = codec;
         ApplyCodecPolicy(net, policy);
         DataParallelOptions options;
         options.bucket_mb = 0.05;
@@ -195,6 +199,8 @@ AutoRun TrainAuto(int world, int steps, const AutoCodecOptions& auto_codec) {
           dp.FinishStep();
           solver.Step(kLr);
           run.plans[static_cast<size_t>(r)].push_back(dp.codec_plan());
+          if (r == 0) run.runs.push_back(dp.runs().size());
+          if (r == 0) run.buckets = dp.buckets().size();
         }
         run.state[static_cast<size_t>(r)] = StateOf(net, solver);
         Checkpoint own;
@@ -285,6 +291,42 @@ TEST(DataParallelThreads, AutoCodecsGuardMovesLossyBucketsOneStepWider) {
   a.max_residual_ratio = 1e9;
   const AutoRun kept = TrainAuto(2, 8, a);
   EXPECT_EQ(kept.plans[0][7], kept.plans[0][1]);
+}
+
+// A plan that keeps neighbouring buckets in f32 issues them as one all-reduce, as plain f32
+// cuts its buckets. On a fast link every auto bucket but the last (ready when backward ends)
+// keeps f32, in about as many all-reduces per step as distributed.codec: f32 makes, where one
+// per bucket (weights, batch norms and biases apart) would be about twice as many. The warmup
+// (f32 throughout, joined) trains bitwise as f32 on 2 ranks: an element's average does not
+// depend on how the block is cut.
+TEST(DataParallelThreads, AutoCodecsJoinF32BucketsIntoOneAllReduce) {
+  SetNumThreads(2);
+  AutoCodecOptions a;
+  a.enabled = true;
+  a.warmup_steps = 2;
+  a.interval = 2;
+  a.candidates = {dist::CodecKind::kF32, dist::CodecKind::kEpgc8};
+  a.link_override = {{0, 1e12}};
+  const AutoRun plan = TrainAuto(2, 4, a);
+  ExpectRanksAlike(plan);
+  const AutoCodecOptions off;
+  const AutoRun f32 = TrainAuto(2, 4, off, "f32");
+  ASSERT_EQ(plan.runs.size(), 4u);
+  for (size_t step = 0; step < 4; ++step) {
+    EXPECT_LE(plan.runs[step], f32.runs[step] + 2) << step;
+    EXPECT_GT(2 * plan.buckets, 3 * plan.runs[step]) << step;
+  }
+  EXPECT_EQ(First(plan.plans[0][3]), "f32");
+  const AutoRun warmup = TrainAuto(2, 2, a);
+  const AutoRun f32_warmup = TrainAuto(2, 2, off, "f32");
+  for (size_t i = 0; i < f32_warmup.state[0].tensors.size(); ++i) {
+    const auto& [name, want] = f32_warmup.state[0].tensors[i];
+    if (name.rfind("buffer/", 0) == 0) continue;
+    ASSERT_EQ(warmup.state[0].tensors[i].first, name);
+    const Tensor& got = warmup.state[0].tensors[i].second;
+    ASSERT_EQ(got.nbytes(), want.nbytes()) << name;
+    EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), want.nbytes()), 0) << name;
+  }
 }
 
 }  // namespace

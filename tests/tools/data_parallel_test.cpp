@@ -741,9 +741,15 @@ TEST_F(DataParallelTest, AutoCodecsPlanAlikeOnEveryRankAndReplanAtTheSameStep) {
       for (const auto& e : doc["traceEvents"]) {
         if (e["ph"] != "X") continue;
         const std::string event = e["name"].get<std::string>();
-        if (event.rfind("all-reduce bucket ", 0) == 0) {
-          bits[r][std::stoi(event.substr(18))].push_back(
-              static_cast<int>(e["args"].value("codec_bits", -1.0)));
+        if (event.rfind("all-reduce bucket", 0) == 0) {
+          // "all-reduce bucket B", or "all-reduce buckets B-L" for f32 buckets issued as one.
+          const size_t space = event.rfind(' ');
+          const size_t dash = event.find('-', space);
+          const int first = std::stoi(event.substr(space + 1));
+          const int last = dash == std::string::npos ? first : std::stoi(event.substr(dash + 1));
+          for (int b = first; b <= last; ++b) {
+            bits[r][b].push_back(static_cast<int>(e["args"].value("codec_bits", -1.0)));
+          }
         } else if (event.rfind("codec plan: ", 0) == 0) {
           plans[r].push_back(event + " @" +
                              std::to_string(static_cast<int>(e["args"].value("iteration", -1.0))));
@@ -839,6 +845,9 @@ TEST_F(DataParallelTest, CodecConfigErrorsNameTheKey) {
   EXPECT_NE(err.find("distributed.auto_warmup_steps"), std::string::npos) << err;
   EXPECT_NE(train("--set distributed.codec=auto --set distributed.auto_max_residual_ratio=0"), 0);
   EXPECT_NE(err.find("distributed.auto_max_residual_ratio"), std::string::npos) << err;
+  EXPECT_NE(train("--set distributed.codec=auto --set distributed.auto_hiding_fraction=1.5"), 0);
+  EXPECT_NE(err.find("distributed.auto_hiding_fraction"), std::string::npos) << err;
+  EXPECT_NE(err.find("must be in (0, 1]"), std::string::npos) << err;
   EXPECT_NE(train("--set distributed.auto_interval=10"), 0);
   EXPECT_NE(err.find("distributed.auto_interval"), std::string::npos) << err;
   EXPECT_NE(err.find("is for distributed.codec: auto"), std::string::npos) << err;
