@@ -20,7 +20,6 @@
 #include <cstring>
 
 #include "codecs/codec_dispatch.h"
-#include "codecs/codec_tables.h"
 
 #define CORTADO_AVX2 __attribute__((target("avx2,f16c,fma")))
 // Helpers must inline into their callers (they are a few instructions each).
@@ -31,30 +30,15 @@
 
 namespace cortado::dist::codec_internal {
 namespace {
+using VecI = __m256i;
+using VecF = __m256;
+}  // namespace
+}  // namespace cortado::dist::codec_internal
+#define CORTADO_SIMD_INLINE CORTADO_AVX2_INLINE
+#include "codecs/codec_simd.h"
 
-CORTADO_AVX2_INLINE __m256i Bits(__m256 x) { return _mm256_castps_si256(x); }
-CORTADO_AVX2_INLINE __m256 Floats(__m256i u) { return _mm256_castsi256_ps(u); }
-
-// A value the compiler must treat as unknown. The loops' constants pass through it once, before
-// the loop: GCC 12 otherwise rebuilds a constant vector at each use inside a loop under
-// register pressure (mov, vmovd, vpbroadcastd: three instructions), where an unknown value is
-// kept in a register or reloaded from the stack as an operand. It halved stochastic encoding.
-CORTADO_AVX2_INLINE __m256i Keep(__m256i v) {
-  __asm__("" : "+x"(v));
-  return v;
-}
-CORTADO_AVX2_INLINE __m256i U32(uint32_t v) { return Keep(_mm256_set1_epi32(static_cast<int>(v))); }
-CORTADO_AVX2_INLINE __m256i U16(uint16_t v) {
-  return Keep(_mm256_set1_epi16(static_cast<short>(v)));
-}
-
-// The first 32 bytes of a table (codec_tables.h).
-CORTADO_AVX2_INLINE __m256i Load(const ByteTable& t) {
-  return Keep(_mm256_load_si256(reinterpret_cast<const __m256i*>(t.b)));
-}
-CORTADO_AVX2_INLINE __m256i Load(const WordTable& t) {
-  return Keep(_mm256_load_si256(reinterpret_cast<const __m256i*>(t.w)));
-}
+namespace cortado::dist::codec_internal {
+namespace {
 
 // Per plane p of epgc11: a pshufb table of "bit p of v" for the 16 values v of a low part, 0xff
 // where set, else 0 (encoding); and byte 8 + p, where plane p's byte of a group lies in its
@@ -104,54 +88,6 @@ struct Consts {
 // draw does not round up. q + 1 + this is q + (r < threshold).
 CORTADO_AVX2_INLINE __m256i NotBelow(__m256i r, __m256i threshold) {
   return _mm256_cmpeq_epi32(_mm256_max_epu32(r, threshold), r);
-}
-
-// StochasticBits(seed, index + j) for consecutive blocks of 8 (lane j): the lower index word's
-// product advances by 8 * kHashLo per block; the upper word's part (key) is constant until the
-// lower word wraps.
-template <class C>
-struct RandomStream {
-  const C& k;
-  uint64_t seed, index;
-  __m256i next, key;
-
-  CORTADO_AVX2_INLINE RandomStream(const C& consts, uint64_t s, uint64_t first)
-      : k(consts), seed(s), index(first) {
-    Restart();
-  }
-  CORTADO_AVX2_INLINE void Restart() {
-    next =
-        _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(HashBase(seed, index))), k.hash_lanes);
-    key = _mm256_set1_epi32(static_cast<int>(HashKey(seed, index)));
-  }
-  CORTADO_AVX2_INLINE __m256i Next() {
-    __m256i h;
-    if (BlockReachesWrap(index, 8)) [[unlikely]] {
-      alignas(32) uint32_t r[8];
-      for (int j = 0; j < 8; ++j) r[j] = StochasticBits(seed, index + j);
-      index += 8;
-      Restart();
-      return _mm256_load_si256(reinterpret_cast<const __m256i*>(r));
-    }
-    h = _mm256_xor_si256(next, key);
-    next = _mm256_add_epi32(next, k.hash_step);
-    index += 8;
-    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-    h = _mm256_mullo_epi32(h, k.mix1);
-    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
-    h = _mm256_mullo_epi32(h, k.mix2);
-    return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-  }
-};
-
-// The random words of the next block, or nothing where the rounding draws none.
-template <Rounding R, class Stream>
-CORTADO_AVX2_INLINE __m256i Draw(Stream& stream) {
-  if constexpr (R == Rounding::kStochastic) {
-    return stream.Next();
-  } else {
-    return _mm256_setzero_si256();
-  }
 }
 
 // Saturating to infinity and marking NaN, shared by the cores: mag -> final magnitude.
@@ -216,12 +152,6 @@ CORTADO_AVX2_INLINE __m256i MagE5Stochastic(const Consts<5, M>& k, __m256i u, __
   const __m256i mag =
       _mm256_add_epi32(_mm256_add_epi32(base, k.one), _mm256_add_epi32(q, NotBelow(r, threshold)));
   return Finish(k, mag, abs);
-}
-
-// The code: magnitude | the sign of fp32 bits u moved to bit E + M.
-template <int E, int M>
-CORTADO_AVX2_INLINE __m256i WithSign(const Consts<E, M>& k, __m256i mag, __m256i u) {
-  return _mm256_or_si256(mag, _mm256_srli_epi32(_mm256_and_si256(u, k.sign), 31 - E - M));
 }
 
 // Codes of 8 values of at most 16 bits, two vectors -> 16 little-endian words in order.
@@ -328,12 +258,6 @@ CORTADO_AVX2_INLINE void HalvesToFloats(const C& k, __m256i h, __m256& d0, __m25
       d1 = FixNan(k, d1, hi);
     }
   }
-}
-
-template <bool kAccumulate>
-CORTADO_AVX2_INLINE void Put(float* dst, __m256 d) {
-  if constexpr (kAccumulate) d = _mm256_add_ps(_mm256_loadu_ps(dst), d);
-  _mm256_storeu_ps(dst, d);
 }
 
 template <CodecKind K>
@@ -476,9 +400,7 @@ CORTADO_AVX2_LOOP size_t DecodeLoopAvx2(const uint8_t* src, size_t count, float*
   const ConstsOf<K> k;
   size_t i = 0;
   if constexpr (K == CodecKind::kF32) {
-    for (; i + 8 <= count; i += 8) {
-      Put<kAccumulate>(dst + i, _mm256_loadu_ps(reinterpret_cast<const float*>(src + 4 * i)));
-    }
+    i = DecodeF32Loop<kAccumulate>(src, count, dst);
   } else if constexpr (K == CodecKind::kF16) {
     for (; i + 16 <= count; i += 16) {
       __m256 d0, d1;
@@ -543,25 +465,7 @@ CORTADO_AVX2_LOOP size_t DecodeLoopAvx2(const uint8_t* src, size_t count, float*
   return i;
 }
 
-// The loops above are free functions: GCC drops a target attribute written on the definition
-// of a member template's specialization, which without -march=native leaves their intrinsics
-// outside the ISA they need. The members only forward.
-template <>
-template <CodecKind K, Rounding R, bool kResidual>
-size_t Loops<Isa::kAvx2>::Encode(const float* src, size_t count, uint8_t* dst,
-                                 const EncodeOptions& o, float* residual) {
-  return EncodeLoopAvx2<K, R, kResidual>(src, count, dst, o, residual);
-}
-
-template <>
-template <CodecKind K, bool kAccumulate>
-size_t Loops<Isa::kAvx2>::Decode(const uint8_t* src, size_t count, float* dst) {
-  return DecodeLoopAvx2<K, kAccumulate>(src, count, dst);
-}
-
-template void EncodeSet<Isa::kAvx2>(CodecKind, const float*, size_t, uint8_t*, const EncodeOptions&,
-                                    float*);
-template void DecodeSet<Isa::kAvx2>(CodecKind, const uint8_t*, size_t, float*, bool);
+CORTADO_CODEC_KERNEL_SET(Isa::kAvx2, EncodeLoopAvx2, DecodeLoopAvx2);
 
 }  // namespace cortado::dist::codec_internal
 

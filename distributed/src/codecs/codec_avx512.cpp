@@ -29,7 +29,6 @@
 #include <cstring>
 
 #include "codecs/codec_dispatch.h"
-#include "codecs/codec_tables.h"
 
 #define CORTADO_AVX512 \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx2,f16c")))
@@ -38,31 +37,17 @@
 
 namespace cortado::dist::codec_internal {
 namespace {
+using VecI = __m512i;
+using VecF = __m512;
+}  // namespace
+}  // namespace cortado::dist::codec_internal
+#define CORTADO_SIMD_INLINE CORTADO_AVX512_INLINE
+#include "codecs/codec_simd.h"
 
-CORTADO_AVX512_INLINE __m512i Bits(__m512 x) { return _mm512_castps_si512(x); }
-CORTADO_AVX512_INLINE __m512 Floats(__m512i u) { return _mm512_castsi512_ps(u); }
+namespace cortado::dist::codec_internal {
+namespace {
 
-// A value the compiler must treat as unknown, so that a loop's constants stay in registers
-// (see Keep in codec_avx2.cpp).
-CORTADO_AVX512_INLINE __m512i Keep(__m512i v) {
-  __asm__("" : "+v"(v));
-  return v;
-}
-CORTADO_AVX512_INLINE __m512i U32(uint32_t v) {
-  return Keep(_mm512_set1_epi32(static_cast<int>(v)));
-}
-CORTADO_AVX512_INLINE __m512i U16(uint16_t v) {
-  return Keep(_mm512_set1_epi16(static_cast<short>(v)));
-}
 CORTADO_AVX512_INLINE __m256i Low256(__m512i v) { return _mm512_castsi512_si256(v); }
-
-// A table (codec_tables.h): a byte permute's indices or a byte-wise constant.
-CORTADO_AVX512_INLINE __m512i Load(const ByteTable& t) {
-  return Keep(_mm512_load_si512(reinterpret_cast<const void*>(t.b)));
-}
-CORTADO_AVX512_INLINE __m512i Load(const WordTable& t) {
-  return Keep(_mm512_load_si512(reinterpret_cast<const void*>(t.w)));
-}
 
 // ---- Packing tables ------------------------------------------------------------------------
 // Encoding: 64 values' high parts H (bytes, in the order the packs leave them) and their planes
@@ -132,51 +117,6 @@ struct Consts {
 template <CodecKind K>
 using ConstsOf = Consts<FormatOf(K).e, FormatOf(K).m>;
 
-// StochasticBits(seed, index + j) for consecutive blocks of 16 (lane j), as RandomStream in
-// codec_avx2.cpp: a block reaching the end of the lower index word goes the scalar way.
-template <class C>
-struct RandomStream {
-  const C& k;
-  uint64_t seed, index;
-  __m512i next, key;
-
-  CORTADO_AVX512_INLINE RandomStream(const C& consts, uint64_t s, uint64_t first)
-      : k(consts), seed(s), index(first) {
-    Restart();
-  }
-  CORTADO_AVX512_INLINE void Restart() {
-    next =
-        _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(HashBase(seed, index))), k.hash_lanes);
-    key = _mm512_set1_epi32(static_cast<int>(HashKey(seed, index)));
-  }
-  CORTADO_AVX512_INLINE __m512i Next() {
-    if (BlockReachesWrap(index, 16)) [[unlikely]] {
-      alignas(64) uint32_t r[16];
-      for (int j = 0; j < 16; ++j) r[j] = StochasticBits(seed, index + j);
-      index += 16;
-      Restart();
-      return _mm512_load_si512(reinterpret_cast<const void*>(r));
-    }
-    __m512i h = _mm512_xor_si512(next, key);
-    next = _mm512_add_epi32(next, k.hash_step);
-    index += 16;
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-    h = _mm512_mullo_epi32(h, k.mix1);
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
-    h = _mm512_mullo_epi32(h, k.mix2);
-    return _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-  }
-};
-
-template <Rounding R, class Stream>
-CORTADO_AVX512_INLINE __m512i Draw(Stream& stream) {
-  if constexpr (R == Rounding::kStochastic) {
-    return stream.Next();
-  } else {
-    return _mm512_setzero_si512();
-  }
-}
-
 // Saturating to infinity and marking NaN: mag -> final magnitude.
 template <int E, int M>
 CORTADO_AVX512_INLINE __m512i Finish(const Consts<E, M>& k, __m512i mag, __m512i abs) {
@@ -237,12 +177,6 @@ CORTADO_AVX512_INLINE __m512i MagE5Stochastic(const Consts<5, M>& k, __m512i u, 
                                             _mm512_srlv_epi32(sig, _mm512_sub_epi32(s, k.c32)));
   const __m512i mag = _mm512_mask_add_epi32(q, _mm512_cmplt_epu32_mask(r, threshold), q, k.one);
   return Finish(k, mag, abs);
-}
-
-// The code: magnitude | the sign of fp32 bits u moved to bit E + M.
-template <int E, int M>
-CORTADO_AVX512_INLINE __m512i WithSign(const Consts<E, M>& k, __m512i mag, __m512i u) {
-  return _mm512_or_si512(mag, _mm512_srli_epi32(_mm512_and_si512(u, k.sign), 31 - E - M));
 }
 
 // Codes of 16 + 16 values of at most 16 bits -> 32 words in order.
@@ -353,12 +287,6 @@ struct Unpack11 {
     return h;
   }
 };
-
-template <bool kAccumulate>
-CORTADO_AVX512_INLINE void Put(float* dst, __m512 d) {
-  if constexpr (kAccumulate) d = _mm512_add_ps(_mm512_loadu_ps(dst), d);
-  _mm512_storeu_ps(dst, d);
-}
 
 }  // namespace
 
@@ -475,9 +403,7 @@ CORTADO_AVX512_LOOP size_t DecodeLoopAvx512(const uint8_t* src, size_t count, fl
   const ConstsOf<K> k;
   size_t i = 0;
   if constexpr (K == CodecKind::kF32) {
-    for (; i + 16 <= count; i += 16) {
-      Put<kAccumulate>(dst + i, _mm512_loadu_ps(reinterpret_cast<const float*>(src + 4 * i)));
-    }
+    i = DecodeF32Loop<kAccumulate>(src, count, dst);
   } else if constexpr (K == CodecKind::kF16) {
     for (; i + 32 <= count; i += 32) {
       const __m512i h = _mm512_loadu_si512(src + 2 * i);
@@ -533,25 +459,7 @@ CORTADO_AVX512_LOOP size_t DecodeLoopAvx512(const uint8_t* src, size_t count, fl
   return i;
 }
 
-// The loops above are free functions: GCC drops a target attribute written on the definition
-// of a member template's specialization, which without -march=native leaves their intrinsics
-// outside the ISA they need. The members only forward.
-template <>
-template <CodecKind K, Rounding R, bool kResidual>
-size_t Loops<Isa::kAvx512>::Encode(const float* src, size_t count, uint8_t* dst,
-                                   const EncodeOptions& o, float* residual) {
-  return EncodeLoopAvx512<K, R, kResidual>(src, count, dst, o, residual);
-}
-
-template <>
-template <CodecKind K, bool kAccumulate>
-size_t Loops<Isa::kAvx512>::Decode(const uint8_t* src, size_t count, float* dst) {
-  return DecodeLoopAvx512<K, kAccumulate>(src, count, dst);
-}
-
-template void EncodeSet<Isa::kAvx512>(CodecKind, const float*, size_t, uint8_t*,
-                                      const EncodeOptions&, float*);
-template void DecodeSet<Isa::kAvx512>(CodecKind, const uint8_t*, size_t, float*, bool);
+CORTADO_CODEC_KERNEL_SET(Isa::kAvx512, EncodeLoopAvx512, DecodeLoopAvx512);
 
 }  // namespace cortado::dist::codec_internal
 
