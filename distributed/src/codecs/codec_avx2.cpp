@@ -21,20 +21,8 @@
 
 #include "codecs/codec_dispatch.h"
 
-#define CORTADO_AVX2 __attribute__((target("avx2,f16c,fma")))
-// Helpers must inline into their callers (they are a few instructions each).
-#define CORTADO_AVX2_INLINE CORTADO_AVX2 __attribute__((always_inline)) inline
-// Each loop is a function of its own: inlined into the dispatch they would share one huge
-// function's register allocation.
-#define CORTADO_AVX2_LOOP CORTADO_AVX2 __attribute__((noinline))
-
-namespace cortado::dist::codec_internal {
-namespace {
-using VecI = __m256i;
-using VecF = __m256;
-}  // namespace
-}  // namespace cortado::dist::codec_internal
-#define CORTADO_SIMD_INLINE CORTADO_AVX2_INLINE
+#define CORTADO_SIMD_TARGET "avx2,f16c,fma"
+#define CORTADO_SIMD_BYTES 32
 #include "codecs/codec_simd.h"
 
 namespace cortado::dist::codec_internal {
@@ -54,7 +42,7 @@ constexpr ByteTable kPlaneByte[3] = {Splat(8), Splat(9), Splat(10)};
 template <int E, int M>
 struct Consts {
   // Declared, so that the member initializers below run with the target attribute.
-  CORTADO_AVX2_INLINE Consts() {}
+  CORTADO_SIMD_INLINE Consts() {}
 
   static constexpr uint32_t kInf = ((1u << E) - 1) << M;
   __m256i one = U32(1), abs = U32(0x7fffffffu), sign = U32(0x80000000u);
@@ -86,13 +74,13 @@ struct Consts {
 
 // All ones where r >= threshold as unsigned (AVX2 compares only signed): where a stochastic
 // draw does not round up. q + 1 + this is q + (r < threshold).
-CORTADO_AVX2_INLINE __m256i NotBelow(__m256i r, __m256i threshold) {
+CORTADO_SIMD_INLINE __m256i NotBelow(__m256i r, __m256i threshold) {
   return _mm256_cmpeq_epi32(_mm256_max_epu32(r, threshold), r);
 }
 
 // Saturating to infinity and marking NaN, shared by the cores: mag -> final magnitude.
 template <int E, int M>
-CORTADO_AVX2_INLINE __m256i Finish(const Consts<E, M>& k, __m256i mag, __m256i abs) {
+CORTADO_SIMD_INLINE __m256i Finish(const Consts<E, M>& k, __m256i mag, __m256i abs) {
   mag = _mm256_min_epu32(mag, k.inf);
   if constexpr (M > 0) {
     const __m256i nan = _mm256_cmpgt_epi32(abs, k.exp_all);
@@ -103,7 +91,7 @@ CORTADO_AVX2_INLINE __m256i Finish(const Consts<E, M>& k, __m256i mag, __m256i a
 
 // Magnitude code (no sign) of E8 formats: base + q of the reference is abs >> s.
 template <int M, Rounding R>
-CORTADO_AVX2_INLINE __m256i MagE8(const Consts<8, M>& k, __m256i u, __m256i r) {
+CORTADO_SIMD_INLINE __m256i MagE8(const Consts<8, M>& k, __m256i u, __m256i r) {
   constexpr int s = 23 - M;
   const __m256i abs = _mm256_and_si256(u, k.abs);
   __m256i mag;
@@ -129,39 +117,26 @@ CORTADO_AVX2_INLINE __m256i MagE8(const Consts<8, M>& k, __m256i u, __m256i r) {
 }
 
 // Magnitude code (no sign) of E5 formats (bias 15), stochastic, by the reference's integer
-// formula: sig = the significand with its implicit bit, et = max(exponent, 113) (x is normal in
-// the target from fp32 exponent 113 on), s = the bits below the target's ulp (more than 23 - M
-// where the target is subnormal, capped at 40).
+// formula (E5StochasticParts, codec_simd.h; for the E5 formats, AVX2's variable shifts give the
+// subnormals their per-value shift).
 template <int M>
-CORTADO_AVX2_INLINE __m256i MagE5Stochastic(const Consts<5, M>& k, __m256i u, __m256i r) {
+CORTADO_SIMD_INLINE __m256i MagE5Stochastic(const Consts<5, M>& k, __m256i u, __m256i r) {
   const __m256i abs = _mm256_and_si256(u, k.abs);
-  const __m256i ef = _mm256_srli_epi32(abs, 23);
-  const __m256i e1 = _mm256_max_epi32(ef, k.one);
-  // abs - (e1 - 1) << 23: the implicit bit for normal fp32, the bare mantissa for subnormal.
-  const __m256i sig =
-      _mm256_sub_epi32(_mm256_add_epi32(abs, k.implicit), _mm256_slli_epi32(e1, 23));
-  const __m256i et = _mm256_max_epi32(ef, k.e113);
-  const __m256i base = _mm256_sub_epi32(_mm256_slli_epi32(et, M), k.base_off);
-  const __m256i s = _mm256_min_epi32(_mm256_add_epi32(_mm256_sub_epi32(et, e1), k.s_off), k.s_max);
-  const __m256i q = _mm256_srlv_epi32(sig, s);
-  // rem << (32 - s) for s <= 32 is sig << (32 - s) in 32 bits (q's bits shift out); rem >>
-  // (s - 32) above is sig >> (s - 32) (q = 0). The other shift's count is "negative", i.e.
-  // >= 32 unsigned, and gives 0.
-  const __m256i threshold = _mm256_or_si256(_mm256_sllv_epi32(sig, _mm256_sub_epi32(k.c32, s)),
-                                            _mm256_srlv_epi32(sig, _mm256_sub_epi32(s, k.c32)));
-  const __m256i mag =
-      _mm256_add_epi32(_mm256_add_epi32(base, k.one), _mm256_add_epi32(q, NotBelow(r, threshold)));
+  __m256i base_q, threshold;
+  E5StochasticParts<M>(k, abs, base_q, threshold);
+  // base_q + 1 + (all ones where r >= threshold): base_q + (r < threshold).
+  const __m256i mag = _mm256_add_epi32(_mm256_add_epi32(base_q, k.one), NotBelow(r, threshold));
   return Finish(k, mag, abs);
 }
 
 // Codes of 8 values of at most 16 bits, two vectors -> 16 little-endian words in order.
-CORTADO_AVX2_INLINE __m256i Pack16(__m256i a, __m256i b) {
+CORTADO_SIMD_INLINE __m256i Pack16(__m256i a, __m256i b) {
   return _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
 }
 
 // Two vectors of 8 values below 256 -> 16 bytes in order.
 template <class C>
-CORTADO_AVX2_INLINE __m128i Pack8x2(const C& k, __m256i a, __m256i b) {
+CORTADO_SIMD_INLINE __m128i Pack8x2(const C& k, __m256i a, __m256i b) {
   const __m256i w = _mm256_packus_epi32(a, b);  // a0-3 b0-3 | a4-7 b4-7
   const __m256i y = _mm256_packus_epi16(w, w);  // dwords: A0 B0 A0 B0 | A1 B1 A1 B1
   return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(y, k.pack_order));
@@ -176,7 +151,7 @@ CORTADO_AVX2_INLINE __m128i Pack8x2(const C& k, __m256i a, __m256i b) {
 // the bit stands for all above 65504, which epgc11 and epgc8 round to infinity, as they should.)
 enum class F16Mode { kNearest, kTruncate, kOdd };
 template <F16Mode kMode, class C>
-CORTADO_AVX2_INLINE __m256i F16Words(const C& k, __m256 x0, __m256 x1) {
+CORTADO_SIMD_INLINE __m256i F16Words(const C& k, __m256 x0, __m256 x1) {
   if constexpr (kMode == F16Mode::kTruncate) {
     const __m256 sign = Floats(k.sign);
     const __m256 over0 = _mm256_cmp_ps(_mm256_andnot_ps(sign, x0), k.f_two16, _CMP_GE_OQ);
@@ -203,7 +178,7 @@ CORTADO_AVX2_INLINE __m256i F16Words(const C& k, __m256 x0, __m256 x1) {
 // nearest, ties to even; kTruncate words truncated. No carry reaches the sign: the largest
 // non-NaN magnitude is infinity's, and the NaN words are canonical, both round to themselves.
 template <int M, Rounding R, class C>
-CORTADO_AVX2_INLINE __m256i WordsToCodes(const C& k, __m256i h) {
+CORTADO_SIMD_INLINE __m256i WordsToCodes(const C& k, __m256i h) {
   constexpr int s = 10 - M;
   if constexpr (R == Rounding::kNearest) {
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(h, s), k.one16);
@@ -214,7 +189,7 @@ CORTADO_AVX2_INLINE __m256i WordsToCodes(const C& k, __m256i h) {
 
 // The 16 codes (in 16-bit words, in order) of x0 and x1 for an E5 format, nearest or truncate.
 template <int M, Rounding R, class C>
-CORTADO_AVX2_INLINE __m256i E5Codes(const C& k, __m256 x0, __m256 x1) {
+CORTADO_SIMD_INLINE __m256i E5Codes(const C& k, __m256 x0, __m256 x1) {
   static_assert(R != Rounding::kStochastic);
   constexpr bool kNearest = R == Rounding::kNearest;
   if constexpr (M == 10) {
@@ -229,7 +204,7 @@ CORTADO_AVX2_INLINE __m256i E5Codes(const C& k, __m256 x0, __m256 x1) {
 // residual += x - d where finite, else += 0 (see Loss in codec_portable.cpp: the difference is
 // finite exactly when x and d both are).
 template <class C>
-CORTADO_AVX2_INLINE void AddLoss(const C& k, __m256 x, __m256 d, float* residual) {
+CORTADO_SIMD_INLINE void AddLoss(const C& k, __m256 x, __m256 d, float* residual) {
   const __m256 diff = _mm256_sub_ps(x, d);
   const __m256 finite = _mm256_cmp_ps(_mm256_and_ps(diff, Floats(k.abs)), k.f_inf, _CMP_LT_OQ);
   _mm256_storeu_ps(residual, _mm256_add_ps(_mm256_loadu_ps(residual), _mm256_and_ps(diff, finite)));
@@ -238,7 +213,7 @@ CORTADO_AVX2_INLINE void AddLoss(const C& k, __m256 x, __m256 d, float* residual
 // The floats of 16 f16 words: F16C, except that it quiets signalling NaNs (sets fp32 bit 22)
 // where HalfToFloat keeps them. NaN words are rare, so test for any first.
 template <class C>
-CORTADO_AVX2_INLINE __m256 FixNan(const C& k, __m256 d, __m128i h) {
+CORTADO_SIMD_INLINE __m256 FixNan(const C& k, __m256 d, __m128i h) {
   const __m256i h32 = _mm256_cvtepu16_epi32(h);
   const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(h32, k.h_abs32), k.h_inf32);
   const __m256i quieted = _mm256_andnot_si256(_mm256_slli_epi32(h32, 13), k.quiet);
@@ -247,7 +222,7 @@ CORTADO_AVX2_INLINE __m256 FixNan(const C& k, __m256 d, __m128i h) {
 // kExact: as HalfToFloat, NaN payloads included; else as F16C (what a residual needs: it
 // ignores NaN lanes, and the encoder makes only quiet NaNs anyway).
 template <bool kExact = true, class C>
-CORTADO_AVX2_INLINE void HalvesToFloats(const C& k, __m256i h, __m256& d0, __m256& d1) {
+CORTADO_SIMD_INLINE void HalvesToFloats(const C& k, __m256i h, __m256& d0, __m256& d1) {
   const __m128i lo = _mm256_castsi256_si128(h), hi = _mm256_extracti128_si256(h, 1);
   d0 = _mm256_cvtph_ps(lo);
   d1 = _mm256_cvtph_ps(hi);
@@ -270,7 +245,7 @@ using ConstsOf = Consts<FormatOf(K).e, FormatOf(K).m>;
 // Loops<Isa::kAvx2> (codec_dispatch.h): whole blocks from the start, as many as fit; returns
 // how many values they held (a multiple of 8).
 template <CodecKind K, Rounding R, bool kResidual>
-CORTADO_AVX2_LOOP size_t EncodeLoopAvx2(const float* src, size_t count, uint8_t* dst,
+CORTADO_SIMD_LOOP size_t EncodeLoopAvx2(const float* src, size_t count, uint8_t* dst,
                                         const EncodeOptions& o, float* residual) {
   const ConstsOf<K> k;
   RandomStream<ConstsOf<K>> random(k, o.seed, o.first_index);
@@ -396,7 +371,7 @@ CORTADO_AVX2_LOOP size_t EncodeLoopAvx2(const float* src, size_t count, uint8_t*
 
 // Loops<Isa::kAvx2> (codec_dispatch.h), as Encode.
 template <CodecKind K, bool kAccumulate>
-CORTADO_AVX2_LOOP size_t DecodeLoopAvx2(const uint8_t* src, size_t count, float* dst) {
+CORTADO_SIMD_LOOP size_t DecodeLoopAvx2(const uint8_t* src, size_t count, float* dst) {
   const ConstsOf<K> k;
   size_t i = 0;
   if constexpr (K == CodecKind::kF32) {

@@ -30,24 +30,14 @@
 
 #include "codecs/codec_dispatch.h"
 
-#define CORTADO_AVX512 \
-  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx2,f16c")))
-#define CORTADO_AVX512_INLINE CORTADO_AVX512 __attribute__((always_inline)) inline
-#define CORTADO_AVX512_LOOP CORTADO_AVX512 __attribute__((noinline))
-
-namespace cortado::dist::codec_internal {
-namespace {
-using VecI = __m512i;
-using VecF = __m512;
-}  // namespace
-}  // namespace cortado::dist::codec_internal
-#define CORTADO_SIMD_INLINE CORTADO_AVX512_INLINE
+#define CORTADO_SIMD_TARGET "avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx2,f16c"
+#define CORTADO_SIMD_BYTES 64
 #include "codecs/codec_simd.h"
 
 namespace cortado::dist::codec_internal {
 namespace {
 
-CORTADO_AVX512_INLINE __m256i Low256(__m512i v) { return _mm512_castsi512_si256(v); }
+CORTADO_SIMD_INLINE __m256i Low256(__m512i v) { return _mm512_castsi512_si256(v); }
 
 // ---- Packing tables ------------------------------------------------------------------------
 // Encoding: 64 values' high parts H (bytes, in the order the packs leave them) and their planes
@@ -89,7 +79,7 @@ constexpr ByteTable kUnpack9Sign = MakeTable([](int g) { return g < 8 ? 9 * g + 
 // (unused ones cost nothing: Keep's empty asm goes with its result).
 template <int E, int M>
 struct Consts {
-  CORTADO_AVX512_INLINE Consts() {}
+  CORTADO_SIMD_INLINE Consts() {}
 
   static constexpr uint32_t kInf = ((1u << E) - 1) << M;
   __m512i one = U32(1), abs = U32(0x7fffffffu), sign = U32(0x80000000u);
@@ -97,7 +87,7 @@ struct Consts {
   __m512i inf = U32(kInf), qnan = U32(M > 0 ? 1u << (M > 0 ? M - 1 : 0) : 0u);
   __m512i half_m1 = U32(M < 23 ? (1u << (M < 23 ? 22 - M : 0)) - 1 : 0);  // 2^(s-1) - 1
   __m512 f_two16 = Floats(U32(0x47800000u));                              // 2^16
-  // E5 stochastic (see MagE5Stochastic in codec_avx2.cpp).
+  // E5 stochastic (see E5StochasticParts in codec_simd.h).
   __m512i e113 = U32(113), base_off = U32(113u << M), s_off = U32(23 - M);
   __m512i s_max = U32(40), c32 = U32(32);
   __m512i normal_min = U32(113u << 23), rebias = U32(112u << 23);
@@ -119,7 +109,7 @@ using ConstsOf = Consts<FormatOf(K).e, FormatOf(K).m>;
 
 // Saturating to infinity and marking NaN: mag -> final magnitude.
 template <int E, int M>
-CORTADO_AVX512_INLINE __m512i Finish(const Consts<E, M>& k, __m512i mag, __m512i abs) {
+CORTADO_SIMD_INLINE __m512i Finish(const Consts<E, M>& k, __m512i mag, __m512i abs) {
   mag = _mm512_min_epu32(mag, k.inf);
   if constexpr (M > 0) {
     mag = _mm512_mask_or_epi32(mag, _mm512_cmpgt_epu32_mask(abs, k.exp_all), mag, k.qnan);
@@ -129,7 +119,7 @@ CORTADO_AVX512_INLINE __m512i Finish(const Consts<E, M>& k, __m512i mag, __m512i
 
 // Magnitude code of E8 formats (bf16, epgc9): base + q of the reference is abs >> s.
 template <int M, Rounding R>
-CORTADO_AVX512_INLINE __m512i MagE8(const Consts<8, M>& k, __m512i u, __m512i r) {
+CORTADO_SIMD_INLINE __m512i MagE8(const Consts<8, M>& k, __m512i u, __m512i r) {
   constexpr int s = 23 - M;
   const __m512i abs = _mm512_and_si512(u, k.abs);
   __m512i mag;
@@ -155,33 +145,25 @@ CORTADO_AVX512_INLINE __m512i MagE8(const Consts<8, M>& k, __m512i u, __m512i r)
 // Magnitude code of E5 formats, stochastic. Where every lane is normal in the target (fp32
 // exponent 113 and up: NaN, infinity and overflow included, Finish saturates them), base + q of
 // the reference is (abs - 112 << 23) >> s with s = 23 - M fixed, and the threshold abs << (32 -
-// s), as for the E8 formats: half the work. Otherwise the integer formula of MagE5Stochastic
-// in codec_avx2.cpp, per-lane s and all (variable shifts by 32 or more give 0 here too).
+// s), as for the E8 formats: half the work. Otherwise the integer formula of E5StochasticParts
+// (codec_simd.h), per-lane s and all.
 template <int M>
-CORTADO_AVX512_INLINE __m512i MagE5Stochastic(const Consts<5, M>& k, __m512i u, __m512i r) {
+CORTADO_SIMD_INLINE __m512i MagE5Stochastic(const Consts<5, M>& k, __m512i u, __m512i r) {
   const __m512i abs = _mm512_and_si512(u, k.abs);
   if (_mm512_cmplt_epu32_mask(abs, k.normal_min) == 0) [[likely]] {
     const __m512i q = _mm512_srli_epi32(_mm512_sub_epi32(abs, k.rebias), 23 - M);
     const __mmask16 up = _mm512_cmplt_epu32_mask(r, _mm512_slli_epi32(abs, 9 + M));
     return Finish(k, _mm512_mask_add_epi32(q, up, q, k.one), abs);
   }
-  const __m512i ef = _mm512_srli_epi32(abs, 23);
-  const __m512i e1 = _mm512_max_epi32(ef, k.one);
-  const __m512i sig =
-      _mm512_sub_epi32(_mm512_add_epi32(abs, k.implicit), _mm512_slli_epi32(e1, 23));
-  const __m512i et = _mm512_max_epi32(ef, k.e113);
-  const __m512i base = _mm512_sub_epi32(_mm512_slli_epi32(et, M), k.base_off);
-  const __m512i s = _mm512_min_epi32(_mm512_add_epi32(_mm512_sub_epi32(et, e1), k.s_off), k.s_max);
-  const __m512i q = _mm512_add_epi32(base, _mm512_srlv_epi32(sig, s));
-  const __m512i threshold = _mm512_or_si512(_mm512_sllv_epi32(sig, _mm512_sub_epi32(k.c32, s)),
-                                            _mm512_srlv_epi32(sig, _mm512_sub_epi32(s, k.c32)));
+  __m512i q, threshold;
+  E5StochasticParts<M>(k, abs, q, threshold);
   const __m512i mag = _mm512_mask_add_epi32(q, _mm512_cmplt_epu32_mask(r, threshold), q, k.one);
   return Finish(k, mag, abs);
 }
 
 // Codes of 16 + 16 values of at most 16 bits -> 32 words in order.
 template <class C>
-CORTADO_AVX512_INLINE __m512i Pack16(const C& k, __m512i a, __m512i b) {
+CORTADO_SIMD_INLINE __m512i Pack16(const C& k, __m512i a, __m512i b) {
   return _mm512_permutexvar_epi64(k.pack_order, _mm512_packus_epi32(a, b));
 }
 
@@ -190,7 +172,7 @@ CORTADO_AVX512_INLINE __m512i Pack16(const C& k, __m512i a, __m512i b) {
 // bit set where inexact (round to odd, rounded again by WordsToCodes).
 enum class F16Mode { kNearest, kTruncate, kOdd };
 template <F16Mode kMode, class C>
-CORTADO_AVX512_INLINE __m256i F16Words(const C& k, __m512 x) {
+CORTADO_SIMD_INLINE __m256i F16Words(const C& k, __m512 x) {
   if constexpr (kMode == F16Mode::kTruncate) {
     const __mmask16 over =
         _mm512_cmp_ps_mask(Floats(_mm512_and_si512(Bits(x), k.abs)), k.f_two16, _CMP_GE_OQ);
@@ -213,7 +195,7 @@ CORTADO_AVX512_INLINE __m256i F16Words(const C& k, __m512 x) {
 // words in order: F16C for nearest and truncate (round to odd, then integer rounding, for
 // M < 10), the integer formula for stochastic.
 template <int M, Rounding R, class C, class Stream>
-CORTADO_AVX512_INLINE __m512i E5Codes(const C& k, __m512 x0, __m512 x1, Stream& random) {
+CORTADO_SIMD_INLINE __m512i E5Codes(const C& k, __m512 x0, __m512 x1, Stream& random) {
   if constexpr (R == Rounding::kStochastic) {
     // Two statements: the draws must be taken in order.
     const __m512i c0 = WithSign(k, MagE5Stochastic<M>(k, Bits(x0), random.Next()), Bits(x0));
@@ -241,14 +223,14 @@ CORTADO_AVX512_INLINE __m512i E5Codes(const C& k, __m512 x0, __m512 x1, Stream& 
 
 // residual += x - d where finite, else += +0 (a masked add would keep a -0 residual, where the
 // portable kernels' + 0 makes it +0).
-CORTADO_AVX512_INLINE void AddLoss(__m512 x, __m512 d, float* residual) {
+CORTADO_SIMD_INLINE void AddLoss(__m512 x, __m512 d, float* residual) {
   const __m512 diff = _mm512_sub_ps(x, d);
   const auto finite = static_cast<__mmask16>(~_mm512_fpclass_ps_mask(diff, 0x99));  // not NaN, inf
   _mm512_storeu_ps(residual,
                    _mm512_add_ps(_mm512_loadu_ps(residual), _mm512_maskz_mov_ps(finite, diff)));
 }
 // The residual of 32 values from their f16 words (values 0-15 in the low half).
-CORTADO_AVX512_INLINE void AddLossWords(__m512 x0, __m512 x1, __m512i h, float* residual) {
+CORTADO_SIMD_INLINE void AddLossWords(__m512 x0, __m512 x1, __m512i h, float* residual) {
   AddLoss(x0, _mm512_cvtph_ps(Low256(h)), residual);
   AddLoss(x1, _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), residual + 16);
 }
@@ -256,7 +238,7 @@ CORTADO_AVX512_INLINE void AddLossWords(__m512 x0, __m512 x1, __m512i h, float* 
 // The floats of 16 f16 words, as HalfToFloat: F16C quiets signalling NaNs (sets fp32 bit 22),
 // which HalfToFloat keeps; NaN words are rare, so test for any first.
 template <class C>
-CORTADO_AVX512_INLINE __m512 HalvesToFloats(const C& k, __m256i h) {
+CORTADO_SIMD_INLINE __m512 HalvesToFloats(const C& k, __m256i h) {
   __m512 d = _mm512_cvtph_ps(h);
   const __mmask16 nan =
       _mm256_cmpgt_epu16_mask(_mm256_and_si256(h, Low256(k.h_abs)), Low256(k.h_inf));
@@ -271,13 +253,13 @@ CORTADO_AVX512_INLINE __m512 HalvesToFloats(const C& k, __m256i h) {
 // the high part into the high byte, the low part's bit p to bit 5 + p of the low byte (added:
 // the bits are distinct, and AVX-512 has masked byte adds but no masked byte ORs).
 struct Unpack11 {
-  CORTADO_AVX512_INLINE Unpack11() {}
+  CORTADO_SIMD_INLINE Unpack11() {}
   __m512i high_index = Load(kUnpack11High), bit = Load(kUnpack11Bit);
   __m512i plane_index[3] = {Load(kUnpack11Plane[0]), Load(kUnpack11Plane[1]),
                             Load(kUnpack11Plane[2])};
   __m512i low_at[3] = {Load(kLowBitInWord[0]), Load(kLowBitInWord[1]), Load(kLowBitInWord[2])};
 
-  CORTADO_AVX512_INLINE __m512i Words(__m512i v) const {
+  CORTADO_SIMD_INLINE __m512i Words(__m512i v) const {
     __m512i h = _mm512_maskz_permutexvar_epi8(0xaaaaaaaaaaaaaaaaull, high_index, v);
 #pragma GCC unroll 3
     for (int p = 0; p < 3; ++p) {
@@ -295,8 +277,8 @@ struct Unpack11 {
 // Loops<Isa::kAvx512> (codec_dispatch.h): whole blocks from the start, as many as fit; returns
 // how many values they held (a multiple of 32).
 template <CodecKind K, Rounding R, bool kResidual>
-CORTADO_AVX512_LOOP size_t EncodeLoopAvx512(const float* src, size_t count, uint8_t* dst,
-                                            const EncodeOptions& o, float* residual) {
+CORTADO_SIMD_LOOP size_t EncodeLoopAvx512(const float* src, size_t count, uint8_t* dst,
+                                          const EncodeOptions& o, float* residual) {
   constexpr int M = FormatOf(K).m;
   const ConstsOf<K> k;
   RandomStream<ConstsOf<K>> random(k, o.seed, o.first_index);
@@ -399,7 +381,7 @@ CORTADO_AVX512_LOOP size_t EncodeLoopAvx512(const float* src, size_t count, uint
 
 // Loops<Isa::kAvx512> (codec_dispatch.h), as Encode.
 template <CodecKind K, bool kAccumulate>
-CORTADO_AVX512_LOOP size_t DecodeLoopAvx512(const uint8_t* src, size_t count, float* dst) {
+CORTADO_SIMD_LOOP size_t DecodeLoopAvx512(const uint8_t* src, size_t count, float* dst) {
   const ConstsOf<K> k;
   size_t i = 0;
   if constexpr (K == CodecKind::kF32) {

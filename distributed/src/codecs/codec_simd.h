@@ -1,17 +1,25 @@
 // Internal: the parts of the vector kernel sets (codec_avx2.cpp, codec_avx512.cpp) that differ
-// only in vector width, written once. They use GCC's vector extensions (operators on vector
-// types), which are what GCC's own intrinsic headers are made of: _mm256_xor_si256 is a ^ b,
-// _mm512_mullo_epi32 a * b on 32-bit lanes, so these compile to the instructions the intrinsics
-// did. A set's file includes this header after defining, in its anonymous namespace inside
-// cortado::dist::codec_internal, its vector types VecI (integer) and VecF (float), and the macro
-// CORTADO_SIMD_INLINE (its target attribute with always_inline): every function here is then
-// built for that set's ISA and inlines into its loops. Defined once per translation unit, in an
-// anonymous namespace, so the two sets' copies never meet.
+// only in vector width, written once. A set's file defines CORTADO_SIMD_TARGET (its target
+// attribute's string) and CORTADO_SIMD_BYTES (its vector width: 32 or 64) and includes this
+// header, which gives it:
+//   - CORTADO_SIMD_INLINE (helpers: inlined into their callers, a few instructions each) and
+//     CORTADO_SIMD_LOOP (loops: each a function of its own; inlined into the dispatch they would
+//     share one huge function's register allocation), both with the target attribute, so the
+//     set is built whatever -march says and runs only where ActiveIsa() found the CPU able;
+//   - VecI and VecF, its integer and float vectors, and CORTADO_SIMD_FN(op), the intrinsic
+//     _mm256_op or _mm512_op, for the operations both widths name alike;
+//   - the helpers below. They use GCC's vector extensions (operators on vector types) where an
+//     operator says it: GCC's own intrinsic headers are made of them (_mm256_xor_si256 is
+//     a ^ b, _mm512_mullo_epi32 a * b on 32-bit lanes), so they compile to the same instructions.
+// Everything is in an anonymous namespace, once per translation unit: the two sets' copies,
+// built for different targets, never meet.
 #pragma once
 
-#ifndef CORTADO_SIMD_INLINE
-#error "codec_simd.h: define CORTADO_SIMD_INLINE, VecI and VecF before including it"
+#if !defined(CORTADO_SIMD_TARGET) || !defined(CORTADO_SIMD_BYTES)
+#error "codec_simd.h: define CORTADO_SIMD_TARGET and CORTADO_SIMD_BYTES before including it"
 #endif
+
+#include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
@@ -19,8 +27,24 @@
 #include "codecs/codec_internal.h"
 #include "codecs/codec_tables.h"
 
+#define CORTADO_SIMD_INLINE \
+  __attribute__((target(CORTADO_SIMD_TARGET))) __attribute__((always_inline)) inline
+#define CORTADO_SIMD_LOOP __attribute__((target(CORTADO_SIMD_TARGET))) __attribute__((noinline))
+
 namespace cortado::dist::codec_internal {
 namespace {
+
+#if CORTADO_SIMD_BYTES == 32
+using VecI = __m256i;
+using VecF = __m256;
+#define CORTADO_SIMD_FN(op) _mm256_##op
+#elif CORTADO_SIMD_BYTES == 64
+using VecI = __m512i;
+using VecF = __m512;
+#define CORTADO_SIMD_FN(op) _mm512_##op
+#else
+#error "codec_simd.h: CORTADO_SIMD_BYTES must be 32 or 64"
+#endif
 
 // 32-bit lanes per vector.
 constexpr int kLanes = sizeof(VecI) / 4;
@@ -110,6 +134,30 @@ CORTADO_SIMD_INLINE VecI Draw(Stream& stream) {
 template <template <int, int> class C, int E, int M>
 CORTADO_SIMD_INLINE VecI WithSign(const C<E, M>& k, VecI mag, VecI u) {
   return VecI(U32s(mag) | ((U32s(u) & U32s(k.sign)) >> (31 - E - M)));
+}
+
+// The E5 formats' (bias 15) stochastic rounding of magnitudes abs by the reference's integer
+// formula: sig = the significand with its implicit bit, et = max(exponent, 113) (x is normal in
+// the target from fp32 exponent 113 on), s = the bits below the target's ulp (more than 23 - M
+// where the target is subnormal, capped at 40). Gives base_q, the code rounded down (base + q,
+// before Finish), and threshold, the remainder's bits at the top of a word: a draw r below it
+// rounds up.
+template <int M, class C>
+CORTADO_SIMD_INLINE void E5StochasticParts(const C& k, VecI abs, VecI& base_q, VecI& threshold) {
+  const VecI ef = CORTADO_SIMD_FN(srli_epi32)(abs, 23);
+  const VecI e1 = CORTADO_SIMD_FN(max_epi32)(ef, k.one);
+  // abs - (e1 - 1) << 23: the implicit bit for normal fp32, the bare mantissa for subnormal.
+  const VecI sig = VecI(U32s(abs) + U32s(k.implicit) - U32s(CORTADO_SIMD_FN(slli_epi32)(e1, 23)));
+  const VecI et = CORTADO_SIMD_FN(max_epi32)(ef, k.e113);
+  const U32s base = U32s(CORTADO_SIMD_FN(slli_epi32)(et, M)) - U32s(k.base_off);
+  const VecI s = CORTADO_SIMD_FN(min_epi32)(VecI(U32s(et) - U32s(e1) + U32s(k.s_off)), k.s_max);
+  base_q = VecI(base + U32s(CORTADO_SIMD_FN(srlv_epi32)(sig, s)));
+  // rem << (32 - s) for s <= 32 is sig << (32 - s) in 32 bits (q's bits shift out); rem >>
+  // (s - 32) above is sig >> (s - 32) (q = 0). The other shift's count is "negative", i.e.
+  // >= 32 unsigned, and gives 0 (the variable shifts of both widths do).
+  const VecI up = CORTADO_SIMD_FN(sllv_epi32)(sig, VecI(U32s(k.c32) - U32s(s)));
+  const VecI down = CORTADO_SIMD_FN(srlv_epi32)(sig, VecI(U32s(s) - U32s(k.c32)));
+  threshold = VecI(U32s(up) | U32s(down));
 }
 
 // dst = d, or dst += d where kAccumulate, at any alignment.
