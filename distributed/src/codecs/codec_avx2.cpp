@@ -72,10 +72,11 @@ struct Consts {
   __m256i to_sign = Keep(_mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24));
 };
 
-// All ones where r >= threshold as unsigned (AVX2 compares only signed): where a stochastic
-// draw does not round up. q + 1 + this is q + (r < threshold).
-CORTADO_SIMD_INLINE __m256i NotBelow(__m256i r, __m256i threshold) {
-  return _mm256_cmpeq_epi32(_mm256_max_epu32(r, threshold), r);
+// v + (a < b) as unsigned (AVX2 compares only signed): v + 1 + (all ones where a >= b).
+template <class C>
+CORTADO_SIMD_INLINE __m256i AddOneIfBelow(const C& k, __m256i v, __m256i a, __m256i b) {
+  return _mm256_add_epi32(_mm256_add_epi32(v, k.one),
+                          _mm256_cmpeq_epi32(_mm256_max_epu32(a, b), a));
 }
 
 // Saturating to infinity and marking NaN, shared by the cores: mag -> final magnitude.
@@ -89,44 +90,17 @@ CORTADO_SIMD_INLINE __m256i Finish(const Consts<E, M>& k, __m256i mag, __m256i a
   return mag;
 }
 
-// Magnitude code (no sign) of E8 formats: base + q of the reference is abs >> s.
-template <int M, Rounding R>
-CORTADO_SIMD_INLINE __m256i MagE8(const Consts<8, M>& k, __m256i u, __m256i r) {
-  constexpr int s = 23 - M;
-  const __m256i abs = _mm256_and_si256(u, k.abs);
-  __m256i mag;
-  if constexpr (R == Rounding::kNearest) {
-    // abs + half - 1 + (q odd), where q is abs's bit s, or for epgc9 (q = the implicit bit)
-    // whether x is normal.
-    const __m256i half_m1 = _mm256_srli_epi32(k.abs, 31 - (s - 1));  // 2^(s-1) - 1
-    __m256i t = _mm256_add_epi32(abs, half_m1);
-    if constexpr (M > 0) {
-      t = _mm256_add_epi32(t, _mm256_and_si256(_mm256_srli_epi32(abs, s), k.one));
-    } else {
-      t = _mm256_sub_epi32(t, _mm256_cmpgt_epi32(abs, _mm256_srli_epi32(k.abs, 8)));  // > 0x7fffff
-    }
-    mag = _mm256_srli_epi32(t, s);
-  } else if constexpr (R == Rounding::kTruncate) {
-    mag = _mm256_srli_epi32(abs, s);
-  } else {
-    const __m256i threshold = _mm256_slli_epi32(abs, 32 - s);  // rem << (32 - s)
-    mag = _mm256_add_epi32(_mm256_add_epi32(_mm256_srli_epi32(abs, s), k.one),
-                           NotBelow(r, threshold));
-  }
-  return Finish(k, mag, abs);
+// v + (a > b), for a and b below 2^31: v - (all ones where a > b, a signed compare).
+template <class C>
+CORTADO_SIMD_INLINE __m256i AddOneIfAbove(const C&, __m256i v, __m256i a, __m256i b) {
+  return _mm256_sub_epi32(v, _mm256_cmpgt_epi32(a, b));
 }
 
-// Magnitude code (no sign) of E5 formats (bias 15), stochastic, by the reference's integer
-// formula (E5StochasticParts, codec_simd.h; for the E5 formats, AVX2's variable shifts give the
-// subnormals their per-value shift).
+// Magnitude code (no sign) of E5 formats (bias 15), stochastic: the integer formula
+// (codec_simd.h; AVX2's variable shifts give the subnormals their per-value shift).
 template <int M>
 CORTADO_SIMD_INLINE __m256i MagE5Stochastic(const Consts<5, M>& k, __m256i u, __m256i r) {
-  const __m256i abs = _mm256_and_si256(u, k.abs);
-  __m256i base_q, threshold;
-  E5StochasticParts<M>(k, abs, base_q, threshold);
-  // base_q + 1 + (all ones where r >= threshold): base_q + (r < threshold).
-  const __m256i mag = _mm256_add_epi32(_mm256_add_epi32(base_q, k.one), NotBelow(r, threshold));
-  return Finish(k, mag, abs);
+  return MagE5StochasticFormula<M>(k, _mm256_and_si256(u, k.abs), r);
 }
 
 // Codes of 8 values of at most 16 bits, two vectors -> 16 little-endian words in order.

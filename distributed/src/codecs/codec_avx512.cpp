@@ -83,10 +83,9 @@ struct Consts {
 
   static constexpr uint32_t kInf = ((1u << E) - 1) << M;
   __m512i one = U32(1), abs = U32(0x7fffffffu), sign = U32(0x80000000u);
-  __m512i exp_all = U32(0x7f800000u), implicit = U32(0x800000u), man_all = U32(0x7fffffu);
+  __m512i exp_all = U32(0x7f800000u), implicit = U32(0x800000u);
   __m512i inf = U32(kInf), qnan = U32(M > 0 ? 1u << (M > 0 ? M - 1 : 0) : 0u);
-  __m512i half_m1 = U32(M < 23 ? (1u << (M < 23 ? 22 - M : 0)) - 1 : 0);  // 2^(s-1) - 1
-  __m512 f_two16 = Floats(U32(0x47800000u));                              // 2^16
+  __m512 f_two16 = Floats(U32(0x47800000u));  // 2^16
   // E5 stochastic (see E5StochasticParts in codec_simd.h).
   __m512i e113 = U32(113), base_off = U32(113u << M), s_off = U32(23 - M);
   __m512i s_max = U32(40), c32 = U32(32);
@@ -117,29 +116,14 @@ CORTADO_SIMD_INLINE __m512i Finish(const Consts<E, M>& k, __m512i mag, __m512i a
   return mag;
 }
 
-// Magnitude code of E8 formats (bf16, epgc9): base + q of the reference is abs >> s.
-template <int M, Rounding R>
-CORTADO_SIMD_INLINE __m512i MagE8(const Consts<8, M>& k, __m512i u, __m512i r) {
-  constexpr int s = 23 - M;
-  const __m512i abs = _mm512_and_si512(u, k.abs);
-  __m512i mag;
-  if constexpr (R == Rounding::kNearest) {
-    // abs + half - 1 + (q odd): q's low bit is abs's bit s, or for epgc9 whether x is normal.
-    __m512i t = _mm512_add_epi32(abs, k.half_m1);
-    if constexpr (M > 0) {
-      t = _mm512_add_epi32(t, _mm512_and_si512(_mm512_srli_epi32(abs, s), k.one));
-    } else {
-      t = _mm512_mask_add_epi32(t, _mm512_cmpgt_epu32_mask(abs, k.man_all), t, k.one);
-    }
-    mag = _mm512_srli_epi32(t, s);
-  } else if constexpr (R == Rounding::kTruncate) {
-    mag = _mm512_srli_epi32(abs, s);
-  } else {
-    const __m512i q = _mm512_srli_epi32(abs, s);
-    const __mmask16 up = _mm512_cmplt_epu32_mask(r, _mm512_slli_epi32(abs, 32 - s));
-    mag = _mm512_mask_add_epi32(q, up, q, k.one);
-  }
-  return Finish(k, mag, abs);
+// v + (a < b) and v + (a > b), as unsigned: masked adds.
+template <class C>
+CORTADO_SIMD_INLINE __m512i AddOneIfBelow(const C& k, __m512i v, __m512i a, __m512i b) {
+  return _mm512_mask_add_epi32(v, _mm512_cmplt_epu32_mask(a, b), v, k.one);
+}
+template <class C>
+CORTADO_SIMD_INLINE __m512i AddOneIfAbove(const C& k, __m512i v, __m512i a, __m512i b) {
+  return AddOneIfBelow(k, v, b, a);
 }
 
 // Magnitude code of E5 formats, stochastic. Where every lane is normal in the target (fp32
@@ -152,13 +136,9 @@ CORTADO_SIMD_INLINE __m512i MagE5Stochastic(const Consts<5, M>& k, __m512i u, __
   const __m512i abs = _mm512_and_si512(u, k.abs);
   if (_mm512_cmplt_epu32_mask(abs, k.normal_min) == 0) [[likely]] {
     const __m512i q = _mm512_srli_epi32(_mm512_sub_epi32(abs, k.rebias), 23 - M);
-    const __mmask16 up = _mm512_cmplt_epu32_mask(r, _mm512_slli_epi32(abs, 9 + M));
-    return Finish(k, _mm512_mask_add_epi32(q, up, q, k.one), abs);
+    return Finish(k, AddOneIfBelow(k, q, r, _mm512_slli_epi32(abs, 9 + M)), abs);
   }
-  __m512i q, threshold;
-  E5StochasticParts<M>(k, abs, q, threshold);
-  const __m512i mag = _mm512_mask_add_epi32(q, _mm512_cmplt_epu32_mask(r, threshold), q, k.one);
-  return Finish(k, mag, abs);
+  return MagE5StochasticFormula<M>(k, abs, r);
 }
 
 // Codes of 16 + 16 values of at most 16 bits -> 32 words in order.

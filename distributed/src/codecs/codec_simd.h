@@ -160,6 +160,43 @@ CORTADO_SIMD_INLINE void E5StochasticParts(const C& k, VecI abs, VecI& base_q, V
   threshold = VecI(U32s(up) | U32s(down));
 }
 
+// The set gives, for the functions below (found where they are instantiated, by the type of the
+// constants k): Finish(k, mag, abs), saturating mag to infinity and marking NaN;
+// AddOneIfBelow(k, v, a, b), v + (a < b) as unsigned; AddOneIfAbove(k, v, a, b), v + (a > b) for
+// a and b below 2^31.
+
+// Magnitude code (no sign) of E8 formats (bf16, epgc9): base + q of the reference is abs >> s.
+template <int M, Rounding R, class C>
+CORTADO_SIMD_INLINE VecI MagE8(const C& k, VecI u, VecI r) {
+  constexpr int s = 23 - M;
+  const VecI abs = VecI(U32s(u) & U32s(k.abs));
+  const VecI q = CORTADO_SIMD_FN(srli_epi32)(abs, s);
+  if constexpr (R == Rounding::kTruncate) {
+    return Finish(k, q, abs);
+  } else if constexpr (R == Rounding::kStochastic) {
+    return Finish(k, AddOneIfBelow(k, q, r, CORTADO_SIMD_FN(slli_epi32)(abs, 32 - s)), abs);
+  } else {
+    // (abs + half - 1 + (q odd)) >> s: q's low bit is abs's bit s, or for epgc9 (q = the
+    // implicit bit) whether x is normal, above 0x7fffff.
+    const VecI half_m1 = CORTADO_SIMD_FN(srli_epi32)(k.abs, 32 - s);  // 2^(s-1) - 1
+    VecI t = VecI(U32s(abs) + U32s(half_m1));
+    if constexpr (M > 0) {
+      t = VecI(U32s(t) + (U32s(q) & U32s(k.one)));
+    } else {
+      t = AddOneIfAbove(k, t, abs, CORTADO_SIMD_FN(srli_epi32)(k.abs, 8));
+    }
+    return Finish(k, CORTADO_SIMD_FN(srli_epi32)(t, s), abs);
+  }
+}
+
+// Magnitude code (no sign) of E5 formats, stochastic, by the integer formula, per lane.
+template <int M, class C>
+CORTADO_SIMD_INLINE VecI MagE5StochasticFormula(const C& k, VecI abs, VecI r) {
+  VecI base_q, threshold;
+  E5StochasticParts<M>(k, abs, base_q, threshold);
+  return Finish(k, AddOneIfBelow(k, base_q, r, threshold), abs);
+}
+
 // dst = d, or dst += d where kAccumulate, at any alignment.
 template <bool kAccumulate>
 CORTADO_SIMD_INLINE void Put(float* dst, VecF d) {
