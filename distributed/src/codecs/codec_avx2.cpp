@@ -37,29 +37,14 @@ constexpr ByteTable BitSet(int p) {
 constexpr ByteTable kBitSet[3] = {BitSet(0), BitSet(1), BitSet(2)};
 constexpr ByteTable kPlaneByte[3] = {Splat(8), Splat(9), Splat(10)};
 
-// The constants of the loops of a format (E exponent, M mantissa bits), made once per call
-// (a loop's unused ones cost nothing: Keep's empty asm goes with its result).
+// The constants of a format's loops (FormatConsts) and this set's own: F16C's fix-ups' infinity,
+// f16 words in 32-bit lanes.
 template <int E, int M>
-struct Consts {
-  // Declared, so that the member initializers below run with the target attribute.
+struct Consts : FormatConsts<E, M> {
   CORTADO_SIMD_INLINE Consts() {}
 
-  static constexpr uint32_t kInf = ((1u << E) - 1) << M;
-  __m256i one = U32(1), abs = U32(0x7fffffffu), sign = U32(0x80000000u);
-  __m256i exp_all = U32(0x7f800000u), implicit = U32(0x800000u);
-  __m256i inf = U32(kInf), qnan = U32(M > 0 ? 1u << (M > 0 ? M - 1 : 0) : 0u);
-  __m256 f_inf = Floats(U32(0x7f800000u)), f_two16 = Floats(U32(0x47800000u));  // 2^16
-  // E5 stochastic: the exponent of the smallest normal target, bases, shifts.
-  __m256i e113 = U32(113), base_off = U32(113u << M), s_off = U32(23 - M);
-  __m256i s_max = U32(40), c32 = U32(32);
-  // The hash (StochasticBits): lane j's index multiplier, a block's step, fmix32's multipliers.
-  __m256i hash_lanes = Load(kHashLanes);
-  __m256i hash_step = U32(8 * kHashLo), mix1 = U32(kMix1), mix2 = U32(kMix2);
-  // f16 words: magnitude mask, infinity, what a NaN loses of its payload (all but the quiet
-  // bit); 1 and half an ulp of the format less 1, for rounding words; fp32's quiet bit.
-  __m256i h_abs = U16(0x7fff), h_inf = U16(0x7c00), h_payload = U16(0x01ff);
-  __m256i one16 = U16(1), half_m1_16 = U16(M < 10 ? (1u << (M < 10 ? 9 - M : 0)) - 1 : 0);
-  __m256i h_abs32 = U32(0x7fff), h_inf32 = U32(0x7c00), quiet = U32(0x400000u);
+  __m256 f_inf = Floats(U32(0x7f800000u));
+  __m256i h_abs32 = U32(0x7fff), h_inf32 = U32(0x7c00);
   // Packing: dword order after two packs; epgc11's low part; bit j of byte j (of 8); per plane
   // p a byte table of "bit p of v" (encode) and plane byte p's spread (decode), low bit p's
   // place in an f16 word; epgc9's sign bit j to bit 31.
@@ -343,28 +328,13 @@ CORTADO_SIMD_LOOP size_t EncodeLoopAvx2(const float* src, size_t count, uint8_t*
 
 // ---- Decode ---------------------------------------------------------------------------------
 
-// Loops<Isa::kAvx2> (codec_dispatch.h), as Encode.
+// Loops<Isa::kAvx2> (codec_dispatch.h), as Encode, for the packed formats (the others:
+// DecodeWideningLoop, codec_simd.h).
 template <CodecKind K, bool kAccumulate>
 CORTADO_SIMD_LOOP size_t DecodeLoopAvx2(const uint8_t* src, size_t count, float* dst) {
   const ConstsOf<K> k;
   size_t i = 0;
-  if constexpr (K == CodecKind::kF32) {
-    i = DecodeF32Loop<kAccumulate>(src, count, dst);
-  } else if constexpr (K == CodecKind::kF16) {
-    for (; i + 16 <= count; i += 16) {
-      __m256 d0, d1;
-      HalvesToFloats(k, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i)), d0, d1);
-      Put<kAccumulate>(dst + i, d0);
-      Put<kAccumulate>(dst + i + 8, d1);
-    }
-  } else if constexpr (K == CodecKind::kBF16) {
-    for (; i + 16 <= count; i += 16) {
-      const __m128i w0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
-      const __m128i w1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i + 16));
-      Put<kAccumulate>(dst + i, Floats(_mm256_slli_epi32(_mm256_cvtepu16_epi32(w0), 16)));
-      Put<kAccumulate>(dst + i + 8, Floats(_mm256_slli_epi32(_mm256_cvtepu16_epi32(w1), 16)));
-    }
-  } else if constexpr (K == CodecKind::kEpgc8) {
+  if constexpr (K == CodecKind::kEpgc8) {
     for (; i + 32 <= count; i += 32) {
       // Each byte becomes the top byte of an f16 word; unpack pairs 128-bit halves, so the
       // vectors hold values 0-7 | 16-23 and 8-15 | 24-31.
@@ -400,7 +370,8 @@ CORTADO_SIMD_LOOP size_t DecodeLoopAvx2(const uint8_t* src, size_t count, float*
       Put<kAccumulate>(dst + i, d0);
       Put<kAccumulate>(dst + i + 8, d1);
     }
-  } else if constexpr (K == CodecKind::kEpgc9) {
+  } else {
+    static_assert(K == CodecKind::kEpgc9, "f32, f16, bf16: DecodeWideningLoop");
     for (; i + 8 <= count; i += 8) {
       // The exponent bytes to fp32's exponent; lane j's sign, bit j of the plane, to bit 31.
       const uint8_t* in = src + i / 8 * 9;
@@ -414,7 +385,7 @@ CORTADO_SIMD_LOOP size_t DecodeLoopAvx2(const uint8_t* src, size_t count, float*
   return i;
 }
 
-CORTADO_CODEC_KERNEL_SET(Isa::kAvx2, EncodeLoopAvx2, DecodeLoopAvx2);
+CORTADO_SIMD_KERNEL_SET(Isa::kAvx2, EncodeLoopAvx2, DecodeLoopAvx2);
 
 }  // namespace cortado::dist::codec_internal
 

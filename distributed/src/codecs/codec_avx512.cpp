@@ -75,30 +75,14 @@ constexpr ByteTable kUnpack11Bit = MakeTable([](int i) { return i % 2 ? 0 : 1 <<
 constexpr ByteTable kUnpack9Exp = MakeTable([](int v) { return 9 * (v / 8) + v % 8; });
 constexpr ByteTable kUnpack9Sign = MakeTable([](int g) { return g < 8 ? 9 * g + 8 : 0; });
 
-// The constants of the loops of a format (E exponent, M mantissa bits), made once per call
-// (unused ones cost nothing: Keep's empty asm goes with its result).
+// The constants of a format's loops (FormatConsts) and this set's own: the fixed-shift E5
+// stochastic route's bounds (MagE5Stochastic), the f16 quiet bit.
 template <int E, int M>
-struct Consts {
+struct Consts : FormatConsts<E, M> {
   CORTADO_SIMD_INLINE Consts() {}
 
-  static constexpr uint32_t kInf = ((1u << E) - 1) << M;
-  __m512i one = U32(1), abs = U32(0x7fffffffu), sign = U32(0x80000000u);
-  __m512i exp_all = U32(0x7f800000u), implicit = U32(0x800000u);
-  __m512i inf = U32(kInf), qnan = U32(M > 0 ? 1u << (M > 0 ? M - 1 : 0) : 0u);
-  __m512 f_two16 = Floats(U32(0x47800000u));  // 2^16
-  // E5 stochastic (see E5StochasticParts in codec_simd.h).
-  __m512i e113 = U32(113), base_off = U32(113u << M), s_off = U32(23 - M);
-  __m512i s_max = U32(40), c32 = U32(32);
   __m512i normal_min = U32(113u << 23), rebias = U32(112u << 23);
-  // The hash: lane j's index multiplier, a block's step, fmix32's multipliers.
-  __m512i hash_lanes = Load(kHashLanes);
-  __m512i hash_step = U32(16 * kHashLo), mix1 = U32(kMix1), mix2 = U32(kMix2);
-  // f16 words: magnitude, infinity, the NaN payload the format drops, the quiet bit; 1 and half
-  // an ulp of the format less 1; fp32's quiet bit.
-  __m512i h_abs = U16(0x7fff), h_inf = U16(0x7c00), h_payload = U16(0x01ff);
-  __m512i h_quiet = U16(0x0200), one16 = U16(1);
-  __m512i half_m1_16 = U16(M < 10 ? (1u << (M < 10 ? 9 - M : 0)) - 1 : 0);
-  __m512i quiet = U32(0x400000u);
+  __m512i h_quiet = U16(0x0200);
   // Pack16's qword order after packus.
   __m512i pack_order = Keep(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7));
 };
@@ -227,6 +211,13 @@ CORTADO_SIMD_INLINE __m512 HalvesToFloats(const C& k, __m256i h) {
     d = Floats(_mm512_mask_xor_epi32(Bits(d), signalling, Bits(d), k.quiet));
   }
   return d;
+}
+
+// The floats of 32 f16 words, values 0-15 in the low half (DecodeWideningLoop).
+template <class C>
+CORTADO_SIMD_INLINE void HalvesToFloats(const C& k, __m512i h, __m512& d0, __m512& d1) {
+  d0 = HalvesToFloats(k, Low256(h));
+  d1 = HalvesToFloats(k, _mm512_extracti64x4_epi64(h, 1));
 }
 
 // epgc11's groups back to f16 words (code << 5), 32 values (4 groups, 44 bytes) per vector:
@@ -359,27 +350,13 @@ CORTADO_SIMD_LOOP size_t EncodeLoopAvx512(const float* src, size_t count, uint8_
 
 // ---- Decode ---------------------------------------------------------------------------------
 
-// Loops<Isa::kAvx512> (codec_dispatch.h), as Encode.
+// Loops<Isa::kAvx512> (codec_dispatch.h), as Encode, for the packed formats (the others:
+// DecodeWideningLoop, codec_simd.h).
 template <CodecKind K, bool kAccumulate>
 CORTADO_SIMD_LOOP size_t DecodeLoopAvx512(const uint8_t* src, size_t count, float* dst) {
   const ConstsOf<K> k;
   size_t i = 0;
-  if constexpr (K == CodecKind::kF32) {
-    i = DecodeF32Loop<kAccumulate>(src, count, dst);
-  } else if constexpr (K == CodecKind::kF16) {
-    for (; i + 32 <= count; i += 32) {
-      const __m512i h = _mm512_loadu_si512(src + 2 * i);
-      Put<kAccumulate>(dst + i, HalvesToFloats(k, Low256(h)));
-      Put<kAccumulate>(dst + i + 16, HalvesToFloats(k, _mm512_extracti64x4_epi64(h, 1)));
-    }
-  } else if constexpr (K == CodecKind::kBF16) {
-    for (; i + 32 <= count; i += 32) {
-      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i));
-      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i + 32));
-      Put<kAccumulate>(dst + i, Floats(_mm512_slli_epi32(_mm512_cvtepu16_epi32(w0), 16)));
-      Put<kAccumulate>(dst + i + 16, Floats(_mm512_slli_epi32(_mm512_cvtepu16_epi32(w1), 16)));
-    }
-  } else if constexpr (K == CodecKind::kEpgc8) {
+  if constexpr (K == CodecKind::kEpgc8) {
     for (; i + 32 <= count; i += 32) {
       // Each byte becomes the top byte of an f16 word.
       const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
@@ -398,7 +375,8 @@ CORTADO_SIMD_LOOP size_t DecodeLoopAvx512(const uint8_t* src, size_t count, floa
       Put<kAccumulate>(dst + i + 32, HalvesToFloats(k, Low256(b)));
       Put<kAccumulate>(dst + i + 48, HalvesToFloats(k, _mm512_extracti64x4_epi64(b, 1)));
     }
-  } else if constexpr (K == CodecKind::kEpgc9) {
+  } else {
+    static_assert(K == CodecKind::kEpgc9, "f32, f16, bf16: DecodeWideningLoop");
     const __m512i exp_index = Load(kUnpack9Exp), sign_index = Load(kUnpack9Sign);
     for (; i + 64 <= count; i += 64) {
       // 72 bytes: the exponent bytes in order, and the sign plane as a mask of 64 bits.
@@ -421,7 +399,7 @@ CORTADO_SIMD_LOOP size_t DecodeLoopAvx512(const uint8_t* src, size_t count, floa
   return i;
 }
 
-CORTADO_CODEC_KERNEL_SET(Isa::kAvx512, EncodeLoopAvx512, DecodeLoopAvx512);
+CORTADO_SIMD_KERNEL_SET(Isa::kAvx512, EncodeLoopAvx512, DecodeLoopAvx512);
 
 }  // namespace cortado::dist::codec_internal
 

@@ -110,27 +110,6 @@ void DecodeSet(CodecKind kind, const uint8_t* src, size_t count, float* dst, boo
   }
 }
 
-// Written once in each vector set's file, after its loops: Loops<kIsa>'s members forward to
-// them, and the set's EncodeSet and DecodeSet are instantiated. The loops are free function
-// templates <K, R, kResidual> and <K, kAccumulate> carrying the set's target attribute: GCC drops
-// one written on the definition of a member template's specialization, which without
-// -march=native would leave their intrinsics outside the ISA they need.
-#define CORTADO_CODEC_KERNEL_SET(kIsa, EncodeLoop, DecodeLoop)                                     \
-  template <>                                                                                      \
-  template <CodecKind K, Rounding R, bool kResidual>                                               \
-  size_t Loops<kIsa>::Encode(const float* src, size_t count, uint8_t* dst, const EncodeOptions& o, \
-                             float* residual) {                                                    \
-    return EncodeLoop<K, R, kResidual>(src, count, dst, o, residual);                              \
-  }                                                                                                \
-  template <>                                                                                      \
-  template <CodecKind K, bool kAccumulate>                                                         \
-  size_t Loops<kIsa>::Decode(const uint8_t* src, size_t count, float* dst) {                       \
-    return DecodeLoop<K, kAccumulate>(src, count, dst);                                            \
-  }                                                                                                \
-  template void EncodeSet<kIsa>(CodecKind, const float*, size_t, uint8_t*, const EncodeOptions&,   \
-                                float*);                                                           \
-  template void DecodeSet<kIsa>(CodecKind, const uint8_t*, size_t, float*, bool)
-
 // Each set's file instantiates its own (where its Loops are complete).
 extern template void EncodeSet<Isa::kPortable>(CodecKind, const float*, size_t, uint8_t*,
                                                const EncodeOptions&, float*);

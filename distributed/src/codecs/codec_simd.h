@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "codecs/codec_dispatch.h"
 #include "codecs/codec_internal.h"
 #include "codecs/codec_tables.h"
 
@@ -31,16 +32,44 @@
   __attribute__((target(CORTADO_SIMD_TARGET))) __attribute__((always_inline)) inline
 #define CORTADO_SIMD_LOOP __attribute__((target(CORTADO_SIMD_TARGET))) __attribute__((noinline))
 
+// Written once in each set's file, after its loops and ConstsOf: Loops<kIsa>'s members
+// (codec_dispatch.h) forward to them, or to DecodeWideningLoop for the formats it decodes, and
+// the set's EncodeSet and DecodeSet are instantiated. The loops are free function
+// templates <K, R, kResidual> and <K, kAccumulate> carrying the set's target attribute: GCC drops
+// one written on the definition of a member template's specialization, which without
+// -march=native would leave their intrinsics outside the ISA they need.
+#define CORTADO_SIMD_KERNEL_SET(kIsa, EncodeLoop, DecodeLoop)                                      \
+  template <>                                                                                      \
+  template <CodecKind K, Rounding R, bool kResidual>                                               \
+  size_t Loops<kIsa>::Encode(const float* src, size_t count, uint8_t* dst, const EncodeOptions& o, \
+                             float* residual) {                                                    \
+    return EncodeLoop<K, R, kResidual>(src, count, dst, o, residual);                              \
+  }                                                                                                \
+  template <>                                                                                      \
+  template <CodecKind K, bool kAccumulate>                                                         \
+  size_t Loops<kIsa>::Decode(const uint8_t* src, size_t count, float* dst) {                       \
+    if constexpr (K == CodecKind::kF32 || K == CodecKind::kF16 || K == CodecKind::kBF16) {         \
+      return DecodeWideningLoop<ConstsOf<K>, K, kAccumulate>(src, count, dst);                     \
+    } else {                                                                                       \
+      return DecodeLoop<K, kAccumulate>(src, count, dst);                                          \
+    }                                                                                              \
+  }                                                                                                \
+  template void EncodeSet<kIsa>(CodecKind, const float*, size_t, uint8_t*, const EncodeOptions&,   \
+                                float*);                                                           \
+  template void DecodeSet<kIsa>(CodecKind, const uint8_t*, size_t, float*, bool)
+
 namespace cortado::dist::codec_internal {
 namespace {
 
 #if CORTADO_SIMD_BYTES == 32
 using VecI = __m256i;
 using VecF = __m256;
+using HalfI = __m128i;  // half a vector: a vector's lanes in 16 bits
 #define CORTADO_SIMD_FN(op) _mm256_##op
 #elif CORTADO_SIMD_BYTES == 64
 using VecI = __m512i;
 using VecF = __m512;
+using HalfI = __m256i;
 #define CORTADO_SIMD_FN(op) _mm512_##op
 #else
 #error "codec_simd.h: CORTADO_SIMD_BYTES must be 32 or 64"
@@ -83,6 +112,32 @@ CORTADO_SIMD_INLINE V LoadU(const void* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
+
+// The constants both sets' loops use, of a format (E exponent, M mantissa bits): made once per
+// call, before the loop (a loop's unused ones cost nothing: Keep's empty asm goes with its
+// result). Each set's Consts<E, M> adds its own.
+template <int E, int M>
+struct FormatConsts {
+  // Declared, so that the member initializers below run with the target attribute.
+  CORTADO_SIMD_INLINE FormatConsts() {}
+
+  static constexpr uint32_t kInf = ((1u << E) - 1) << M;
+  VecI one = U32(1), abs = U32(0x7fffffffu), sign = U32(0x80000000u);
+  VecI exp_all = U32(0x7f800000u), implicit = U32(0x800000u);
+  VecI inf = U32(kInf), qnan = U32(M > 0 ? 1u << (M > 0 ? M - 1 : 0) : 0u);
+  VecF f_two16 = Floats(U32(0x47800000u));  // 2^16
+  // E5 stochastic (E5StochasticParts): the exponent of the smallest normal target, bases, shifts.
+  VecI e113 = U32(113), base_off = U32(113u << M), s_off = U32(23 - M);
+  VecI s_max = U32(40), c32 = U32(32);
+  // The hash (RandomStream): lane j's index multiplier, a block's step, fmix32's multipliers.
+  VecI hash_lanes = Load(kHashLanes);
+  VecI hash_step = U32(kLanes * kHashLo), mix1 = U32(kMix1), mix2 = U32(kMix2);
+  // f16 words: magnitude mask, infinity, what a NaN loses of its payload (all but the quiet
+  // bit); 1 and half an ulp of the format less 1, for rounding words; fp32's quiet bit.
+  VecI h_abs = U16(0x7fff), h_inf = U16(0x7c00), h_payload = U16(0x01ff);
+  VecI one16 = U16(1), half_m1_16 = U16(M < 10 ? (1u << (M < 10 ? 9 - M : 0)) - 1 : 0);
+  VecI quiet = U32(0x400000u);
+};
 
 // StochasticBits(seed, index + j) for consecutive blocks of kLanes (lane j): the lower index
 // word's product advances by kLanes * kHashLo per block (k.hash_step); the upper word's part
@@ -204,12 +259,33 @@ CORTADO_SIMD_INLINE void Put(float* dst, VecF d) {
   std::memcpy(dst, &d, sizeof d);
 }
 
-// Decoding f32 (only ever asked to accumulate: a copy otherwise), whole vectors from the start;
-// returns how many values they held.
-template <bool kAccumulate>
-CORTADO_SIMD_INLINE size_t DecodeF32Loop(const uint8_t* src, size_t count, float* dst) {
+// The decoding loops of the formats that widen words to floats (f32, only ever asked to
+// accumulate: a copy otherwise; f16, through the set's HalvesToFloats(k, words, d0, d1): 2 *
+// kLanes f16 words exactly, NaN payloads included; bf16), whole blocks from the start; returns
+// how many values they held. C: the set's constants for K.
+template <class C, CodecKind K, bool kAccumulate>
+CORTADO_SIMD_LOOP size_t DecodeWideningLoop(const uint8_t* src, size_t count, float* dst) {
   size_t i = 0;
-  for (; i + kLanes <= count; i += kLanes) Put<kAccumulate>(dst + i, LoadU<VecF>(src + 4 * i));
+  if constexpr (K == CodecKind::kF32) {
+    for (; i + kLanes <= count; i += kLanes) Put<kAccumulate>(dst + i, LoadU<VecF>(src + 4 * i));
+  } else if constexpr (K == CodecKind::kF16) {
+    const C k;
+    for (; i + 2 * kLanes <= count; i += 2 * kLanes) {
+      VecF d0, d1;
+      HalvesToFloats(k, LoadU<VecI>(src + 2 * i), d0, d1);
+      Put<kAccumulate>(dst + i, d0);
+      Put<kAccumulate>(dst + i + kLanes, d1);
+    }
+  } else {
+    static_assert(K == CodecKind::kBF16);
+    for (; i + 2 * kLanes <= count; i += 2 * kLanes) {
+#pragma GCC unroll 2
+      for (int j = 0; j < 2; ++j) {
+        const VecI w = CORTADO_SIMD_FN(cvtepu16_epi32)(LoadU<HalfI>(src + 2 * (i + kLanes * j)));
+        Put<kAccumulate>(dst + i + kLanes * j, Floats(CORTADO_SIMD_FN(slli_epi32)(w, 16)));
+      }
+    }
+  }
   return i;
 }
 
