@@ -89,7 +89,8 @@ CORTADO_SIMD_INLINE __m256i MagE5Stochastic(const Consts<5, M>& k, __m256i u, __
 }
 
 // Codes of 8 values of at most 16 bits, two vectors -> 16 little-endian words in order.
-CORTADO_SIMD_INLINE __m256i Pack16(__m256i a, __m256i b) {
+template <class C>
+CORTADO_SIMD_INLINE __m256i Pack16(const C&, __m256i a, __m256i b) {
   return _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
 }
 
@@ -146,12 +147,13 @@ CORTADO_SIMD_INLINE __m256i WordsToCodes(const C& k, __m256i h) {
   return _mm256_srli_epi16(h, s);
 }
 
-// The 16 codes (in 16-bit words, in order) of x0 and x1 for an E5 format, nearest or truncate.
-template <int M, Rounding R, class C>
-CORTADO_SIMD_INLINE __m256i E5Codes(const C& k, __m256 x0, __m256 x1) {
-  static_assert(R != Rounding::kStochastic);
+// The 16 codes (in 16-bit words, in order) of x0 and x1 for an E5 format.
+template <int M, Rounding R, class C, class Stream>
+CORTADO_SIMD_INLINE __m256i E5Codes(const C& k, __m256 x0, __m256 x1, Stream& random) {
   constexpr bool kNearest = R == Rounding::kNearest;
-  if constexpr (M == 10) {
+  if constexpr (R == Rounding::kStochastic) {
+    return E5StochasticCodes<M>(k, x0, x1, random);
+  } else if constexpr (M == 10) {
     constexpr F16Mode kMode = kNearest ? F16Mode::kNearest : F16Mode::kTruncate;
     return F16Words<kMode>(k, x0, x1);
   } else {
@@ -212,14 +214,7 @@ CORTADO_SIMD_LOOP size_t EncodeLoopAvx2(const float* src, size_t count, uint8_t*
   if constexpr (K == CodecKind::kF16) {
     for (; i + 16 <= count; i += 16) {
       const __m256 x0 = _mm256_loadu_ps(src + i), x1 = _mm256_loadu_ps(src + i + 8);
-      __m256i h;
-      if constexpr (R == Rounding::kStochastic) {
-        const __m256i c0 = WithSign(k, MagE5Stochastic<10>(k, Bits(x0), random.Next()), Bits(x0));
-        const __m256i c1 = WithSign(k, MagE5Stochastic<10>(k, Bits(x1), random.Next()), Bits(x1));
-        h = Pack16(c0, c1);
-      } else {
-        h = E5Codes<10, R>(k, x0, x1);
-      }
+      const __m256i h = E5Codes<10, R>(k, x0, x1, random);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i), h);
       if constexpr (kResidual) {
         AddLoss(k, x0, _mm256_cvtph_ps(_mm256_castsi256_si128(h)), residual + i);
@@ -231,7 +226,7 @@ CORTADO_SIMD_LOOP size_t EncodeLoopAvx2(const float* src, size_t count, uint8_t*
       const __m256i u0 = Bits(_mm256_loadu_ps(src + i)), u1 = Bits(_mm256_loadu_ps(src + i + 8));
       const __m256i c0 = WithSign(k, MagE8<7, R>(k, u0, Draw<R>(random)), u0);
       const __m256i c1 = WithSign(k, MagE8<7, R>(k, u1, Draw<R>(random)), u1);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i), Pack16(c0, c1));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i), Pack16(k, c0, c1));
       if constexpr (kResidual) {
         AddLoss(k, Floats(u0), Floats(_mm256_slli_epi32(c0, 16)), residual + i);
         AddLoss(k, Floats(u1), Floats(_mm256_slli_epi32(c1, 16)), residual + i + 8);
@@ -242,19 +237,9 @@ CORTADO_SIMD_LOOP size_t EncodeLoopAvx2(const float* src, size_t count, uint8_t*
       __m256 x[4];
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) x[j] = _mm256_loadu_ps(src + i + 8 * j);
-      // The codes in 16-bit words: a holds values 0-15, b 16-31.
-      __m256i a, b;
-      if constexpr (R == Rounding::kStochastic) {
-        __m256i c[4];
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; ++j)
-          c[j] = WithSign(k, MagE5Stochastic<2>(k, Bits(x[j]), random.Next()), Bits(x[j]));
-        a = Pack16(c[0], c[1]);
-        b = Pack16(c[2], c[3]);
-      } else {
-        a = E5Codes<2, R>(k, x[0], x[1]);
-        b = E5Codes<2, R>(k, x[2], x[3]);
-      }
+      // The codes in 16-bit words: a holds values 0-15, b 16-31 (two statements: draws in order).
+      const __m256i a = E5Codes<2, R>(k, x[0], x[1], random);
+      const __m256i b = E5Codes<2, R>(k, x[2], x[3], random);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
                           _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8));
       if constexpr (kResidual) {
@@ -271,15 +256,8 @@ CORTADO_SIMD_LOOP size_t EncodeLoopAvx2(const float* src, size_t count, uint8_t*
     // group's place (rewritten by the next step): so a step needs a group after it.
     for (; i + 24 <= count; i += 16) {
       const __m256 x0 = _mm256_loadu_ps(src + i), x1 = _mm256_loadu_ps(src + i + 8);
-      __m256i c;  // the 16 codes in 16-bit words: group 0 in the low half, group 1 in the high
-      if constexpr (R == Rounding::kStochastic) {
-        // (Two statements: the draws must be taken in order.)
-        const __m256i c0 = WithSign(k, MagE5Stochastic<5>(k, Bits(x0), random.Next()), Bits(x0));
-        const __m256i c1 = WithSign(k, MagE5Stochastic<5>(k, Bits(x1), random.Next()), Bits(x1));
-        c = Pack16(c0, c1);
-      } else {
-        c = E5Codes<5, R>(k, x0, x1);
-      }
+      // The 16 codes in 16-bit words: group 0 in the low half, group 1 in the high.
+      const __m256i c = E5Codes<5, R>(k, x0, x1, random);
       // Per 128-bit half (a group): 8 bytes of high parts (code >> 3), 8 of low (code & 7).
       const __m256i b = _mm256_packus_epi16(_mm256_srli_epi16(c, 3), _mm256_and_si256(c, k.low3));
       // Plane p: bit p of low part j as bit j of a byte. A table lookup gives 0xff where the
@@ -334,19 +312,7 @@ template <CodecKind K, bool kAccumulate>
 CORTADO_SIMD_LOOP size_t DecodeLoopAvx2(const uint8_t* src, size_t count, float* dst) {
   const ConstsOf<K> k;
   size_t i = 0;
-  if constexpr (K == CodecKind::kEpgc8) {
-    for (; i + 32 <= count; i += 32) {
-      // Each byte becomes the top byte of an f16 word; unpack pairs 128-bit halves, so the
-      // vectors hold values 0-7 | 16-23 and 8-15 | 24-31.
-      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-      const __m256i zero = _mm256_setzero_si256();
-      __m256 d[4];
-      HalvesToFloats(k, _mm256_unpacklo_epi8(zero, bytes), d[0], d[2]);
-      HalvesToFloats(k, _mm256_unpackhi_epi8(zero, bytes), d[1], d[3]);
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) Put<kAccumulate>(dst + i + 8 * j, d[j]);
-    }
-  } else if constexpr (K == CodecKind::kEpgc11) {
+  if constexpr (K == CodecKind::kEpgc11) {
     // Two groups per step, one per 128-bit half, loaded 16 bytes each: 5 past the second
     // group, so a step needs a group after it.
     for (; i + 24 <= count; i += 16) {
@@ -370,8 +336,7 @@ CORTADO_SIMD_LOOP size_t DecodeLoopAvx2(const uint8_t* src, size_t count, float*
       Put<kAccumulate>(dst + i, d0);
       Put<kAccumulate>(dst + i + 8, d1);
     }
-  } else {
-    static_assert(K == CodecKind::kEpgc9, "f32, f16, bf16: DecodeWideningLoop");
+  } else if constexpr (K == CodecKind::kEpgc9) {
     for (; i + 8 <= count; i += 8) {
       // The exponent bytes to fp32's exponent; lane j's sign, bit j of the plane, to bit 31.
       const uint8_t* in = src + i / 8 * 9;
@@ -380,6 +345,19 @@ CORTADO_SIMD_LOOP size_t DecodeLoopAvx2(const uint8_t* src, size_t count, float*
       const __m256i sign =
           _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(in[8]), k.to_sign), k.sign);
       Put<kAccumulate>(dst + i, Floats(_mm256_or_si256(_mm256_slli_epi32(exp, 23), sign)));
+    }
+  } else {
+    static_assert(K == CodecKind::kEpgc8, "f32, f16, bf16: DecodeWideningLoop");
+    for (; i + 32 <= count; i += 32) {
+      // Each byte becomes the top byte of an f16 word; unpack pairs 128-bit halves, so the
+      // vectors hold values 0-7 | 16-23 and 8-15 | 24-31.
+      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+      const __m256i zero = _mm256_setzero_si256();
+      __m256 d[4];
+      HalvesToFloats(k, _mm256_unpacklo_epi8(zero, bytes), d[0], d[2]);
+      HalvesToFloats(k, _mm256_unpackhi_epi8(zero, bytes), d[1], d[3]);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) Put<kAccumulate>(dst + i + 8 * j, d[j]);
     }
   }
   return i;

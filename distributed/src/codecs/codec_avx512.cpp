@@ -161,10 +161,7 @@ CORTADO_SIMD_INLINE __m256i F16Words(const C& k, __m512 x) {
 template <int M, Rounding R, class C, class Stream>
 CORTADO_SIMD_INLINE __m512i E5Codes(const C& k, __m512 x0, __m512 x1, Stream& random) {
   if constexpr (R == Rounding::kStochastic) {
-    // Two statements: the draws must be taken in order.
-    const __m512i c0 = WithSign(k, MagE5Stochastic<M>(k, Bits(x0), random.Next()), Bits(x0));
-    const __m512i c1 = WithSign(k, MagE5Stochastic<M>(k, Bits(x1), random.Next()), Bits(x1));
-    return Pack16(k, c0, c1);
+    return E5StochasticCodes<M>(k, x0, x1, random);
   } else {
     constexpr bool kNearest = R == Rounding::kNearest;
     constexpr F16Mode kMode = M == 10 ? (kNearest ? F16Mode::kNearest : F16Mode::kTruncate)
@@ -213,7 +210,7 @@ CORTADO_SIMD_INLINE __m512 HalvesToFloats(const C& k, __m256i h) {
   return d;
 }
 
-// The floats of 32 f16 words, values 0-15 in the low half (DecodeWideningLoop).
+// The floats of 32 f16 words, values 0-15 in the low half.
 template <class C>
 CORTADO_SIMD_INLINE void HalvesToFloats(const C& k, __m512i h, __m512& d0, __m512& d1) {
   d0 = HalvesToFloats(k, Low256(h));
@@ -354,30 +351,23 @@ CORTADO_SIMD_LOOP size_t EncodeLoopAvx512(const float* src, size_t count, uint8_
 // DecodeWideningLoop, codec_simd.h).
 template <CodecKind K, bool kAccumulate>
 CORTADO_SIMD_LOOP size_t DecodeLoopAvx512(const uint8_t* src, size_t count, float* dst) {
+  // The loop's constants: a format's unused ones cost nothing (Keep's empty asm goes with them).
   const ConstsOf<K> k;
+  const Unpack11 u;
+  const __m512i exp_index = Load(kUnpack9Exp), sign_index = Load(kUnpack9Sign);
   size_t i = 0;
-  if constexpr (K == CodecKind::kEpgc8) {
-    for (; i + 32 <= count; i += 32) {
-      // Each byte becomes the top byte of an f16 word.
-      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-      const __m512i h = _mm512_slli_epi16(_mm512_cvtepu8_epi16(bytes), 8);
-      Put<kAccumulate>(dst + i, HalvesToFloats(k, Low256(h)));
-      Put<kAccumulate>(dst + i + 16, HalvesToFloats(k, _mm512_extracti64x4_epi64(h, 1)));
-    }
-  } else if constexpr (K == CodecKind::kEpgc11) {
-    const Unpack11 u;
+  if constexpr (K == CodecKind::kEpgc11) {
     for (; i + 64 <= count; i += 64) {
       const uint8_t* in = src + i / 8 * 11;
       const __m512i a = u.Words(_mm512_loadu_si512(in));
       const __m512i b = u.Words(_mm512_maskz_loadu_epi8((uint64_t{1} << 44) - 1, in + 44));
-      Put<kAccumulate>(dst + i, HalvesToFloats(k, Low256(a)));
-      Put<kAccumulate>(dst + i + 16, HalvesToFloats(k, _mm512_extracti64x4_epi64(a, 1)));
-      Put<kAccumulate>(dst + i + 32, HalvesToFloats(k, Low256(b)));
-      Put<kAccumulate>(dst + i + 48, HalvesToFloats(k, _mm512_extracti64x4_epi64(b, 1)));
+      __m512 d[4];
+      HalvesToFloats(k, a, d[0], d[1]);
+      HalvesToFloats(k, b, d[2], d[3]);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) Put<kAccumulate>(dst + i + 16 * j, d[j]);
     }
-  } else {
-    static_assert(K == CodecKind::kEpgc9, "f32, f16, bf16: DecodeWideningLoop");
-    const __m512i exp_index = Load(kUnpack9Exp), sign_index = Load(kUnpack9Sign);
+  } else if constexpr (K == CodecKind::kEpgc9) {
     for (; i + 64 <= count; i += 64) {
       // 72 bytes: the exponent bytes in order, and the sign plane as a mask of 64 bits.
       const uint8_t* in = src + i / 8 * 9;
@@ -394,6 +384,17 @@ CORTADO_SIMD_LOOP size_t DecodeLoopAvx512(const uint8_t* src, size_t count, floa
         const auto neg = static_cast<__mmask16>(signs >> 16 * j);
         Put<kAccumulate>(dst + i + 16 * j, Floats(_mm512_mask_or_epi32(e, neg, e, k.sign)));
       }
+    }
+  } else {
+    static_assert(K == CodecKind::kEpgc8, "f32, f16, bf16: DecodeWideningLoop");
+    for (; i + 32 <= count; i += 32) {
+      // Each byte becomes the top byte of an f16 word.
+      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+      const __m512i h = _mm512_slli_epi16(_mm512_cvtepu8_epi16(bytes), 8);
+      __m512 d0, d1;
+      HalvesToFloats(k, h, d0, d1);
+      Put<kAccumulate>(dst + i, d0);
+      Put<kAccumulate>(dst + i + 16, d1);
     }
   }
   return i;

@@ -252,6 +252,16 @@ CORTADO_SIMD_INLINE VecI MagE5StochasticFormula(const C& k, VecI abs, VecI r) {
   return Finish(k, AddOneIfBelow(k, base_q, r, threshold), abs);
 }
 
+// The codes of 2 * kLanes values of an E5 format, stochastic, in 16-bit words in order: the
+// set's MagE5Stochastic per vector, packed by its Pack16(k, a, b).
+template <int M, class C, class Stream>
+CORTADO_SIMD_INLINE VecI E5StochasticCodes(const C& k, VecF x0, VecF x1, Stream& random) {
+  // Two statements: the draws must be taken in order.
+  const VecI c0 = WithSign(k, MagE5Stochastic<M>(k, Bits(x0), random.Next()), Bits(x0));
+  const VecI c1 = WithSign(k, MagE5Stochastic<M>(k, Bits(x1), random.Next()), Bits(x1));
+  return Pack16(k, c0, c1);
+}
+
 // dst = d, or dst += d where kAccumulate, at any alignment.
 template <bool kAccumulate>
 CORTADO_SIMD_INLINE void Put(float* dst, VecF d) {
