@@ -95,15 +95,12 @@ void UnpackGroups(const uint8_t* src, size_t n, uint32_t* codes) {
   if (g < n) UnpackGroup<K>(src, static_cast<int>(n - g), codes + g);  // the last, partial one
 }
 
+// A pass's n codes (n <= kBlock) to their bytes and back. The word and byte formats have no
+// groups: PackGroup and UnpackGroup take any count of them.
 template <CodecKind K>
 void Pack(const uint32_t* codes, size_t n, uint8_t* dst) {
-  if constexpr (K == CodecKind::kF16 || K == CodecKind::kBF16) {
-    for (size_t i = 0; i < n; ++i) {  // little-endian 16-bit words
-      dst[2 * i] = static_cast<uint8_t>(codes[i]);
-      dst[2 * i + 1] = static_cast<uint8_t>(codes[i] >> 8);
-    }
-  } else if constexpr (K == CodecKind::kEpgc8) {
-    for (size_t i = 0; i < n; ++i) dst[i] = static_cast<uint8_t>(codes[i]);
+  if constexpr (K == CodecKind::kF16 || K == CodecKind::kBF16 || K == CodecKind::kEpgc8) {
+    PackGroup<K>(codes, static_cast<int>(n), dst);
   } else {
     PackGroups<K>(codes, n, dst);
   }
@@ -111,10 +108,8 @@ void Pack(const uint32_t* codes, size_t n, uint8_t* dst) {
 
 template <CodecKind K>
 void Unpack(const uint8_t* src, size_t n, uint32_t* codes) {
-  if constexpr (K == CodecKind::kF16 || K == CodecKind::kBF16) {
-    for (size_t i = 0; i < n; ++i) codes[i] = uint32_t{src[2 * i]} | uint32_t{src[2 * i + 1]} << 8;
-  } else if constexpr (K == CodecKind::kEpgc8) {
-    for (size_t i = 0; i < n; ++i) codes[i] = src[i];
+  if constexpr (K == CodecKind::kF16 || K == CodecKind::kBF16 || K == CodecKind::kEpgc8) {
+    UnpackGroup<K>(src, static_cast<int>(n), codes);
   } else {
     UnpackGroups<K>(src, n, codes);
   }
