@@ -1,51 +1,58 @@
 #include "engine/dtype.h"
 
+#include <iterator>
+
 #include "cortado/dist/types.h"
 #include "engine/error.h"
 
 namespace cortado {
 
-size_t DTypeSize(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return 4;
-    case DType::kF64:
-      return 8;
-    case DType::kF16:
-      return 2;
-    case DType::kBF16:
-      return 2;
-    case DType::kI32:
-      return 4;
-    case DType::kU8:
-      return 1;
+namespace {
+
+// Each DType, in the enum's order (DTypeTypes), with its name and size in bytes.
+struct DTypeInfo {
+  DType dtype;
+  const char* name;
+  size_t size;
+};
+constexpr DTypeInfo kDTypes[] = {
+    {DType::kF32, "f32", 4},   {DType::kF64, "f64", 8}, {DType::kF16, "f16", 2},
+    {DType::kBF16, "bf16", 2}, {DType::kI32, "i32", 4}, {DType::kU8, "u8", 1},
+};
+
+constexpr bool InEnumOrder() {
+  for (size_t i = 0; i < std::size(kDTypes); ++i) {
+    if (static_cast<size_t>(kDTypes[i].dtype) != i) return false;
   }
-  return 0;
+  return true;
+}
+static_assert(InEnumOrder(), "kDTypes: one row per DType, in the enum's order");
+
+// The row of `dtype`, or null for a value outside the enum.
+const DTypeInfo* Find(DType dtype) {
+  const auto i = static_cast<size_t>(dtype);
+  return i < std::size(kDTypes) ? &kDTypes[i] : nullptr;
+}
+
+}  // namespace
+
+size_t DTypeSize(DType dtype) {
+  const DTypeInfo* info = Find(dtype);
+  return info != nullptr ? info->size : 0;
 }
 
 const char* DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "f32";
-    case DType::kF64:
-      return "f64";
-    case DType::kF16:
-      return "f16";
-    case DType::kBF16:
-      return "bf16";
-    case DType::kI32:
-      return "i32";
-    case DType::kU8:
-      return "u8";
-  }
-  return "?";
+  const DTypeInfo* info = Find(dtype);
+  return info != nullptr ? info->name : "?";
 }
 
 DType ParseDType(const std::string& name) {
-  for (DType d : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI32, DType::kU8}) {
-    if (name == DTypeName(d)) return d;
+  std::string known;
+  for (const DTypeInfo& info : kDTypes) {
+    if (name == info.name) return info.dtype;
+    known += (known.empty() ? "" : ", ") + std::string(info.name);
   }
-  Fail("unknown dtype '", name, "' (known: f32, f64, f16, bf16, i32, u8)");
+  Fail("unknown dtype '", name, "' (known: ", known, ")");
 }
 
 // The bit-level conversions live in the communication library (its codecs need them too).

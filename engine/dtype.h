@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 namespace cortado {
 
@@ -31,32 +32,27 @@ float HalfToFloat(Half h);
 BFloat16 FloatToBFloat16(float f);
 float BFloat16ToFloat(BFloat16 b);
 
+// The C++ element type of each DType, in the enum's order.
+template <typename... Ts>
+struct TypeList {};
+using DTypeTypes = TypeList<float, double, Half, BFloat16, int32_t, uint8_t>;
+
+// Where T stands in a TypeList, or -1.
+template <typename T, typename... Ts>
+constexpr int IndexOfType(TypeList<Ts...>) {
+  constexpr bool kSame[] = {std::is_same_v<T, Ts>...};
+  for (size_t i = 0; i < sizeof...(Ts); ++i) {
+    if (kSame[i]) return static_cast<int>(i);
+  }
+  return -1;
+}
+
 // Maps a C++ element type to its DType, so Tensor::data<T>() can check what it hands out.
 template <typename T>
-struct DTypeOf;
-template <>
-struct DTypeOf<float> {
-  static constexpr DType value = DType::kF32;
-};
-template <>
-struct DTypeOf<double> {
-  static constexpr DType value = DType::kF64;
-};
-template <>
-struct DTypeOf<Half> {
-  static constexpr DType value = DType::kF16;
-};
-template <>
-struct DTypeOf<BFloat16> {
-  static constexpr DType value = DType::kBF16;
-};
-template <>
-struct DTypeOf<int32_t> {
-  static constexpr DType value = DType::kI32;
-};
-template <>
-struct DTypeOf<uint8_t> {
-  static constexpr DType value = DType::kU8;
+struct DTypeOf {
+  static constexpr int kIndex = IndexOfType<T>(DTypeTypes{});
+  static_assert(kIndex >= 0, "DTypeOf: not an element type (see DTypeTypes)");
+  static constexpr DType value = static_cast<DType>(kIndex);
 };
 
 }  // namespace cortado

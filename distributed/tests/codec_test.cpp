@@ -554,19 +554,21 @@ TEST(CodecSweep, SpecialValues) {
   EXPECT_EQ(
       DecodeValue(CodecKind::kEpgc9, EncodeValue(CodecKind::kEpgc9, 0x1p-128f, Rounding::kNearest)),
       0.0f);
-  // Truncation overflows to infinity from the next power of two, not before.
-  EXPECT_EQ(
-      DecodeValue(CodecKind::kF16, EncodeValue(CodecKind::kF16, 65535.0f, Rounding::kTruncate)),
-      65504.0f);
-  EXPECT_EQ(
-      DecodeValue(CodecKind::kF16, EncodeValue(CodecKind::kF16, 65536.0f, Rounding::kTruncate)),
-      inf);
-  EXPECT_EQ(
-      DecodeValue(CodecKind::kF16, EncodeValue(CodecKind::kF16, 65519.0f, Rounding::kNearest)),
-      65504.0f);
-  EXPECT_EQ(
-      DecodeValue(CodecKind::kF16, EncodeValue(CodecKind::kF16, 65520.0f, Rounding::kNearest)),
-      inf);
+  // f16's top: truncation overflows to infinity from the next power of two, not before;
+  // rounding to nearest from halfway to it.
+  const struct {
+    float x;
+    Rounding rounding;
+    float decoded;
+  } top[] = {{65535.0f, Rounding::kTruncate, 65504.0f},
+             {65536.0f, Rounding::kTruncate, inf},
+             {65519.0f, Rounding::kNearest, 65504.0f},
+             {65520.0f, Rounding::kNearest, inf}};
+  for (const auto& c : top) {
+    EXPECT_EQ(DecodeValue(CodecKind::kF16, EncodeValue(CodecKind::kF16, c.x, c.rounding)),
+              c.decoded)
+        << c.x << " rounding " << static_cast<int>(c.rounding);
+  }
 }
 
 // ---- Stochastic rounding ---------------------------------------------------------------------

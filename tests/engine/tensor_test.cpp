@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <utility>
 
 #include "cortado/dist/types.h"
 #include "engine/dtype.h"
@@ -92,6 +94,31 @@ TEST(Tensor, ConvertBetweenFloatTypes) {
   EXPECT_EQ(back.data<float>()[0], 1.5f);
   EXPECT_EQ(back.data<float>()[1], -2.25f);
   EXPECT_NEAR(back.data<float>()[2], 1e-3, 1e-6);
+}
+
+// The dtype table: every DType's name parses back to it with its size, DTypeOf maps each C++
+// element type to the DType of the same position, and an unknown name lists the known ones.
+TEST(DType, NamesSizesAndElementTypes) {
+  const std::pair<DType, size_t> sizes[] = {{DType::kF32, 4},  {DType::kF64, 8}, {DType::kF16, 2},
+                                            {DType::kBF16, 2}, {DType::kI32, 4}, {DType::kU8, 1}};
+  for (const auto& [dtype, size] : sizes) {
+    SCOPED_TRACE(DTypeName(dtype));
+    EXPECT_EQ(ParseDType(DTypeName(dtype)), dtype);
+    EXPECT_EQ(DTypeSize(dtype), size);
+  }
+  static_assert(DTypeOf<float>::value == DType::kF32 && DTypeOf<double>::value == DType::kF64 &&
+                DTypeOf<Half>::value == DType::kF16 && DTypeOf<BFloat16>::value == DType::kBF16 &&
+                DTypeOf<int32_t>::value == DType::kI32 && DTypeOf<uint8_t>::value == DType::kU8);
+  EXPECT_STREQ(DTypeName(static_cast<DType>(6)), "?");
+  try {
+    ParseDType("f8");
+    ADD_FAILURE() << "ParseDType(\"f8\") did not throw";
+  } catch (const std::exception& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("unknown dtype 'f8' (known: f32, f64, f16, bf16, i32, u8)"),
+        std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Half, RoundTripAndSpecialValues) {

@@ -20,41 +20,13 @@
 #include <cstring>
 
 #include "codecs/codec_dispatch.h"
-#include "codecs/codec_tables.h"
 
-#define CORTADO_AVX2 __attribute__((target("avx2,f16c,fma")))
-// Helpers must inline into their callers (they are a few instructions each).
-#define CORTADO_AVX2_INLINE CORTADO_AVX2 __attribute__((always_inline)) inline
-// Each loop is a function of its own: inlined into the dispatch they would share one huge
-// function's register allocation.
-#define CORTADO_AVX2_LOOP CORTADO_AVX2 __attribute__((noinline))
+#define CORTADO_SIMD_TARGET "avx2,f16c,fma"
+#define CORTADO_SIMD_BYTES 32
+#include "codecs/codec_simd.h"
 
 namespace cortado::dist::codec_internal {
 namespace {
-
-CORTADO_AVX2_INLINE __m256i Bits(__m256 x) { return _mm256_castps_si256(x); }
-CORTADO_AVX2_INLINE __m256 Floats(__m256i u) { return _mm256_castsi256_ps(u); }
-
-// A value the compiler must treat as unknown. The loops' constants pass through it once, before
-// the loop: GCC 12 otherwise rebuilds a constant vector at each use inside a loop under
-// register pressure (mov, vmovd, vpbroadcastd: three instructions), where an unknown value is
-// kept in a register or reloaded from the stack as an operand. It halved stochastic encoding.
-CORTADO_AVX2_INLINE __m256i Keep(__m256i v) {
-  __asm__("" : "+x"(v));
-  return v;
-}
-CORTADO_AVX2_INLINE __m256i U32(uint32_t v) { return Keep(_mm256_set1_epi32(static_cast<int>(v))); }
-CORTADO_AVX2_INLINE __m256i U16(uint16_t v) {
-  return Keep(_mm256_set1_epi16(static_cast<short>(v)));
-}
-
-// The first 32 bytes of a table (codec_tables.h).
-CORTADO_AVX2_INLINE __m256i Load(const ByteTable& t) {
-  return Keep(_mm256_load_si256(reinterpret_cast<const __m256i*>(t.b)));
-}
-CORTADO_AVX2_INLINE __m256i Load(const WordTable& t) {
-  return Keep(_mm256_load_si256(reinterpret_cast<const __m256i*>(t.w)));
-}
 
 // Per plane p of epgc11: a pshufb table of "bit p of v" for the 16 values v of a low part, 0xff
 // where set, else 0 (encoding); and byte 8 + p, where plane p's byte of a group lies in its
@@ -65,29 +37,14 @@ constexpr ByteTable BitSet(int p) {
 constexpr ByteTable kBitSet[3] = {BitSet(0), BitSet(1), BitSet(2)};
 constexpr ByteTable kPlaneByte[3] = {Splat(8), Splat(9), Splat(10)};
 
-// The constants of the loops of a format (E exponent, M mantissa bits), made once per call
-// (a loop's unused ones cost nothing: Keep's empty asm goes with its result).
+// The constants of a format's loops (FormatConsts) and this set's own: F16C's fix-ups' infinity,
+// f16 words in 32-bit lanes.
 template <int E, int M>
-struct Consts {
-  // Declared, so that the member initializers below run with the target attribute.
-  CORTADO_AVX2_INLINE Consts() {}
+struct Consts : FormatConsts<E, M> {
+  CORTADO_SIMD_INLINE Consts() {}
 
-  static constexpr uint32_t kInf = ((1u << E) - 1) << M;
-  __m256i one = U32(1), abs = U32(0x7fffffffu), sign = U32(0x80000000u);
-  __m256i exp_all = U32(0x7f800000u), implicit = U32(0x800000u);
-  __m256i inf = U32(kInf), qnan = U32(M > 0 ? 1u << (M > 0 ? M - 1 : 0) : 0u);
-  __m256 f_inf = Floats(U32(0x7f800000u)), f_two16 = Floats(U32(0x47800000u));  // 2^16
-  // E5 stochastic: the exponent of the smallest normal target, bases, shifts.
-  __m256i e113 = U32(113), base_off = U32(113u << M), s_off = U32(23 - M);
-  __m256i s_max = U32(40), c32 = U32(32);
-  // The hash (StochasticBits): lane j's index multiplier, a block's step, fmix32's multipliers.
-  __m256i hash_lanes = Load(kHashLanes);
-  __m256i hash_step = U32(8 * kHashLo), mix1 = U32(kMix1), mix2 = U32(kMix2);
-  // f16 words: magnitude mask, infinity, what a NaN loses of its payload (all but the quiet
-  // bit); 1 and half an ulp of the format less 1, for rounding words; fp32's quiet bit.
-  __m256i h_abs = U16(0x7fff), h_inf = U16(0x7c00), h_payload = U16(0x01ff);
-  __m256i one16 = U16(1), half_m1_16 = U16(M < 10 ? (1u << (M < 10 ? 9 - M : 0)) - 1 : 0);
-  __m256i h_abs32 = U32(0x7fff), h_inf32 = U32(0x7c00), quiet = U32(0x400000u);
+  __m256 f_inf = Floats(U32(0x7f800000u));
+  __m256i h_abs32 = U32(0x7fff), h_inf32 = U32(0x7c00);
   // Packing: dword order after two packs; epgc11's low part; bit j of byte j (of 8); per plane
   // p a byte table of "bit p of v" (encode) and plane byte p's spread (decode), low bit p's
   // place in an f16 word; epgc9's sign bit j to bit 31.
@@ -100,63 +57,16 @@ struct Consts {
   __m256i to_sign = Keep(_mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24));
 };
 
-// All ones where r >= threshold as unsigned (AVX2 compares only signed): where a stochastic
-// draw does not round up. q + 1 + this is q + (r < threshold).
-CORTADO_AVX2_INLINE __m256i NotBelow(__m256i r, __m256i threshold) {
-  return _mm256_cmpeq_epi32(_mm256_max_epu32(r, threshold), r);
-}
-
-// StochasticBits(seed, index + j) for consecutive blocks of 8 (lane j): the lower index word's
-// product advances by 8 * kHashLo per block; the upper word's part (key) is constant until the
-// lower word wraps.
+// v + (a < b) as unsigned (AVX2 compares only signed): v + 1 + (all ones where a >= b).
 template <class C>
-struct RandomStream {
-  const C& k;
-  uint64_t seed, index;
-  __m256i next, key;
-
-  CORTADO_AVX2_INLINE RandomStream(const C& consts, uint64_t s, uint64_t first)
-      : k(consts), seed(s), index(first) {
-    Restart();
-  }
-  CORTADO_AVX2_INLINE void Restart() {
-    next =
-        _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(HashBase(seed, index))), k.hash_lanes);
-    key = _mm256_set1_epi32(static_cast<int>(HashKey(seed, index)));
-  }
-  CORTADO_AVX2_INLINE __m256i Next() {
-    __m256i h;
-    if (BlockReachesWrap(index, 8)) [[unlikely]] {
-      alignas(32) uint32_t r[8];
-      for (int j = 0; j < 8; ++j) r[j] = StochasticBits(seed, index + j);
-      index += 8;
-      Restart();
-      return _mm256_load_si256(reinterpret_cast<const __m256i*>(r));
-    }
-    h = _mm256_xor_si256(next, key);
-    next = _mm256_add_epi32(next, k.hash_step);
-    index += 8;
-    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-    h = _mm256_mullo_epi32(h, k.mix1);
-    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
-    h = _mm256_mullo_epi32(h, k.mix2);
-    return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-  }
-};
-
-// The random words of the next block, or nothing where the rounding draws none.
-template <Rounding R, class Stream>
-CORTADO_AVX2_INLINE __m256i Draw(Stream& stream) {
-  if constexpr (R == Rounding::kStochastic) {
-    return stream.Next();
-  } else {
-    return _mm256_setzero_si256();
-  }
+CORTADO_SIMD_INLINE __m256i AddOneIfBelow(const C& k, __m256i v, __m256i a, __m256i b) {
+  return _mm256_add_epi32(_mm256_add_epi32(v, k.one),
+                          _mm256_cmpeq_epi32(_mm256_max_epu32(a, b), a));
 }
 
 // Saturating to infinity and marking NaN, shared by the cores: mag -> final magnitude.
 template <int E, int M>
-CORTADO_AVX2_INLINE __m256i Finish(const Consts<E, M>& k, __m256i mag, __m256i abs) {
+CORTADO_SIMD_INLINE __m256i Finish(const Consts<E, M>& k, __m256i mag, __m256i abs) {
   mag = _mm256_min_epu32(mag, k.inf);
   if constexpr (M > 0) {
     const __m256i nan = _mm256_cmpgt_epi32(abs, k.exp_all);
@@ -165,73 +75,28 @@ CORTADO_AVX2_INLINE __m256i Finish(const Consts<E, M>& k, __m256i mag, __m256i a
   return mag;
 }
 
-// Magnitude code (no sign) of E8 formats: base + q of the reference is abs >> s.
-template <int M, Rounding R>
-CORTADO_AVX2_INLINE __m256i MagE8(const Consts<8, M>& k, __m256i u, __m256i r) {
-  constexpr int s = 23 - M;
-  const __m256i abs = _mm256_and_si256(u, k.abs);
-  __m256i mag;
-  if constexpr (R == Rounding::kNearest) {
-    // abs + half - 1 + (q odd), where q is abs's bit s, or for epgc9 (q = the implicit bit)
-    // whether x is normal.
-    const __m256i half_m1 = _mm256_srli_epi32(k.abs, 31 - (s - 1));  // 2^(s-1) - 1
-    __m256i t = _mm256_add_epi32(abs, half_m1);
-    if constexpr (M > 0) {
-      t = _mm256_add_epi32(t, _mm256_and_si256(_mm256_srli_epi32(abs, s), k.one));
-    } else {
-      t = _mm256_sub_epi32(t, _mm256_cmpgt_epi32(abs, _mm256_srli_epi32(k.abs, 8)));  // > 0x7fffff
-    }
-    mag = _mm256_srli_epi32(t, s);
-  } else if constexpr (R == Rounding::kTruncate) {
-    mag = _mm256_srli_epi32(abs, s);
-  } else {
-    const __m256i threshold = _mm256_slli_epi32(abs, 32 - s);  // rem << (32 - s)
-    mag = _mm256_add_epi32(_mm256_add_epi32(_mm256_srli_epi32(abs, s), k.one),
-                           NotBelow(r, threshold));
-  }
-  return Finish(k, mag, abs);
+// v + (a > b), for a and b below 2^31: v - (all ones where a > b, a signed compare).
+template <class C>
+CORTADO_SIMD_INLINE __m256i AddOneIfAbove(const C&, __m256i v, __m256i a, __m256i b) {
+  return _mm256_sub_epi32(v, _mm256_cmpgt_epi32(a, b));
 }
 
-// Magnitude code (no sign) of E5 formats (bias 15), stochastic, by the reference's integer
-// formula: sig = the significand with its implicit bit, et = max(exponent, 113) (x is normal in
-// the target from fp32 exponent 113 on), s = the bits below the target's ulp (more than 23 - M
-// where the target is subnormal, capped at 40).
+// Magnitude code (no sign) of E5 formats (bias 15), stochastic: the integer formula
+// (codec_simd.h; AVX2's variable shifts give the subnormals their per-value shift).
 template <int M>
-CORTADO_AVX2_INLINE __m256i MagE5Stochastic(const Consts<5, M>& k, __m256i u, __m256i r) {
-  const __m256i abs = _mm256_and_si256(u, k.abs);
-  const __m256i ef = _mm256_srli_epi32(abs, 23);
-  const __m256i e1 = _mm256_max_epi32(ef, k.one);
-  // abs - (e1 - 1) << 23: the implicit bit for normal fp32, the bare mantissa for subnormal.
-  const __m256i sig =
-      _mm256_sub_epi32(_mm256_add_epi32(abs, k.implicit), _mm256_slli_epi32(e1, 23));
-  const __m256i et = _mm256_max_epi32(ef, k.e113);
-  const __m256i base = _mm256_sub_epi32(_mm256_slli_epi32(et, M), k.base_off);
-  const __m256i s = _mm256_min_epi32(_mm256_add_epi32(_mm256_sub_epi32(et, e1), k.s_off), k.s_max);
-  const __m256i q = _mm256_srlv_epi32(sig, s);
-  // rem << (32 - s) for s <= 32 is sig << (32 - s) in 32 bits (q's bits shift out); rem >>
-  // (s - 32) above is sig >> (s - 32) (q = 0). The other shift's count is "negative", i.e.
-  // >= 32 unsigned, and gives 0.
-  const __m256i threshold = _mm256_or_si256(_mm256_sllv_epi32(sig, _mm256_sub_epi32(k.c32, s)),
-                                            _mm256_srlv_epi32(sig, _mm256_sub_epi32(s, k.c32)));
-  const __m256i mag =
-      _mm256_add_epi32(_mm256_add_epi32(base, k.one), _mm256_add_epi32(q, NotBelow(r, threshold)));
-  return Finish(k, mag, abs);
-}
-
-// The code: magnitude | the sign of fp32 bits u moved to bit E + M.
-template <int E, int M>
-CORTADO_AVX2_INLINE __m256i WithSign(const Consts<E, M>& k, __m256i mag, __m256i u) {
-  return _mm256_or_si256(mag, _mm256_srli_epi32(_mm256_and_si256(u, k.sign), 31 - E - M));
+CORTADO_SIMD_INLINE __m256i MagE5Stochastic(const Consts<5, M>& k, __m256i u, __m256i r) {
+  return MagE5StochasticFormula<M>(k, _mm256_and_si256(u, k.abs), r);
 }
 
 // Codes of 8 values of at most 16 bits, two vectors -> 16 little-endian words in order.
-CORTADO_AVX2_INLINE __m256i Pack16(__m256i a, __m256i b) {
+template <class C>
+CORTADO_SIMD_INLINE __m256i Pack16(const C&, __m256i a, __m256i b) {
   return _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
 }
 
 // Two vectors of 8 values below 256 -> 16 bytes in order.
 template <class C>
-CORTADO_AVX2_INLINE __m128i Pack8x2(const C& k, __m256i a, __m256i b) {
+CORTADO_SIMD_INLINE __m128i Pack8x2(const C& k, __m256i a, __m256i b) {
   const __m256i w = _mm256_packus_epi32(a, b);  // a0-3 b0-3 | a4-7 b4-7
   const __m256i y = _mm256_packus_epi16(w, w);  // dwords: A0 B0 A0 B0 | A1 B1 A1 B1
   return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(y, k.pack_order));
@@ -246,7 +111,7 @@ CORTADO_AVX2_INLINE __m128i Pack8x2(const C& k, __m256i a, __m256i b) {
 // the bit stands for all above 65504, which epgc11 and epgc8 round to infinity, as they should.)
 enum class F16Mode { kNearest, kTruncate, kOdd };
 template <F16Mode kMode, class C>
-CORTADO_AVX2_INLINE __m256i F16Words(const C& k, __m256 x0, __m256 x1) {
+CORTADO_SIMD_INLINE __m256i F16Words(const C& k, __m256 x0, __m256 x1) {
   if constexpr (kMode == F16Mode::kTruncate) {
     const __m256 sign = Floats(k.sign);
     const __m256 over0 = _mm256_cmp_ps(_mm256_andnot_ps(sign, x0), k.f_two16, _CMP_GE_OQ);
@@ -273,7 +138,7 @@ CORTADO_AVX2_INLINE __m256i F16Words(const C& k, __m256 x0, __m256 x1) {
 // nearest, ties to even; kTruncate words truncated. No carry reaches the sign: the largest
 // non-NaN magnitude is infinity's, and the NaN words are canonical, both round to themselves.
 template <int M, Rounding R, class C>
-CORTADO_AVX2_INLINE __m256i WordsToCodes(const C& k, __m256i h) {
+CORTADO_SIMD_INLINE __m256i WordsToCodes(const C& k, __m256i h) {
   constexpr int s = 10 - M;
   if constexpr (R == Rounding::kNearest) {
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(h, s), k.one16);
@@ -282,12 +147,13 @@ CORTADO_AVX2_INLINE __m256i WordsToCodes(const C& k, __m256i h) {
   return _mm256_srli_epi16(h, s);
 }
 
-// The 16 codes (in 16-bit words, in order) of x0 and x1 for an E5 format, nearest or truncate.
-template <int M, Rounding R, class C>
-CORTADO_AVX2_INLINE __m256i E5Codes(const C& k, __m256 x0, __m256 x1) {
-  static_assert(R != Rounding::kStochastic);
+// The 16 codes (in 16-bit words, in order) of x0 and x1 for an E5 format.
+template <int M, Rounding R, class C, class Stream>
+CORTADO_SIMD_INLINE __m256i E5Codes(const C& k, __m256 x0, __m256 x1, Stream& random) {
   constexpr bool kNearest = R == Rounding::kNearest;
-  if constexpr (M == 10) {
+  if constexpr (R == Rounding::kStochastic) {
+    return E5StochasticCodes<M>(k, x0, x1, random);
+  } else if constexpr (M == 10) {
     constexpr F16Mode kMode = kNearest ? F16Mode::kNearest : F16Mode::kTruncate;
     return F16Words<kMode>(k, x0, x1);
   } else {
@@ -299,7 +165,7 @@ CORTADO_AVX2_INLINE __m256i E5Codes(const C& k, __m256 x0, __m256 x1) {
 // residual += x - d where finite, else += 0 (see Loss in codec_portable.cpp: the difference is
 // finite exactly when x and d both are).
 template <class C>
-CORTADO_AVX2_INLINE void AddLoss(const C& k, __m256 x, __m256 d, float* residual) {
+CORTADO_SIMD_INLINE void AddLoss(const C& k, __m256 x, __m256 d, float* residual) {
   const __m256 diff = _mm256_sub_ps(x, d);
   const __m256 finite = _mm256_cmp_ps(_mm256_and_ps(diff, Floats(k.abs)), k.f_inf, _CMP_LT_OQ);
   _mm256_storeu_ps(residual, _mm256_add_ps(_mm256_loadu_ps(residual), _mm256_and_ps(diff, finite)));
@@ -308,7 +174,7 @@ CORTADO_AVX2_INLINE void AddLoss(const C& k, __m256 x, __m256 d, float* residual
 // The floats of 16 f16 words: F16C, except that it quiets signalling NaNs (sets fp32 bit 22)
 // where HalfToFloat keeps them. NaN words are rare, so test for any first.
 template <class C>
-CORTADO_AVX2_INLINE __m256 FixNan(const C& k, __m256 d, __m128i h) {
+CORTADO_SIMD_INLINE __m256 FixNan(const C& k, __m256 d, __m128i h) {
   const __m256i h32 = _mm256_cvtepu16_epi32(h);
   const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(h32, k.h_abs32), k.h_inf32);
   const __m256i quieted = _mm256_andnot_si256(_mm256_slli_epi32(h32, 13), k.quiet);
@@ -317,7 +183,7 @@ CORTADO_AVX2_INLINE __m256 FixNan(const C& k, __m256 d, __m128i h) {
 // kExact: as HalfToFloat, NaN payloads included; else as F16C (what a residual needs: it
 // ignores NaN lanes, and the encoder makes only quiet NaNs anyway).
 template <bool kExact = true, class C>
-CORTADO_AVX2_INLINE void HalvesToFloats(const C& k, __m256i h, __m256& d0, __m256& d1) {
+CORTADO_SIMD_INLINE void HalvesToFloats(const C& k, __m256i h, __m256& d0, __m256& d1) {
   const __m128i lo = _mm256_castsi256_si128(h), hi = _mm256_extracti128_si256(h, 1);
   d0 = _mm256_cvtph_ps(lo);
   d1 = _mm256_cvtph_ps(hi);
@@ -330,12 +196,6 @@ CORTADO_AVX2_INLINE void HalvesToFloats(const C& k, __m256i h, __m256& d0, __m25
   }
 }
 
-template <bool kAccumulate>
-CORTADO_AVX2_INLINE void Put(float* dst, __m256 d) {
-  if constexpr (kAccumulate) d = _mm256_add_ps(_mm256_loadu_ps(dst), d);
-  _mm256_storeu_ps(dst, d);
-}
-
 template <CodecKind K>
 using ConstsOf = Consts<FormatOf(K).e, FormatOf(K).m>;
 
@@ -346,7 +206,7 @@ using ConstsOf = Consts<FormatOf(K).e, FormatOf(K).m>;
 // Loops<Isa::kAvx2> (codec_dispatch.h): whole blocks from the start, as many as fit; returns
 // how many values they held (a multiple of 8).
 template <CodecKind K, Rounding R, bool kResidual>
-CORTADO_AVX2_LOOP size_t EncodeLoopAvx2(const float* src, size_t count, uint8_t* dst,
+CORTADO_SIMD_LOOP size_t EncodeLoopAvx2(const float* src, size_t count, uint8_t* dst,
                                         const EncodeOptions& o, float* residual) {
   const ConstsOf<K> k;
   RandomStream<ConstsOf<K>> random(k, o.seed, o.first_index);
@@ -354,14 +214,7 @@ CORTADO_AVX2_LOOP size_t EncodeLoopAvx2(const float* src, size_t count, uint8_t*
   if constexpr (K == CodecKind::kF16) {
     for (; i + 16 <= count; i += 16) {
       const __m256 x0 = _mm256_loadu_ps(src + i), x1 = _mm256_loadu_ps(src + i + 8);
-      __m256i h;
-      if constexpr (R == Rounding::kStochastic) {
-        const __m256i c0 = WithSign(k, MagE5Stochastic<10>(k, Bits(x0), random.Next()), Bits(x0));
-        const __m256i c1 = WithSign(k, MagE5Stochastic<10>(k, Bits(x1), random.Next()), Bits(x1));
-        h = Pack16(c0, c1);
-      } else {
-        h = E5Codes<10, R>(k, x0, x1);
-      }
+      const __m256i h = E5Codes<10, R>(k, x0, x1, random);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i), h);
       if constexpr (kResidual) {
         AddLoss(k, x0, _mm256_cvtph_ps(_mm256_castsi256_si128(h)), residual + i);
@@ -373,7 +226,7 @@ CORTADO_AVX2_LOOP size_t EncodeLoopAvx2(const float* src, size_t count, uint8_t*
       const __m256i u0 = Bits(_mm256_loadu_ps(src + i)), u1 = Bits(_mm256_loadu_ps(src + i + 8));
       const __m256i c0 = WithSign(k, MagE8<7, R>(k, u0, Draw<R>(random)), u0);
       const __m256i c1 = WithSign(k, MagE8<7, R>(k, u1, Draw<R>(random)), u1);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i), Pack16(c0, c1));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i), Pack16(k, c0, c1));
       if constexpr (kResidual) {
         AddLoss(k, Floats(u0), Floats(_mm256_slli_epi32(c0, 16)), residual + i);
         AddLoss(k, Floats(u1), Floats(_mm256_slli_epi32(c1, 16)), residual + i + 8);
@@ -384,19 +237,9 @@ CORTADO_AVX2_LOOP size_t EncodeLoopAvx2(const float* src, size_t count, uint8_t*
       __m256 x[4];
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) x[j] = _mm256_loadu_ps(src + i + 8 * j);
-      // The codes in 16-bit words: a holds values 0-15, b 16-31.
-      __m256i a, b;
-      if constexpr (R == Rounding::kStochastic) {
-        __m256i c[4];
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; ++j)
-          c[j] = WithSign(k, MagE5Stochastic<2>(k, Bits(x[j]), random.Next()), Bits(x[j]));
-        a = Pack16(c[0], c[1]);
-        b = Pack16(c[2], c[3]);
-      } else {
-        a = E5Codes<2, R>(k, x[0], x[1]);
-        b = E5Codes<2, R>(k, x[2], x[3]);
-      }
+      // The codes in 16-bit words: a holds values 0-15, b 16-31 (two statements: draws in order).
+      const __m256i a = E5Codes<2, R>(k, x[0], x[1], random);
+      const __m256i b = E5Codes<2, R>(k, x[2], x[3], random);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
                           _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8));
       if constexpr (kResidual) {
@@ -413,15 +256,8 @@ CORTADO_AVX2_LOOP size_t EncodeLoopAvx2(const float* src, size_t count, uint8_t*
     // group's place (rewritten by the next step): so a step needs a group after it.
     for (; i + 24 <= count; i += 16) {
       const __m256 x0 = _mm256_loadu_ps(src + i), x1 = _mm256_loadu_ps(src + i + 8);
-      __m256i c;  // the 16 codes in 16-bit words: group 0 in the low half, group 1 in the high
-      if constexpr (R == Rounding::kStochastic) {
-        // (Two statements: the draws must be taken in order.)
-        const __m256i c0 = WithSign(k, MagE5Stochastic<5>(k, Bits(x0), random.Next()), Bits(x0));
-        const __m256i c1 = WithSign(k, MagE5Stochastic<5>(k, Bits(x1), random.Next()), Bits(x1));
-        c = Pack16(c0, c1);
-      } else {
-        c = E5Codes<5, R>(k, x0, x1);
-      }
+      // The 16 codes in 16-bit words: group 0 in the low half, group 1 in the high.
+      const __m256i c = E5Codes<5, R>(k, x0, x1, random);
       // Per 128-bit half (a group): 8 bytes of high parts (code >> 3), 8 of low (code & 7).
       const __m256i b = _mm256_packus_epi16(_mm256_srli_epi16(c, 3), _mm256_and_si256(c, k.low3));
       // Plane p: bit p of low part j as bit j of a byte. A table lookup gives 0xff where the
@@ -470,42 +306,13 @@ CORTADO_AVX2_LOOP size_t EncodeLoopAvx2(const float* src, size_t count, uint8_t*
 
 // ---- Decode ---------------------------------------------------------------------------------
 
-// Loops<Isa::kAvx2> (codec_dispatch.h), as Encode.
+// Loops<Isa::kAvx2> (codec_dispatch.h), as Encode, for the packed formats (the others:
+// DecodeWideningLoop, codec_simd.h).
 template <CodecKind K, bool kAccumulate>
-CORTADO_AVX2_LOOP size_t DecodeLoopAvx2(const uint8_t* src, size_t count, float* dst) {
+CORTADO_SIMD_LOOP size_t DecodeLoopAvx2(const uint8_t* src, size_t count, float* dst) {
   const ConstsOf<K> k;
   size_t i = 0;
-  if constexpr (K == CodecKind::kF32) {
-    for (; i + 8 <= count; i += 8) {
-      Put<kAccumulate>(dst + i, _mm256_loadu_ps(reinterpret_cast<const float*>(src + 4 * i)));
-    }
-  } else if constexpr (K == CodecKind::kF16) {
-    for (; i + 16 <= count; i += 16) {
-      __m256 d0, d1;
-      HalvesToFloats(k, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i)), d0, d1);
-      Put<kAccumulate>(dst + i, d0);
-      Put<kAccumulate>(dst + i + 8, d1);
-    }
-  } else if constexpr (K == CodecKind::kBF16) {
-    for (; i + 16 <= count; i += 16) {
-      const __m128i w0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
-      const __m128i w1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i + 16));
-      Put<kAccumulate>(dst + i, Floats(_mm256_slli_epi32(_mm256_cvtepu16_epi32(w0), 16)));
-      Put<kAccumulate>(dst + i + 8, Floats(_mm256_slli_epi32(_mm256_cvtepu16_epi32(w1), 16)));
-    }
-  } else if constexpr (K == CodecKind::kEpgc8) {
-    for (; i + 32 <= count; i += 32) {
-      // Each byte becomes the top byte of an f16 word; unpack pairs 128-bit halves, so the
-      // vectors hold values 0-7 | 16-23 and 8-15 | 24-31.
-      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-      const __m256i zero = _mm256_setzero_si256();
-      __m256 d[4];
-      HalvesToFloats(k, _mm256_unpacklo_epi8(zero, bytes), d[0], d[2]);
-      HalvesToFloats(k, _mm256_unpackhi_epi8(zero, bytes), d[1], d[3]);
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) Put<kAccumulate>(dst + i + 8 * j, d[j]);
-    }
-  } else if constexpr (K == CodecKind::kEpgc11) {
+  if constexpr (K == CodecKind::kEpgc11) {
     // Two groups per step, one per 128-bit half, loaded 16 bytes each: 5 past the second
     // group, so a step needs a group after it.
     for (; i + 24 <= count; i += 16) {
@@ -539,29 +346,24 @@ CORTADO_AVX2_LOOP size_t DecodeLoopAvx2(const uint8_t* src, size_t count, float*
           _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(in[8]), k.to_sign), k.sign);
       Put<kAccumulate>(dst + i, Floats(_mm256_or_si256(_mm256_slli_epi32(exp, 23), sign)));
     }
+  } else {
+    static_assert(K == CodecKind::kEpgc8, "f32, f16, bf16: DecodeWideningLoop");
+    for (; i + 32 <= count; i += 32) {
+      // Each byte becomes the top byte of an f16 word; unpack pairs 128-bit halves, so the
+      // vectors hold values 0-7 | 16-23 and 8-15 | 24-31.
+      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+      const __m256i zero = _mm256_setzero_si256();
+      __m256 d[4];
+      HalvesToFloats(k, _mm256_unpacklo_epi8(zero, bytes), d[0], d[2]);
+      HalvesToFloats(k, _mm256_unpackhi_epi8(zero, bytes), d[1], d[3]);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) Put<kAccumulate>(dst + i + 8 * j, d[j]);
+    }
   }
   return i;
 }
 
-// The loops above are free functions: GCC drops a target attribute written on the definition
-// of a member template's specialization, which without -march=native leaves their intrinsics
-// outside the ISA they need. The members only forward.
-template <>
-template <CodecKind K, Rounding R, bool kResidual>
-size_t Loops<Isa::kAvx2>::Encode(const float* src, size_t count, uint8_t* dst,
-                                 const EncodeOptions& o, float* residual) {
-  return EncodeLoopAvx2<K, R, kResidual>(src, count, dst, o, residual);
-}
-
-template <>
-template <CodecKind K, bool kAccumulate>
-size_t Loops<Isa::kAvx2>::Decode(const uint8_t* src, size_t count, float* dst) {
-  return DecodeLoopAvx2<K, kAccumulate>(src, count, dst);
-}
-
-template void EncodeSet<Isa::kAvx2>(CodecKind, const float*, size_t, uint8_t*, const EncodeOptions&,
-                                    float*);
-template void DecodeSet<Isa::kAvx2>(CodecKind, const uint8_t*, size_t, float*, bool);
+CORTADO_SIMD_KERNEL_SET(Isa::kAvx2, EncodeLoopAvx2, DecodeLoopAvx2);
 
 }  // namespace cortado::dist::codec_internal
 

@@ -29,40 +29,15 @@
 #include <cstring>
 
 #include "codecs/codec_dispatch.h"
-#include "codecs/codec_tables.h"
 
-#define CORTADO_AVX512 \
-  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx2,f16c")))
-#define CORTADO_AVX512_INLINE CORTADO_AVX512 __attribute__((always_inline)) inline
-#define CORTADO_AVX512_LOOP CORTADO_AVX512 __attribute__((noinline))
+#define CORTADO_SIMD_TARGET "avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx2,f16c"
+#define CORTADO_SIMD_BYTES 64
+#include "codecs/codec_simd.h"
 
 namespace cortado::dist::codec_internal {
 namespace {
 
-CORTADO_AVX512_INLINE __m512i Bits(__m512 x) { return _mm512_castps_si512(x); }
-CORTADO_AVX512_INLINE __m512 Floats(__m512i u) { return _mm512_castsi512_ps(u); }
-
-// A value the compiler must treat as unknown, so that a loop's constants stay in registers
-// (see Keep in codec_avx2.cpp).
-CORTADO_AVX512_INLINE __m512i Keep(__m512i v) {
-  __asm__("" : "+v"(v));
-  return v;
-}
-CORTADO_AVX512_INLINE __m512i U32(uint32_t v) {
-  return Keep(_mm512_set1_epi32(static_cast<int>(v)));
-}
-CORTADO_AVX512_INLINE __m512i U16(uint16_t v) {
-  return Keep(_mm512_set1_epi16(static_cast<short>(v)));
-}
-CORTADO_AVX512_INLINE __m256i Low256(__m512i v) { return _mm512_castsi512_si256(v); }
-
-// A table (codec_tables.h): a byte permute's indices or a byte-wise constant.
-CORTADO_AVX512_INLINE __m512i Load(const ByteTable& t) {
-  return Keep(_mm512_load_si512(reinterpret_cast<const void*>(t.b)));
-}
-CORTADO_AVX512_INLINE __m512i Load(const WordTable& t) {
-  return Keep(_mm512_load_si512(reinterpret_cast<const void*>(t.w)));
-}
+CORTADO_SIMD_INLINE __m256i Low256(__m512i v) { return _mm512_castsi512_si256(v); }
 
 // ---- Packing tables ------------------------------------------------------------------------
 // Encoding: 64 values' high parts H (bytes, in the order the packs leave them) and their planes
@@ -100,31 +75,14 @@ constexpr ByteTable kUnpack11Bit = MakeTable([](int i) { return i % 2 ? 0 : 1 <<
 constexpr ByteTable kUnpack9Exp = MakeTable([](int v) { return 9 * (v / 8) + v % 8; });
 constexpr ByteTable kUnpack9Sign = MakeTable([](int g) { return g < 8 ? 9 * g + 8 : 0; });
 
-// The constants of the loops of a format (E exponent, M mantissa bits), made once per call
-// (unused ones cost nothing: Keep's empty asm goes with its result).
+// The constants of a format's loops (FormatConsts) and this set's own: the fixed-shift E5
+// stochastic route's bounds (MagE5Stochastic), the f16 quiet bit.
 template <int E, int M>
-struct Consts {
-  CORTADO_AVX512_INLINE Consts() {}
+struct Consts : FormatConsts<E, M> {
+  CORTADO_SIMD_INLINE Consts() {}
 
-  static constexpr uint32_t kInf = ((1u << E) - 1) << M;
-  __m512i one = U32(1), abs = U32(0x7fffffffu), sign = U32(0x80000000u);
-  __m512i exp_all = U32(0x7f800000u), implicit = U32(0x800000u), man_all = U32(0x7fffffu);
-  __m512i inf = U32(kInf), qnan = U32(M > 0 ? 1u << (M > 0 ? M - 1 : 0) : 0u);
-  __m512i half_m1 = U32(M < 23 ? (1u << (M < 23 ? 22 - M : 0)) - 1 : 0);  // 2^(s-1) - 1
-  __m512 f_two16 = Floats(U32(0x47800000u));                              // 2^16
-  // E5 stochastic (see MagE5Stochastic in codec_avx2.cpp).
-  __m512i e113 = U32(113), base_off = U32(113u << M), s_off = U32(23 - M);
-  __m512i s_max = U32(40), c32 = U32(32);
   __m512i normal_min = U32(113u << 23), rebias = U32(112u << 23);
-  // The hash: lane j's index multiplier, a block's step, fmix32's multipliers.
-  __m512i hash_lanes = Load(kHashLanes);
-  __m512i hash_step = U32(16 * kHashLo), mix1 = U32(kMix1), mix2 = U32(kMix2);
-  // f16 words: magnitude, infinity, the NaN payload the format drops, the quiet bit; 1 and half
-  // an ulp of the format less 1; fp32's quiet bit.
-  __m512i h_abs = U16(0x7fff), h_inf = U16(0x7c00), h_payload = U16(0x01ff);
-  __m512i h_quiet = U16(0x0200), one16 = U16(1);
-  __m512i half_m1_16 = U16(M < 10 ? (1u << (M < 10 ? 9 - M : 0)) - 1 : 0);
-  __m512i quiet = U32(0x400000u);
+  __m512i h_quiet = U16(0x0200);
   // Pack16's qword order after packus.
   __m512i pack_order = Keep(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7));
 };
@@ -132,54 +90,9 @@ struct Consts {
 template <CodecKind K>
 using ConstsOf = Consts<FormatOf(K).e, FormatOf(K).m>;
 
-// StochasticBits(seed, index + j) for consecutive blocks of 16 (lane j), as RandomStream in
-// codec_avx2.cpp: a block reaching the end of the lower index word goes the scalar way.
-template <class C>
-struct RandomStream {
-  const C& k;
-  uint64_t seed, index;
-  __m512i next, key;
-
-  CORTADO_AVX512_INLINE RandomStream(const C& consts, uint64_t s, uint64_t first)
-      : k(consts), seed(s), index(first) {
-    Restart();
-  }
-  CORTADO_AVX512_INLINE void Restart() {
-    next =
-        _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(HashBase(seed, index))), k.hash_lanes);
-    key = _mm512_set1_epi32(static_cast<int>(HashKey(seed, index)));
-  }
-  CORTADO_AVX512_INLINE __m512i Next() {
-    if (BlockReachesWrap(index, 16)) [[unlikely]] {
-      alignas(64) uint32_t r[16];
-      for (int j = 0; j < 16; ++j) r[j] = StochasticBits(seed, index + j);
-      index += 16;
-      Restart();
-      return _mm512_load_si512(reinterpret_cast<const void*>(r));
-    }
-    __m512i h = _mm512_xor_si512(next, key);
-    next = _mm512_add_epi32(next, k.hash_step);
-    index += 16;
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-    h = _mm512_mullo_epi32(h, k.mix1);
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
-    h = _mm512_mullo_epi32(h, k.mix2);
-    return _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-  }
-};
-
-template <Rounding R, class Stream>
-CORTADO_AVX512_INLINE __m512i Draw(Stream& stream) {
-  if constexpr (R == Rounding::kStochastic) {
-    return stream.Next();
-  } else {
-    return _mm512_setzero_si512();
-  }
-}
-
 // Saturating to infinity and marking NaN: mag -> final magnitude.
 template <int E, int M>
-CORTADO_AVX512_INLINE __m512i Finish(const Consts<E, M>& k, __m512i mag, __m512i abs) {
+CORTADO_SIMD_INLINE __m512i Finish(const Consts<E, M>& k, __m512i mag, __m512i abs) {
   mag = _mm512_min_epu32(mag, k.inf);
   if constexpr (M > 0) {
     mag = _mm512_mask_or_epi32(mag, _mm512_cmpgt_epu32_mask(abs, k.exp_all), mag, k.qnan);
@@ -187,67 +100,34 @@ CORTADO_AVX512_INLINE __m512i Finish(const Consts<E, M>& k, __m512i mag, __m512i
   return mag;
 }
 
-// Magnitude code of E8 formats (bf16, epgc9): base + q of the reference is abs >> s.
-template <int M, Rounding R>
-CORTADO_AVX512_INLINE __m512i MagE8(const Consts<8, M>& k, __m512i u, __m512i r) {
-  constexpr int s = 23 - M;
-  const __m512i abs = _mm512_and_si512(u, k.abs);
-  __m512i mag;
-  if constexpr (R == Rounding::kNearest) {
-    // abs + half - 1 + (q odd): q's low bit is abs's bit s, or for epgc9 whether x is normal.
-    __m512i t = _mm512_add_epi32(abs, k.half_m1);
-    if constexpr (M > 0) {
-      t = _mm512_add_epi32(t, _mm512_and_si512(_mm512_srli_epi32(abs, s), k.one));
-    } else {
-      t = _mm512_mask_add_epi32(t, _mm512_cmpgt_epu32_mask(abs, k.man_all), t, k.one);
-    }
-    mag = _mm512_srli_epi32(t, s);
-  } else if constexpr (R == Rounding::kTruncate) {
-    mag = _mm512_srli_epi32(abs, s);
-  } else {
-    const __m512i q = _mm512_srli_epi32(abs, s);
-    const __mmask16 up = _mm512_cmplt_epu32_mask(r, _mm512_slli_epi32(abs, 32 - s));
-    mag = _mm512_mask_add_epi32(q, up, q, k.one);
-  }
-  return Finish(k, mag, abs);
+// v + (a < b) and v + (a > b), as unsigned: masked adds.
+template <class C>
+CORTADO_SIMD_INLINE __m512i AddOneIfBelow(const C& k, __m512i v, __m512i a, __m512i b) {
+  return _mm512_mask_add_epi32(v, _mm512_cmplt_epu32_mask(a, b), v, k.one);
+}
+template <class C>
+CORTADO_SIMD_INLINE __m512i AddOneIfAbove(const C& k, __m512i v, __m512i a, __m512i b) {
+  return AddOneIfBelow(k, v, b, a);
 }
 
 // Magnitude code of E5 formats, stochastic. Where every lane is normal in the target (fp32
 // exponent 113 and up: NaN, infinity and overflow included, Finish saturates them), base + q of
 // the reference is (abs - 112 << 23) >> s with s = 23 - M fixed, and the threshold abs << (32 -
-// s), as for the E8 formats: half the work. Otherwise the integer formula of MagE5Stochastic
-// in codec_avx2.cpp, per-lane s and all (variable shifts by 32 or more give 0 here too).
+// s), as for the E8 formats: half the work. Otherwise the integer formula of E5StochasticParts
+// (codec_simd.h), per-lane s and all.
 template <int M>
-CORTADO_AVX512_INLINE __m512i MagE5Stochastic(const Consts<5, M>& k, __m512i u, __m512i r) {
+CORTADO_SIMD_INLINE __m512i MagE5Stochastic(const Consts<5, M>& k, __m512i u, __m512i r) {
   const __m512i abs = _mm512_and_si512(u, k.abs);
   if (_mm512_cmplt_epu32_mask(abs, k.normal_min) == 0) [[likely]] {
     const __m512i q = _mm512_srli_epi32(_mm512_sub_epi32(abs, k.rebias), 23 - M);
-    const __mmask16 up = _mm512_cmplt_epu32_mask(r, _mm512_slli_epi32(abs, 9 + M));
-    return Finish(k, _mm512_mask_add_epi32(q, up, q, k.one), abs);
+    return Finish(k, AddOneIfBelow(k, q, r, _mm512_slli_epi32(abs, 9 + M)), abs);
   }
-  const __m512i ef = _mm512_srli_epi32(abs, 23);
-  const __m512i e1 = _mm512_max_epi32(ef, k.one);
-  const __m512i sig =
-      _mm512_sub_epi32(_mm512_add_epi32(abs, k.implicit), _mm512_slli_epi32(e1, 23));
-  const __m512i et = _mm512_max_epi32(ef, k.e113);
-  const __m512i base = _mm512_sub_epi32(_mm512_slli_epi32(et, M), k.base_off);
-  const __m512i s = _mm512_min_epi32(_mm512_add_epi32(_mm512_sub_epi32(et, e1), k.s_off), k.s_max);
-  const __m512i q = _mm512_add_epi32(base, _mm512_srlv_epi32(sig, s));
-  const __m512i threshold = _mm512_or_si512(_mm512_sllv_epi32(sig, _mm512_sub_epi32(k.c32, s)),
-                                            _mm512_srlv_epi32(sig, _mm512_sub_epi32(s, k.c32)));
-  const __m512i mag = _mm512_mask_add_epi32(q, _mm512_cmplt_epu32_mask(r, threshold), q, k.one);
-  return Finish(k, mag, abs);
-}
-
-// The code: magnitude | the sign of fp32 bits u moved to bit E + M.
-template <int E, int M>
-CORTADO_AVX512_INLINE __m512i WithSign(const Consts<E, M>& k, __m512i mag, __m512i u) {
-  return _mm512_or_si512(mag, _mm512_srli_epi32(_mm512_and_si512(u, k.sign), 31 - E - M));
+  return MagE5StochasticFormula<M>(k, abs, r);
 }
 
 // Codes of 16 + 16 values of at most 16 bits -> 32 words in order.
 template <class C>
-CORTADO_AVX512_INLINE __m512i Pack16(const C& k, __m512i a, __m512i b) {
+CORTADO_SIMD_INLINE __m512i Pack16(const C& k, __m512i a, __m512i b) {
   return _mm512_permutexvar_epi64(k.pack_order, _mm512_packus_epi32(a, b));
 }
 
@@ -256,7 +136,7 @@ CORTADO_AVX512_INLINE __m512i Pack16(const C& k, __m512i a, __m512i b) {
 // bit set where inexact (round to odd, rounded again by WordsToCodes).
 enum class F16Mode { kNearest, kTruncate, kOdd };
 template <F16Mode kMode, class C>
-CORTADO_AVX512_INLINE __m256i F16Words(const C& k, __m512 x) {
+CORTADO_SIMD_INLINE __m256i F16Words(const C& k, __m512 x) {
   if constexpr (kMode == F16Mode::kTruncate) {
     const __mmask16 over =
         _mm512_cmp_ps_mask(Floats(_mm512_and_si512(Bits(x), k.abs)), k.f_two16, _CMP_GE_OQ);
@@ -279,12 +159,9 @@ CORTADO_AVX512_INLINE __m256i F16Words(const C& k, __m512 x) {
 // words in order: F16C for nearest and truncate (round to odd, then integer rounding, for
 // M < 10), the integer formula for stochastic.
 template <int M, Rounding R, class C, class Stream>
-CORTADO_AVX512_INLINE __m512i E5Codes(const C& k, __m512 x0, __m512 x1, Stream& random) {
+CORTADO_SIMD_INLINE __m512i E5Codes(const C& k, __m512 x0, __m512 x1, Stream& random) {
   if constexpr (R == Rounding::kStochastic) {
-    // Two statements: the draws must be taken in order.
-    const __m512i c0 = WithSign(k, MagE5Stochastic<M>(k, Bits(x0), random.Next()), Bits(x0));
-    const __m512i c1 = WithSign(k, MagE5Stochastic<M>(k, Bits(x1), random.Next()), Bits(x1));
-    return Pack16(k, c0, c1);
+    return E5StochasticCodes<M>(k, x0, x1, random);
   } else {
     constexpr bool kNearest = R == Rounding::kNearest;
     constexpr F16Mode kMode = M == 10 ? (kNearest ? F16Mode::kNearest : F16Mode::kTruncate)
@@ -307,14 +184,14 @@ CORTADO_AVX512_INLINE __m512i E5Codes(const C& k, __m512 x0, __m512 x1, Stream& 
 
 // residual += x - d where finite, else += +0 (a masked add would keep a -0 residual, where the
 // portable kernels' + 0 makes it +0).
-CORTADO_AVX512_INLINE void AddLoss(__m512 x, __m512 d, float* residual) {
+CORTADO_SIMD_INLINE void AddLoss(__m512 x, __m512 d, float* residual) {
   const __m512 diff = _mm512_sub_ps(x, d);
   const auto finite = static_cast<__mmask16>(~_mm512_fpclass_ps_mask(diff, 0x99));  // not NaN, inf
   _mm512_storeu_ps(residual,
                    _mm512_add_ps(_mm512_loadu_ps(residual), _mm512_maskz_mov_ps(finite, diff)));
 }
 // The residual of 32 values from their f16 words (values 0-15 in the low half).
-CORTADO_AVX512_INLINE void AddLossWords(__m512 x0, __m512 x1, __m512i h, float* residual) {
+CORTADO_SIMD_INLINE void AddLossWords(__m512 x0, __m512 x1, __m512i h, float* residual) {
   AddLoss(x0, _mm512_cvtph_ps(Low256(h)), residual);
   AddLoss(x1, _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), residual + 16);
 }
@@ -322,7 +199,7 @@ CORTADO_AVX512_INLINE void AddLossWords(__m512 x0, __m512 x1, __m512i h, float* 
 // The floats of 16 f16 words, as HalfToFloat: F16C quiets signalling NaNs (sets fp32 bit 22),
 // which HalfToFloat keeps; NaN words are rare, so test for any first.
 template <class C>
-CORTADO_AVX512_INLINE __m512 HalvesToFloats(const C& k, __m256i h) {
+CORTADO_SIMD_INLINE __m512 HalvesToFloats(const C& k, __m256i h) {
   __m512 d = _mm512_cvtph_ps(h);
   const __mmask16 nan =
       _mm256_cmpgt_epu16_mask(_mm256_and_si256(h, Low256(k.h_abs)), Low256(k.h_inf));
@@ -333,17 +210,24 @@ CORTADO_AVX512_INLINE __m512 HalvesToFloats(const C& k, __m256i h) {
   return d;
 }
 
+// The floats of 32 f16 words, values 0-15 in the low half.
+template <class C>
+CORTADO_SIMD_INLINE void HalvesToFloats(const C& k, __m512i h, __m512& d0, __m512& d1) {
+  d0 = HalvesToFloats(k, Low256(h));
+  d1 = HalvesToFloats(k, _mm512_extracti64x4_epi64(h, 1));
+}
+
 // epgc11's groups back to f16 words (code << 5), 32 values (4 groups, 44 bytes) per vector:
 // the high part into the high byte, the low part's bit p to bit 5 + p of the low byte (added:
 // the bits are distinct, and AVX-512 has masked byte adds but no masked byte ORs).
 struct Unpack11 {
-  CORTADO_AVX512_INLINE Unpack11() {}
+  CORTADO_SIMD_INLINE Unpack11() {}
   __m512i high_index = Load(kUnpack11High), bit = Load(kUnpack11Bit);
   __m512i plane_index[3] = {Load(kUnpack11Plane[0]), Load(kUnpack11Plane[1]),
                             Load(kUnpack11Plane[2])};
   __m512i low_at[3] = {Load(kLowBitInWord[0]), Load(kLowBitInWord[1]), Load(kLowBitInWord[2])};
 
-  CORTADO_AVX512_INLINE __m512i Words(__m512i v) const {
+  CORTADO_SIMD_INLINE __m512i Words(__m512i v) const {
     __m512i h = _mm512_maskz_permutexvar_epi8(0xaaaaaaaaaaaaaaaaull, high_index, v);
 #pragma GCC unroll 3
     for (int p = 0; p < 3; ++p) {
@@ -354,12 +238,6 @@ struct Unpack11 {
   }
 };
 
-template <bool kAccumulate>
-CORTADO_AVX512_INLINE void Put(float* dst, __m512 d) {
-  if constexpr (kAccumulate) d = _mm512_add_ps(_mm512_loadu_ps(dst), d);
-  _mm512_storeu_ps(dst, d);
-}
-
 }  // namespace
 
 // ---- Encode ---------------------------------------------------------------------------------
@@ -367,8 +245,8 @@ CORTADO_AVX512_INLINE void Put(float* dst, __m512 d) {
 // Loops<Isa::kAvx512> (codec_dispatch.h): whole blocks from the start, as many as fit; returns
 // how many values they held (a multiple of 32).
 template <CodecKind K, Rounding R, bool kResidual>
-CORTADO_AVX512_LOOP size_t EncodeLoopAvx512(const float* src, size_t count, uint8_t* dst,
-                                            const EncodeOptions& o, float* residual) {
+CORTADO_SIMD_LOOP size_t EncodeLoopAvx512(const float* src, size_t count, uint8_t* dst,
+                                          const EncodeOptions& o, float* residual) {
   constexpr int M = FormatOf(K).m;
   const ConstsOf<K> k;
   RandomStream<ConstsOf<K>> random(k, o.seed, o.first_index);
@@ -469,49 +347,27 @@ CORTADO_AVX512_LOOP size_t EncodeLoopAvx512(const float* src, size_t count, uint
 
 // ---- Decode ---------------------------------------------------------------------------------
 
-// Loops<Isa::kAvx512> (codec_dispatch.h), as Encode.
+// Loops<Isa::kAvx512> (codec_dispatch.h), as Encode, for the packed formats (the others:
+// DecodeWideningLoop, codec_simd.h).
 template <CodecKind K, bool kAccumulate>
-CORTADO_AVX512_LOOP size_t DecodeLoopAvx512(const uint8_t* src, size_t count, float* dst) {
+CORTADO_SIMD_LOOP size_t DecodeLoopAvx512(const uint8_t* src, size_t count, float* dst) {
+  // The loop's constants: a format's unused ones cost nothing (Keep's empty asm goes with them).
   const ConstsOf<K> k;
+  const Unpack11 u;
+  const __m512i exp_index = Load(kUnpack9Exp), sign_index = Load(kUnpack9Sign);
   size_t i = 0;
-  if constexpr (K == CodecKind::kF32) {
-    for (; i + 16 <= count; i += 16) {
-      Put<kAccumulate>(dst + i, _mm512_loadu_ps(reinterpret_cast<const float*>(src + 4 * i)));
-    }
-  } else if constexpr (K == CodecKind::kF16) {
-    for (; i + 32 <= count; i += 32) {
-      const __m512i h = _mm512_loadu_si512(src + 2 * i);
-      Put<kAccumulate>(dst + i, HalvesToFloats(k, Low256(h)));
-      Put<kAccumulate>(dst + i + 16, HalvesToFloats(k, _mm512_extracti64x4_epi64(h, 1)));
-    }
-  } else if constexpr (K == CodecKind::kBF16) {
-    for (; i + 32 <= count; i += 32) {
-      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i));
-      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i + 32));
-      Put<kAccumulate>(dst + i, Floats(_mm512_slli_epi32(_mm512_cvtepu16_epi32(w0), 16)));
-      Put<kAccumulate>(dst + i + 16, Floats(_mm512_slli_epi32(_mm512_cvtepu16_epi32(w1), 16)));
-    }
-  } else if constexpr (K == CodecKind::kEpgc8) {
-    for (; i + 32 <= count; i += 32) {
-      // Each byte becomes the top byte of an f16 word.
-      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-      const __m512i h = _mm512_slli_epi16(_mm512_cvtepu8_epi16(bytes), 8);
-      Put<kAccumulate>(dst + i, HalvesToFloats(k, Low256(h)));
-      Put<kAccumulate>(dst + i + 16, HalvesToFloats(k, _mm512_extracti64x4_epi64(h, 1)));
-    }
-  } else if constexpr (K == CodecKind::kEpgc11) {
-    const Unpack11 u;
+  if constexpr (K == CodecKind::kEpgc11) {
     for (; i + 64 <= count; i += 64) {
       const uint8_t* in = src + i / 8 * 11;
       const __m512i a = u.Words(_mm512_loadu_si512(in));
       const __m512i b = u.Words(_mm512_maskz_loadu_epi8((uint64_t{1} << 44) - 1, in + 44));
-      Put<kAccumulate>(dst + i, HalvesToFloats(k, Low256(a)));
-      Put<kAccumulate>(dst + i + 16, HalvesToFloats(k, _mm512_extracti64x4_epi64(a, 1)));
-      Put<kAccumulate>(dst + i + 32, HalvesToFloats(k, Low256(b)));
-      Put<kAccumulate>(dst + i + 48, HalvesToFloats(k, _mm512_extracti64x4_epi64(b, 1)));
+      __m512 d[4];
+      HalvesToFloats(k, a, d[0], d[1]);
+      HalvesToFloats(k, b, d[2], d[3]);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) Put<kAccumulate>(dst + i + 16 * j, d[j]);
     }
   } else if constexpr (K == CodecKind::kEpgc9) {
-    const __m512i exp_index = Load(kUnpack9Exp), sign_index = Load(kUnpack9Sign);
     for (; i + 64 <= count; i += 64) {
       // 72 bytes: the exponent bytes in order, and the sign plane as a mask of 64 bits.
       const uint8_t* in = src + i / 8 * 9;
@@ -529,29 +385,22 @@ CORTADO_AVX512_LOOP size_t DecodeLoopAvx512(const uint8_t* src, size_t count, fl
         Put<kAccumulate>(dst + i + 16 * j, Floats(_mm512_mask_or_epi32(e, neg, e, k.sign)));
       }
     }
+  } else {
+    static_assert(K == CodecKind::kEpgc8, "f32, f16, bf16: DecodeWideningLoop");
+    for (; i + 32 <= count; i += 32) {
+      // Each byte becomes the top byte of an f16 word.
+      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+      const __m512i h = _mm512_slli_epi16(_mm512_cvtepu8_epi16(bytes), 8);
+      __m512 d0, d1;
+      HalvesToFloats(k, h, d0, d1);
+      Put<kAccumulate>(dst + i, d0);
+      Put<kAccumulate>(dst + i + 16, d1);
+    }
   }
   return i;
 }
 
-// The loops above are free functions: GCC drops a target attribute written on the definition
-// of a member template's specialization, which without -march=native leaves their intrinsics
-// outside the ISA they need. The members only forward.
-template <>
-template <CodecKind K, Rounding R, bool kResidual>
-size_t Loops<Isa::kAvx512>::Encode(const float* src, size_t count, uint8_t* dst,
-                                   const EncodeOptions& o, float* residual) {
-  return EncodeLoopAvx512<K, R, kResidual>(src, count, dst, o, residual);
-}
-
-template <>
-template <CodecKind K, bool kAccumulate>
-size_t Loops<Isa::kAvx512>::Decode(const uint8_t* src, size_t count, float* dst) {
-  return DecodeLoopAvx512<K, kAccumulate>(src, count, dst);
-}
-
-template void EncodeSet<Isa::kAvx512>(CodecKind, const float*, size_t, uint8_t*,
-                                      const EncodeOptions&, float*);
-template void DecodeSet<Isa::kAvx512>(CodecKind, const uint8_t*, size_t, float*, bool);
+CORTADO_SIMD_KERNEL_SET(Isa::kAvx512, EncodeLoopAvx512, DecodeLoopAvx512);
 
 }  // namespace cortado::dist::codec_internal
 

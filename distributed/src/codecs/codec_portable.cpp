@@ -95,30 +95,9 @@ void UnpackGroups(const uint8_t* src, size_t n, uint32_t* codes) {
   if (g < n) UnpackGroup<K>(src, static_cast<int>(n - g), codes + g);  // the last, partial one
 }
 
-template <CodecKind K>
-void Pack(const uint32_t* codes, size_t n, uint8_t* dst) {
-  if constexpr (K == CodecKind::kF16 || K == CodecKind::kBF16) {
-    for (size_t i = 0; i < n; ++i) {  // little-endian 16-bit words
-      dst[2 * i] = static_cast<uint8_t>(codes[i]);
-      dst[2 * i + 1] = static_cast<uint8_t>(codes[i] >> 8);
-    }
-  } else if constexpr (K == CodecKind::kEpgc8) {
-    for (size_t i = 0; i < n; ++i) dst[i] = static_cast<uint8_t>(codes[i]);
-  } else {
-    PackGroups<K>(codes, n, dst);
-  }
-}
-
-template <CodecKind K>
-void Unpack(const uint8_t* src, size_t n, uint32_t* codes) {
-  if constexpr (K == CodecKind::kF16 || K == CodecKind::kBF16) {
-    for (size_t i = 0; i < n; ++i) codes[i] = uint32_t{src[2 * i]} | uint32_t{src[2 * i + 1]} << 8;
-  } else if constexpr (K == CodecKind::kEpgc8) {
-    for (size_t i = 0; i < n; ++i) codes[i] = src[i];
-  } else {
-    UnpackGroups<K>(src, n, codes);
-  }
-}
+// Whether K's codes are bit-packed in groups of 8 (PackGroups, UnpackGroups). The word and byte
+// formats have no groups: PackGroup and UnpackGroup take a whole pass of them (n <= kBlock).
+constexpr bool InGroups(CodecKind k) { return k == CodecKind::kEpgc11 || k == CodecKind::kEpgc9; }
 
 }  // namespace
 
@@ -144,7 +123,12 @@ size_t Loops<Isa::kPortable>::Encode(const float* src, size_t count, uint8_t* ds
         res[i] = res[i] + Loss(BitsToFloat(in[i]), BitsToFloat(DecodeBits<K>(codes[i])));
       }
     }
-    Pack<K>(codes, n, dst + EncodedBytes(K, done));
+    uint8_t* out = dst + EncodedBytes(K, done);
+    if constexpr (InGroups(K)) {
+      PackGroups<K>(codes, n, out);
+    } else {
+      PackGroup<K>(codes, static_cast<int>(n), out);
+    }
   }
   return count;
 }
@@ -164,7 +148,12 @@ size_t Loops<Isa::kPortable>::Decode(const uint8_t* src, size_t count, float* ds
         out[i] = kAccumulate ? out[i] + v : v;  // (DecodeSet copies for a plain decode)
       }
     } else {
-      Unpack<K>(src + EncodedBytes(K, done), n, codes);
+      const uint8_t* in = src + EncodedBytes(K, done);
+      if constexpr (InGroups(K)) {
+        UnpackGroups<K>(in, n, codes);
+      } else {
+        UnpackGroup<K>(in, static_cast<int>(n), codes);
+      }
       for (size_t i = 0; i < n; ++i) {
         const float d = BitsToFloat(DecodeBits<K>(codes[i]));
         out[i] = kAccumulate ? out[i] + d : d;

@@ -191,7 +191,8 @@ struct Split<CodecKind::kEpgc9> {
 
 // ---- One group of 8 values (the last group of a stream may hold fewer) --------------------------
 
-// Writes the k codes of a group to dst, the group's first byte.
+// Writes the k codes of a group to dst, the group's first byte (f16, bf16, epgc8: any k codes,
+// these formats have no groups).
 template <CodecKind K>
 CORTADO_HOST_DEVICE void PackGroup(const uint32_t* codes, int k, uint8_t* dst) {
   if constexpr (K == CodecKind::kF16 || K == CodecKind::kBF16) {
