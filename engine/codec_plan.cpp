@@ -36,6 +36,48 @@ double LinkModel::AllReduceSeconds(double bytes, int world_size) const {
 
 namespace {
 
+// Seconds per byte by least squares over the samples `keep` marks; where that is not positive
+// (one size only, noise), their mean.
+double SecondsPerByte(const std::vector<double>& u, const std::vector<double>& y,
+                      const std::vector<bool>& keep) {
+  double k = 0, su = 0, sy = 0, suu = 0, suy = 0;
+  for (size_t i = 0; i < u.size(); ++i) {
+    if (!keep[i]) continue;
+    k += 1;
+    su += u[i];
+    sy += y[i];
+    suu += u[i] * u[i];
+    suy += u[i] * y[i];
+  }
+  const double var = suu - su * su / k;
+  const double spb = var > 0 ? (suy - su * sy / k) / var : 0;
+  return spb > 0 ? spb : (su > 0 ? sy / su : 0);
+}
+
+}  // namespace
+
+LinkModel FitLink(const std::vector<double>& u, const std::vector<double>& y, int world_size) {
+  CORTADO_CHECK(u.size() == y.size() && world_size >= 2, "FitLink: ", u.size(), " sizes, ",
+                y.size(), " times, ", world_size, " ranks");
+  if (u.empty()) return LinkModel{};
+  std::vector<bool> keep(u.size(), true);
+  double spb = SecondsPerByte(u, y, keep);
+  // Delays only add time: fit again on the samples at or below the median residual.
+  std::vector<double> residual(u.size());
+  for (size_t i = 0; i < u.size(); ++i) residual[i] = y[i] - spb * u[i];
+  std::vector<double> sorted = residual;
+  std::nth_element(sorted.begin(), sorted.begin() + (sorted.size() - 1) / 2, sorted.end());
+  const double median = sorted[(sorted.size() - 1) / 2];
+  for (size_t i = 0; i < u.size(); ++i) keep[i] = residual[i] <= median;
+  spb = SecondsPerByte(u, y, keep);
+  if (!(spb > 0)) return LinkModel{};
+  double fixed = y[0] - spb * u[0];
+  for (size_t i = 1; i < u.size(); ++i) fixed = std::min(fixed, y[i] - spb * u[i]);
+  return LinkModel{std::max(0.0, fixed) / (2.0 * (world_size - 1)), 1.0 / spb};
+}
+
+namespace {
+
 // Predicted transfers of every bucket in its codec, queued in bucket order (in runs with
 // merge_f32); each ready time counts `fraction` of its hiding time.
 std::vector<PlannedBucket> Schedule(const CodecPlanInput& in,
@@ -83,15 +125,29 @@ double End(const std::vector<PlannedBucket>& plan) {
 
 std::vector<PlannedBucket> PlanCodecs(const CodecPlanInput& in) {
   CheckInput(in);
-  std::vector<dist::CodecKind> codecs(in.buckets.size(), in.candidates.back());
-  // A tiny slack so that rounding in the sums never rejects a choice that ties the limit.
   const double f = in.hiding_fraction;
-  const double limit = std::max(End(Schedule(in, codecs, f)), in.backward_end_s) * (1 + 1e-12);
+  const dist::CodecKind widest = in.candidates.front(), narrowest = in.candidates.back();
+  // When communication ends if every chosen bucket from `from` on travels in `rest`.
+  const auto end_with = [&](std::vector<dist::CodecKind> codecs, size_t from,
+                            dist::CodecKind rest) {
+    for (size_t k = from; k < codecs.size(); ++k) codecs[k] = rest;
+    return End(Schedule(in, codecs, f));
+  };
+  // Where all-reduces carry a latency and f32 buckets join, the widest everywhere can end
+  // sooner than the narrowest: the reference is the sooner of the two.
+  std::vector<dist::CodecKind> codecs(in.buckets.size(), narrowest);
+  const double soonest = std::min(end_with(codecs, 0, narrowest), end_with(codecs, 0, widest));
+  // A tiny slack so that rounding in the sums never rejects a choice that ties the limit.
+  const double limit = std::max(soonest, in.backward_end_s) * (1 + 1e-12);
   for (size_t b = 0; b < codecs.size(); ++b) {
     if (in.buckets[b].fixed) continue;
-    for (dist::CodecKind codec : in.candidates) {  // widest first; the narrowest always fits
+    // Widest first. One candidate always fits: the previous choice fitted with every later
+    // bucket in the narrowest or in the widest, and this bucket can take either.
+    for (dist::CodecKind codec : in.candidates) {
       codecs[b] = codec;
-      if (End(Schedule(in, codecs, f)) <= limit) break;
+      if (std::min(end_with(codecs, b + 1, narrowest), end_with(codecs, b + 1, widest)) <= limit) {
+        break;
+      }
     }
   }
   return Schedule(in, codecs, 1.0);

@@ -8,13 +8,16 @@
 // takes the link model's time for its encoded bytes. Communication ends when the last transfer
 // finishes; the time past the end of backward is exposed.
 //
-// Rule. The narrowest candidate everywhere ends communication soonest; call that end E. The
-// planner walks the buckets in order and gives each the widest candidate that, with every later
-// bucket in the narrowest, still ends communication by max(E, the end of backward): no choice
-// exposes more than the narrowest would, and precision goes to the buckets with backward left to
-// hide them. On a fast link every bucket but the last-ready ones keeps f32; on a slow one the
-// first-ready bucket keeps the most, and the queue pushes the later ones narrower; the last
-// bucket, ready when backward ends, gets the narrowest unless its transfer is free.
+// Rule. Every bucket in the narrowest candidate, or every one in the widest, ends communication
+// soonest (the narrowest sends the fewest bytes; with joined f32 runs and a latency per
+// all-reduce the widest can end sooner); call the sooner of the two E. The planner walks the
+// buckets in order and gives each the widest candidate that, with every later bucket in the
+// narrowest or every later one in the widest, still ends communication by max(E, the end of
+// backward): no choice exposes more than the better of those two plans would, and precision
+// goes to the buckets with backward left to hide them. On a fast link every bucket but the
+// last-ready ones keeps f32; on a slow one the first-ready bucket keeps the most, and the queue
+// pushes the later ones narrower; the last bucket, ready when backward ends, gets the narrowest
+// unless its transfer is free.
 //
 // Margin. The hiding times are measured in the warmup, with every bucket in the widest
 // candidate beside backward; under a narrower plan backward runs at another speed, and a plan
@@ -47,6 +50,15 @@ struct LinkModel {
   double bytes_per_s = 0;
   double AllReduceSeconds(double bytes, int world_size) const;
 };
+
+// The link model from measured all-reduces: ring_bytes[i] (2 (W - 1) / W of transfer i's bytes)
+// took seconds[i]. The rate is the least-squares slope over the samples at or below the median
+// residual of a first fit over all (where a slope is not positive, the mean rate); the latency is
+// the lower envelope, what the quickest transfer left beyond its bytes (never negative): a
+// transfer's time also holds the wait for the slowest rank to issue it, which a least-squares
+// intercept would read as latency. Empty samples: a zero model.
+LinkModel FitLink(const std::vector<double>& ring_bytes, const std::vector<double>& seconds,
+                  int world_size);
 
 struct BucketTiming {
   double ready_s = 0;    // when backward made the bucket ready, from backward's start

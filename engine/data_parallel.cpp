@@ -702,25 +702,9 @@ std::vector<double> DataParallel::AgreedMeasurement() {
   const std::vector<double>& u = samples_.ring_bytes;
   const std::vector<double>& y = samples_.seconds;
   if (!u.empty() && comm_.size() > 1) {
-    // y = (2 (W-1)) latency + u / rate, fitted by least squares; where the fit is not physical
-    // (too few sizes, noise), no latency and the mean rate.
-    const double k = static_cast<double>(u.size());
-    double su = 0, sy = 0, suu = 0, suy = 0;
-    for (size_t i = 0; i < u.size(); ++i) {
-      su += u[i];
-      sy += y[i];
-      suu += u[i] * u[i];
-      suy += u[i] * y[i];
-    }
-    const double var = suu - su * su / k;
-    double spb = var > 0 ? (suy - su * sy / k) / var : 0;
-    double intercept = (sy - spb * su) / k;
-    if (!(spb > 0) || intercept < 0) {
-      spb = su > 0 ? sy / su : 0;
-      intercept = 0;
-    }
-    v[0] = intercept / (2.0 * (comm_.size() - 1));
-    v[1] = spb;
+    const LinkModel link = FitLink(u, y, comm_.size());
+    v[0] = link.latency_s;
+    v[1] = link.bytes_per_s > 0 ? 1.0 / link.bytes_per_s : 0.0;
   }
   v[2] = Median(samples_.backward_end_s);
   v[3 + 3 * n] = Median(samples_.wait_s);

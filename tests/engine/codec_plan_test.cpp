@@ -160,6 +160,46 @@ TEST(CodecPlan, TheChoiceCountsOnAFractionOfTheHidingTime) {
   EXPECT_THROW(PlanCodecs(in), Error);
 }
 
+// 20 buckets of 1 MB ready every 0.1 s, on a link with 0.2 s of latency per message: in the
+// narrowest everywhere each bucket is an all-reduce of its own (0.4 s of latency each, 8 s in
+// all), while in f32 the middle ones join into one. The reference is the sooner end (f32's), so
+// the first bucket keeps f32 even though, with every later bucket in the narrowest, its wider
+// transfer would delay the queue.
+TEST(CodecPlan, WhereJoinedF32EndsSoonerThanTheNarrowestF32IsTheReference) {
+  CodecPlanInput in;
+  for (int b = 0; b < 20; ++b) in.buckets.push_back({0.1 * b, 1e6});
+  in.backward_end_s = 2.0;
+  in.world_size = 2;
+  in.link = LinkModel{0.2, 1e9};
+  in.candidates = kCandidates;
+  in.merge_f32 = true;
+  in.merge_sizes = BucketSizes{25, 1, 1};
+  const auto plan = PlanCodecs(in);
+  EXPECT_EQ(plan[0].codec, CodecKind::kF32);
+  EXPECT_LT(plan.back().finish_s, 3.0);
+  in.candidates = {CodecKind::kEpgc8};
+  EXPECT_GT(PlanCodecs(in).back().finish_s, 7.9);
+}
+
+// 2 ranks: four transfers on a link of 100 MB/s and 1 ms per message (2 messages each), one of
+// them held 60 ms by a late rank. Least squares would put about 15 ms into the latency; the
+// envelope keeps 1 ms.
+TEST(CodecPlan, TheLinkFitKeepsLatencyToTheQuickestTransfer) {
+  const std::vector<double> u = {1e6, 4e6, 8e6, 26e6};
+  std::vector<double> y;
+  for (double bytes : u) y.push_back(2e-3 + bytes / 1e8);
+  y[0] += 0.06;
+  const LinkModel link = FitLink(u, y, 2);
+  EXPECT_NEAR(link.latency_s, 1e-3, 3e-4);
+  EXPECT_NEAR(link.bytes_per_s, 1e8, 0.05e8);
+  // One size only: the mean rate, and no latency left.
+  const LinkModel one = FitLink({5e6, 5e6}, {0.05, 0.05}, 2);
+  EXPECT_DOUBLE_EQ(one.bytes_per_s, 1e8);
+  EXPECT_NEAR(one.latency_s, 0, 1e-12);
+  EXPECT_EQ(FitLink({}, {}, 2).bytes_per_s, 0);
+  EXPECT_THROW(FitLink({1}, {}, 2), Error);
+}
+
 TEST(CodecPlan, MoreExposureThanPredictedLowersTheHidingFraction) {
   // Backward 5 s: up to 0.251 s more than predicted is noise.
   EXPECT_DOUBLE_EQ(NextHidingFraction(0.7, 0.25, 0.0, 5.0), 0.7);
