@@ -23,6 +23,32 @@
 #                  date and commit
 #   bench_to_bytes SIZE
 #                  prints the bytes of 4K, 16M, 1G (K = 1024) or a plain number
+#   bench_sizes LO:HI
+#                  sets lo and hi to the bytes of the two ends of a --sizes range (4K:128M)
+#   bench_need TOOL...
+#                  exits naming the first TOOL not found, with the command that installs it
+#   bench_scratch  sets work to a fresh temporary folder; at exit the background jobs are
+#                  killed and the folder removed
+#   bench_free_port
+#                  prints a free TCP port on 127.0.0.1
+#   bench_machine  prints "# <date> <kernel> <arch>, <N> cores, <CPU model>"
+#   bench_gloo N   runs scripts/bench/comm/gloo_allreduce.py "$lo" "$hi" on N local ranks
+#                  (torch.distributed, one thread each); rank r's output goes to $work/gloo.r
+#   bench_mpi_build
+#                  compiles scripts/bench/comm/mpi_allreduce.c to $work/mpi_allreduce
+#   bench_photos NAME HELPER
+#                  the set-up of the scripts that time work on photos: sets rounds (ROUNDS, 3),
+#                  work (BENCH_DIR, data-cache/bench_NAME, created), photos (PHOTOS, opencv-doc's
+#                  examples) and helper (scripts/bench/HELPER), and calls bench_cortado
+#   bench_train_setup NAME
+#                  the set-up of the scripts that time `cortado bench train`: sets rounds
+#                  (ROUNDS, 3), iters (ITERS, 2), warmup (WARMUP, 1) and threads (THREADS, 2),
+#                  calls bench_cortado and bench_out NAME, and records the load before the runs
+#   bench_train_config MODEL FILE
+#                  writes FILE, a run config of MODEL on synthetic data (batch 16, 224x224)
+#   bench_train_finish SUMMARIZE
+#                  records the load after the runs, prints the table of scripts/bench/SUMMARIZE
+#                  over $out/results.jsonl (also to $out/summary.md) and names the raw results
 set -euo pipefail
 
 bench_me=$(basename "$0")
@@ -74,4 +100,73 @@ bench_to_bytes() {
     *K) echo $((${v%K} << 10)) ;;
     *) echo "$v" ;;
   esac
+}
+
+bench_sizes() {
+  lo=$(bench_to_bytes "${1%%:*}")
+  hi=$(bench_to_bytes "${1##*:}")
+}
+
+bench_need() {
+  local tool
+  for tool in "$@"; do
+    command -v "$tool" >/dev/null ||
+      { echo "$bench_me: '$tool' not found; run scripts/setup.sh --bench" >&2; exit 1; }
+  done
+}
+
+bench_scratch() {
+  work=$(mktemp -d)
+  trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+}
+
+bench_free_port() {
+  "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+bench_machine() {
+  echo "# $(date -Is) $(uname -srm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+}
+
+bench_gloo() {
+  local port r
+  port=$(bench_free_port)
+  for r in $(seq 0 $(($1 - 1))); do
+    RANK=$r WORLD_SIZE=$1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port OMP_NUM_THREADS=1 \
+      "$py" "$root/scripts/bench/comm/gloo_allreduce.py" "$lo" "$hi" > "$work/gloo.$r" &
+  done
+  wait
+}
+
+bench_mpi_build() {
+  mpicc -O2 -o "$work/mpi_allreduce" "$root/scripts/bench/comm/mpi_allreduce.c"
+}
+
+bench_photos() {
+  rounds=${ROUNDS:-3}
+  work=${BENCH_DIR:-data-cache/bench_$1}
+  photos=${PHOTOS:-/usr/share/doc/opencv-doc/examples/data}
+  helper=scripts/bench/$2
+  bench_cortado
+  mkdir -p "$work"
+}
+
+bench_train_setup() {
+  rounds=${ROUNDS:-3}
+  iters=${ITERS:-2}
+  warmup=${WARMUP:-1}
+  threads=${THREADS:-2}
+  bench_cortado
+  bench_out "$1"
+  bench_load before "$out/info.txt"
+}
+
+bench_train_config() {
+  printf 'model: {builder: %s, num_classes: 1000}\ndata: {type: synthetic, batch_size: 16, crop: 224}\nsolver: {base_lr: 0.01, momentum: 0.9, max_iter: 1000}\n' "$1" > "$2"
+}
+
+bench_train_finish() {
+  bench_load after "$out/info.txt"
+  "$py" "scripts/bench/$1" "$out/results.jsonl" | tee "$out/summary.md"
+  echo "Raw results: $out" >&2
 }
