@@ -53,11 +53,10 @@ namespace cortado {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::ReadFileBytes;
 using tooltest::CortadoBinary;
 using tooltest::RunShell;
 using tooltest::WriteFashionSlice;
-
-std::string ReadFile(const fs::path& p) { return testing::ReadFileBytes(p); }
 
 // ||a - b|| / ||b - start|| over every tensor whose name starts with `prefix` ("param/",
 // "buffer/"), as one vector: the difference relative to what the run changed from `start` (the
@@ -513,7 +512,7 @@ TEST_F(DataParallelTest, TraceRecordsEveryRanksStepsOnOneClock) {
     SCOPED_TRACE(r);
     const fs::path path = dir_ / ("t.rank" + std::to_string(r) + ".json");
     ASSERT_TRUE(fs::exists(path));
-    nlohmann::json doc = nlohmann::json::parse(ReadFile(path));
+    nlohmann::json doc = nlohmann::json::parse(ReadFileBytes(path));
     std::map<std::string, int> count;  // "category/name"
     first_begin[r] = 1e300;
     double bucket_cpu_ms = 0;
@@ -737,7 +736,7 @@ TEST_F(DataParallelTest, AutoCodecsPlanAlikeOnEveryRankAndReplanAtTheSameStep) {
     for (int r = 0; r < ranks; ++r) {
       const fs::path path = dir_ / (name + ".rank" + std::to_string(r) + ".json");
       ASSERT_TRUE(fs::exists(path)) << path;
-      nlohmann::json doc = nlohmann::json::parse(ReadFile(path));
+      nlohmann::json doc = nlohmann::json::parse(ReadFileBytes(path));
       for (const auto& e : doc["traceEvents"]) {
         if (e["ph"] != "X") continue;
         const std::string event = e["name"].get<std::string>();
@@ -925,11 +924,11 @@ pid_t FindRank(int rank, const std::string& token) {
   for (const auto& entry : fs::directory_iterator("/proc")) {
     const std::string name = entry.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string env = ReadFile(entry.path() / "environ");
+    std::string env = ReadFileBytes(entry.path() / "environ");
     std::replace(env.begin(), env.end(), '\0', '\n');
     if (("\n" + env).find("\n" + want_rank + "\n") != std::string::npos &&
         env.find(want_token + "\n") != std::string::npos) {
-      std::string cmd = ReadFile(entry.path() / "cmdline");
+      std::string cmd = ReadFileBytes(entry.path() / "cmdline");
       if (cmd.find("train") != std::string::npos) return static_cast<pid_t>(std::stoi(name));
     }
   }
@@ -968,7 +967,7 @@ TEST_F(DataParallelTest, AKilledRankStopsTheOthersNamingItAndTheCheckpointResume
   const fs::path err_file = dir_ / "err.txt";
   pid_t launcher = StartLauncher("--nproc 3 -- " + train, err_file, token);
   ASSERT_TRUE(WaitFor([&] { return ListCheckpoints(ckpt_dir).size() >= 2; }, 120))
-      << ReadFile(err_file);
+      << ReadFileBytes(err_file);
   pid_t victim = FindRank(1, token);
   ASSERT_GT(victim, 0);
   kill(victim, SIGKILL);
@@ -976,7 +975,7 @@ TEST_F(DataParallelTest, AKilledRankStopsTheOthersNamingItAndTheCheckpointResume
   const int code = WaitExit(launcher, 30);
   const double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
-  const std::string err = ReadFile(err_file);
+  const std::string err = ReadFileBytes(err_file);
   EXPECT_NE(code, 0) << err;
   EXPECT_NE(code, -1) << "the launcher did not exit within 30 s\n" << err;
   EXPECT_LT(took, 10.0) << err;
@@ -1013,11 +1012,11 @@ TEST_F(DataParallelTest, SigintToTheLauncherCheckpointsOnceAndEveryRankExits130)
   const fs::path err_file = dir_ / "err.txt";
   pid_t launcher = StartLauncher("--nproc 2 -- " + rank, err_file, token);
   ASSERT_TRUE(
-      WaitFor([&] { return ReadFile(err_file).find("train iter") != std::string::npos; }, 120))
-      << ReadFile(err_file);
+      WaitFor([&] { return ReadFileBytes(err_file).find("train iter") != std::string::npos; }, 120))
+      << ReadFileBytes(err_file);
   kill(launcher, SIGINT);
   const int code = WaitExit(launcher, 60);
-  const std::string err = ReadFile(err_file);
+  const std::string err = ReadFileBytes(err_file);
   EXPECT_EQ(code, 130) << err;
   EXPECT_NE(err.find("[0] rank 0 exit 130"), std::string::npos) << err;
   EXPECT_NE(err.find("[1] rank 1 exit 130"), std::string::npos) << err;
@@ -1051,8 +1050,8 @@ TEST_F(DataParallelTest, SigintDuringTheFinalEvaluationStopsEveryRankWithTheTrai
                            "; code=$?; echo \"rank $CORTADO_RANK exit $code\" >&2; exit $code'";
   const fs::path err_file = dir_ / "err.txt";
   pid_t launcher = StartLauncher("--nproc 2 -- " + rank, err_file, token);
-  const bool evaluating =
-      WaitFor([&] { return ReadFile(err_file).find("eval  batch") != std::string::npos; }, 120);
+  const bool evaluating = WaitFor(
+      [&] { return ReadFileBytes(err_file).find("eval  batch") != std::string::npos; }, 120);
   kill(launcher, SIGINT);
   const int code = WaitExit(launcher, 60);
   // Ranks that outlive a launcher killed on timeout would evaluate for minutes: end them.
@@ -1062,7 +1061,7 @@ TEST_F(DataParallelTest, SigintDuringTheFinalEvaluationStopsEveryRankWithTheTrai
       usleep(100000);
     }
   }
-  const std::string err = ReadFile(err_file);
+  const std::string err = ReadFileBytes(err_file);
   ASSERT_TRUE(evaluating) << err;
   EXPECT_EQ(code, 130) << err;
   EXPECT_NE(err.find("[0] rank 0 exit 130"), std::string::npos) << err;

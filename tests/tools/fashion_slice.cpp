@@ -5,11 +5,10 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "data/idx_source.h"
+#include "tests/support/files.h"
 
 namespace cortado::tooltest {
 namespace {
@@ -24,13 +23,6 @@ void WriteGz(const std::filesystem::path& path, const std::vector<uint8_t>& byte
 
 void PutBE(std::vector<uint8_t>& out, uint32_t v) {
   for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<uint8_t>(v >> s));
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 }  // namespace
@@ -67,8 +59,8 @@ int RunShell(const std::string& command, std::string* out, std::string* err) {
       std::filesystem::temp_directory_path() / ("cortado_run_" + std::to_string(getpid()) + "_");
   const std::string out_file = base + "out", err_file = base + "err";
   int status = std::system((command + " >" + out_file + " 2>" + err_file).c_str());
-  if (out != nullptr) *out = ReadAll(out_file);
-  if (err != nullptr) *err = ReadAll(err_file);
+  if (out != nullptr) *out = testing::ReadFileBytes(out_file);
+  if (err != nullptr) *err = testing::ReadFileBytes(err_file);
   std::filesystem::remove(out_file);
   std::filesystem::remove(err_file);
   if (WIFEXITED(status)) return WEXITSTATUS(status);
