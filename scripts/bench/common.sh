@@ -1,4 +1,7 @@
 # shellcheck shell=bash
+# Its functions set variables for the scripts that source it (SC2034), and bench_cortado's one
+# argument is optional (SC2119, SC2120).
+# shellcheck disable=SC2034,SC2119,SC2120
 # The set-up every scripts/bench/*.sh shares. Each one starts with
 #   source "$(dirname "$0")/common.sh"
 # which sets strict mode, makes the repository root the working directory (relative paths given
@@ -54,7 +57,6 @@ set -euo pipefail
 bench_me=$(basename "$0")
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
-# shellcheck disable=SC2034  # for the scripts that source this
 py=/usr/bin/python3
 build=${CORTADO_BUILD_DIR:-build}
 
