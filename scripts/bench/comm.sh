@@ -21,13 +21,8 @@ source "$(dirname "$0")/common.sh"
 sizes=4K:128M
 rounds=3
 while (($#)); do
-  case "$1" in
-    --sizes) sizes=$2; shift 2 ;;
-    --build) build=$2; shift 2 ;;
-    --rounds) rounds=$2; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
-    *) echo "comm.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
-  esac
+  bench_option 2,18 "$@"
+  shift "$bench_shift"
 done
 
 bench_sizes "$sizes"

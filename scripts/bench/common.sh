@@ -26,6 +26,11 @@
 #                  date and commit
 #   bench_to_bytes SIZE
 #                  prints the bytes of 4K, 16M, 1G (K = 1024) or a plain number
+#   bench_option HELP_LINES ARG...
+#                  takes the option at the head of ARG... that comm.sh and ucx.sh share: --sizes
+#                  LO:HI, --rounds N and --build DIR set sizes, rounds and build; -h or --help
+#                  prints lines HELP_LINES (2,18) of the script and exits; anything else is an
+#                  unknown option (exit 2). Sets bench_shift to how many arguments it took.
 #   bench_sizes LO:HI
 #                  sets lo and hi to the bytes of the two ends of a --sizes range (4K:128M)
 #   bench_need TOOL...
@@ -101,6 +106,19 @@ bench_to_bytes() {
     *M) echo $((${v%M} << 20)) ;;
     *K) echo $((${v%K} << 10)) ;;
     *) echo "$v" ;;
+  esac
+}
+
+bench_option() {
+  local help=$1
+  shift
+  bench_shift=2
+  case "$1" in
+    --sizes) sizes=$2 ;;
+    --rounds) rounds=$2 ;;
+    --build) build=$2 ;;
+    -h|--help) sed -n "${help}p" "$0"; exit 0 ;;
+    *) echo "$bench_me: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 }
 

@@ -32,15 +32,11 @@ lat_iters=20000
 gloo=1
 while (($#)); do
   case "$1" in
-    --sizes) sizes=$2; shift 2 ;;
     --ranks) ranks_list=$2; shift 2 ;;
-    --rounds) rounds=$2; shift 2 ;;
     --lat-rounds) lat_rounds=$2; shift 2 ;;
     --lat-iters) lat_iters=$2; shift 2 ;;
-    --build) build=$2; shift 2 ;;
     --no-gloo) gloo=0; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
-    *) echo "ucx.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    *) bench_option 2,20 "$@"; shift "$bench_shift" ;;
   esac
 done
 

@@ -82,14 +82,9 @@ int WaitExit(pid_t pid, double seconds) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-class CliTest : public ::testing::Test {
+class CliTest : public tooltest::FashionDirTest {
  protected:
-  void SetUp() override {
-    dir_ = tooltest::FreshTestDir("cortado_cli");
-    WriteFashionSlice(dir_, "train", 320);
-    WriteFashionSlice(dir_, "t10k", 100);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  CliTest() : FashionDirTest("cortado_cli", 320, 100) {}
 
   // A small conv net: 10 iterations per epoch of 32.
   std::string Config(const std::string& extra = "", const std::string& name = "run.yaml") {
@@ -123,8 +118,6 @@ class CliTest : public ::testing::Test {
   int Cortado(const std::string& args, std::string* out, std::string* err) {
     return RunShell("timeout 120 " + CortadoBinary() + " " + args, out, err);
   }
-
-  fs::path dir_;
 };
 
 // The text after "Resume with: " on the line that says it.

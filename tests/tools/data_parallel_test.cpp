@@ -56,7 +56,6 @@ namespace fs = std::filesystem;
 using testing::ReadFileBytes;
 using tooltest::CortadoBinary;
 using tooltest::RunShell;
-using tooltest::WriteFashionSlice;
 
 // ||a - b|| / ||b - start|| over every tensor whose name starts with `prefix` ("param/",
 // "buffer/"), as one vector: the difference relative to what the run changed from `start` (the
@@ -95,14 +94,9 @@ double RelativeDifference(const Checkpoint& a, const Checkpoint& b, const std::s
   return std::sqrt(diff / std::max(norm, 1e-300));
 }
 
-class DataParallelTest : public ::testing::Test {
+class DataParallelTest : public tooltest::FashionDirTest {
  protected:
-  void SetUp() override {
-    dir_ = tooltest::FreshTestDir("cortado_dp");
-    WriteFashionSlice(dir_, "train", 480);
-    WriteFashionSlice(dir_, "t10k", 150);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  DataParallelTest() : FashionDirTest("cortado_dp", 480, 150) {}
 
   // A config with the given model section; flips and shuffling on, so the data order and the
   // augmentation must follow the global batch for the runs to agree.
@@ -195,7 +189,6 @@ class DataParallelTest : public ::testing::Test {
     }
   }
 
-  fs::path dir_;
   int configs_ = 0;
 };
 

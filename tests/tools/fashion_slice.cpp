@@ -52,6 +52,12 @@ std::filesystem::path FreshTestDir(const std::string& prefix) {
   return dir;
 }
 
+void FashionDirTest::SetUp() {
+  dir_ = FreshTestDir(prefix_);
+  WriteFashionSlice(dir_, "train", train_images_);
+  WriteFashionSlice(dir_, "t10k", val_images_);
+}
+
 std::string CortadoBinary() { return std::string(CORTADO_BINARY_DIR) + "/tools/cortado"; }
 
 int RunShell(const std::string& command, std::string* out, std::string* err) {

@@ -2,9 +2,12 @@
 // to run the cortado binary.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
 
 namespace cortado::tooltest {
 
@@ -17,6 +20,23 @@ void WriteFashionSlice(const std::filesystem::path& dir, const std::string& pref
 // A fresh, empty folder for the running test: <tmp>/<prefix>_<pid>_<test name> (a leftover of
 // an earlier run is removed first). The fixture removes it in TearDown.
 std::filesystem::path FreshTestDir(const std::string& prefix);
+
+// A fixture whose tests each get dir_, a FreshTestDir(prefix) holding the first train_images of
+// Fashion-MNIST's train split and the first val_images of its t10k split; removed afterwards.
+class FashionDirTest : public ::testing::Test {
+ protected:
+  FashionDirTest(std::string prefix, int64_t train_images, int64_t val_images)
+      : prefix_(std::move(prefix)), train_images_(train_images), val_images_(val_images) {}
+  void SetUp() override;
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::filesystem::path dir_;
+
+ private:
+  std::string prefix_;
+  int64_t train_images_;
+  int64_t val_images_;
+};
 
 // The cortado binary of this build.
 std::string CortadoBinary();

@@ -26,16 +26,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::ReadFileBytes;
-using tooltest::WriteFashionSlice;
 
-class TrainTest : public ::testing::Test {
+class TrainTest : public tooltest::FashionDirTest {
  protected:
-  void SetUp() override {
-    dir_ = tooltest::FreshTestDir("cortado_train");
-    WriteFashionSlice(dir_, "train", 320);
-    WriteFashionSlice(dir_, "t10k", 100);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  TrainTest() : FashionDirTest("cortado_train", 320, 100) {}
 
   // A small conv net as a YAML graph; dropout and flips exercise the counter-based randomness.
   std::string Config(const std::string& extra = "") {
@@ -67,12 +61,9 @@ class TrainTest : public ::testing::Test {
     std::ofstream(path) << y.str();
     return path.string();
   }
-
-  fs::path dir_;
 };
 
-// The message of the cortado::Error that f throws, "" when it throws none.
-
+// The message of the error loading the config at path (with --set sets) raises.
 std::string ErrorOf(const std::string& path, const std::vector<std::string>& sets = {}) {
   return testing::ErrorOf([&] { LoadRunConfig(path, sets); });
 }
