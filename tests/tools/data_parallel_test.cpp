@@ -104,11 +104,7 @@ class DataParallelTest : public tooltest::FashionDirTest {
                      const std::string& lr = "base_lr: 0.05") {
     std::ostringstream y;
     y << "seed: 5\n"
-      << model << "data:\n"
-      << "  type: idx\n"
-      << "  train: " << (dir_ / "train-images-idx3-ubyte.gz").string() << "\n"
-      << "  val: " << (dir_ / "t10k-images-idx3-ubyte.gz").string() << "\n"
-      << "  flip: true\n"
+      << model << IdxData() << "  flip: true\n"
       << "solver: {" << lr
       << ", momentum: 0.9, weight_decay: 1.0e-4, max_iter: 6, "
          "eval_interval: 0}\n"

@@ -30,6 +30,18 @@ class FashionDirTest : public ::testing::Test {
   void SetUp() override;
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
+  // The last layers of the tests' small nets, on `logits` and `label`: softmax loss, top-1 and
+  // top-5 accuracy (YAML list items under model.layers).
+  static constexpr const char* kLossAndAccuracy =
+      "    - {name: loss, type: SoftmaxWithLoss, inputs: [logits, label], outputs: loss}\n"
+      "    - {name: top1, type: Accuracy, inputs: [logits, label], outputs: top1, top_k: 1}\n"
+      "    - {name: top5, type: Accuracy, inputs: [logits, label], outputs: top5, top_k: 5}\n";
+  // A data section reading dir_'s slices (type, train and val; the test adds the rest).
+  std::string IdxData() const {
+    return "data:\n  type: idx\n  train: " + (dir_ / "train-images-idx3-ubyte.gz").string() +
+           "\n  val: " + (dir_ / "t10k-images-idx3-ubyte.gz").string() + "\n";
+  }
+
   std::filesystem::path dir_;
 
  private:
