@@ -41,6 +41,8 @@ using testing::ReadFileBytes;
 using testing::SplitLines;
 using tooltest::CortadoBinary;
 using tooltest::RunShell;
+using tooltest::WaitExit;
+using tooltest::WaitFor;
 using tooltest::WriteFashionSlice;
 
 // One line, "cortado <command>: error: ...".
@@ -48,15 +50,6 @@ void ExpectOneLineError(const std::string& err, const std::string& command,
                         const std::string& context) {
   EXPECT_EQ(err.rfind("cortado " + command + ": error: ", 0), 0u) << context << "\n" << err;
   EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << context << "\n" << err;
-}
-
-bool WaitFor(const std::function<bool()>& done, double seconds) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < until) {
-    if (done()) return true;
-    usleep(50000);
-  }
-  return done();
 }
 
 // Starts `sh -c "exec COMMAND"` with stderr to err_file; returns its pid.
@@ -69,17 +62,6 @@ pid_t Start(const std::string& command, const fs::path& err_file) {
     _exit(127);
   }
   return pid;
-}
-
-// Exit code of a child (128 + signal when killed), waiting at most `seconds`; -1 on timeout.
-int WaitExit(pid_t pid, double seconds) {
-  int status = 0;
-  if (!WaitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; }, seconds)) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    return -1;
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 class CliTest : public tooltest::FashionDirTest {

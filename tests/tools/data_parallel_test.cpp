@@ -56,6 +56,8 @@ namespace fs = std::filesystem;
 using testing::ReadFileBytes;
 using tooltest::CortadoBinary;
 using tooltest::RunShell;
+using tooltest::WaitExit;
+using tooltest::WaitFor;
 
 // ||a - b|| / ||b - start|| over every tensor whose name starts with `prefix` ("param/",
 // "buffer/"), as one vector: the difference relative to what the run changed from `start` (the
@@ -924,27 +926,6 @@ pid_t FindRank(int rank, const std::string& token) {
   return -1;
 }
 
-bool WaitFor(const std::function<bool()>& done, double seconds) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < until) {
-    if (done()) return true;
-    usleep(50000);
-  }
-  return done();
-}
-
-// Exit code of a child, waiting at most `seconds`; -1 on timeout (the child is then killed).
-int WaitExit(pid_t pid, double seconds) {
-  int status = 0;
-  bool exited = WaitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; }, seconds);
-  if (!exited) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    return -1;
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 TEST_F(DataParallelTest, AKilledRankStopsTheOthersNamingItAndTheCheckpointResumes) {
   const std::string config = Config(kLeNet);
   const std::string ckpt_dir = (dir_ / "run").string();
@@ -1015,12 +996,7 @@ TEST_F(DataParallelTest, SigintToTheLauncherCheckpointsOnceAndEveryRankExits130)
   ASSERT_EQ(all.size(), 1u) << err;
   const int64_t at = LoadCheckpoint(all[0]).MetaInt("iteration");
   EXPECT_NE(err.find("interrupted at iteration " + std::to_string(at)), std::string::npos) << err;
-  size_t saved = 0;
-  for (size_t p = err.find("checkpoint saved"); p != std::string::npos;
-       p = err.find("checkpoint saved", p + 1)) {
-    ++saved;
-  }
-  EXPECT_EQ(saved, 1u) << err;
+  EXPECT_EQ(testing::CountOf(err, "checkpoint saved"), 1u) << err;
 }
 
 TEST_F(DataParallelTest, SigintDuringTheFinalEvaluationStopsEveryRankWithTheTrainingSaved) {

@@ -1,10 +1,12 @@
 #include "tests/tools/fashion_slice.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <chrono>
 #include <vector>
 
 #include "data/idx_source.h"
@@ -56,6 +58,25 @@ void FashionDirTest::SetUp() {
   dir_ = FreshTestDir(prefix_);
   WriteFashionSlice(dir_, "train", train_images_);
   WriteFashionSlice(dir_, "t10k", val_images_);
+}
+
+bool WaitFor(const std::function<bool()>& done, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    usleep(50000);
+  }
+  return done();
+}
+
+int WaitExit(pid_t pid, double seconds) {
+  int status = 0;
+  if (!WaitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; }, seconds)) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    return -1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 std::string CortadoBinary() { return std::string(CORTADO_BINARY_DIR) + "/tools/cortado"; }

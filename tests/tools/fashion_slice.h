@@ -3,9 +3,11 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/types.h>
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -49,6 +51,14 @@ class FashionDirTest : public ::testing::Test {
   int64_t train_images_;
   int64_t val_images_;
 };
+
+// Calls done() every 50 ms until it returns true (then true) or `seconds` have passed (then
+// done()'s last answer).
+bool WaitFor(const std::function<bool()>& done, double seconds);
+
+// The exit code of child pid (128 + signal when killed), waiting at most `seconds`; -1 on
+// timeout (the child is then killed).
+int WaitExit(pid_t pid, double seconds);
 
 // The cortado binary of this build.
 std::string CortadoBinary();

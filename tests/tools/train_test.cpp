@@ -446,12 +446,7 @@ TEST_F(TrainTest, ASecondRunInTheSameFolderIsRefusedUnlessItStartsOver) {
     EXPECT_EQ(ReadCheckpointMeta(ckpt.string()).at("seed"), "4");
   }
   const std::string after = ReadFileBytes(metrics);
-  size_t starts = 0;
-  for (size_t at = after.find("\"event\":\"start\""); at != std::string::npos;
-       at = after.find("\"event\":\"start\"", at + 1)) {
-    ++starts;
-  }
-  EXPECT_EQ(starts, 1u) << after;
+  EXPECT_EQ(testing::CountOf(after, "\"event\":\"start\""), 1u) << after;
 }
 
 // `keep` prunes the run's own checkpoints only: files of older Cortado versions (no run id)
