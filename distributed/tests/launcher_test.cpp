@@ -8,11 +8,11 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "cortado/dist/error.h"
+#include "test_util.h"
 
 namespace cortado::dist {
 namespace {
@@ -31,12 +31,7 @@ struct TempFile {
     ::close(fd);
     ::unlink(path.c_str());
   }
-  std::string Read() const {
-    std::ifstream f(path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  }
+  std::string Read() const { return testing::ReadWholeFile(path); }
 };
 
 LauncherOptions Shell(int nproc, const std::string& script, const TempFile& out) {

@@ -20,6 +20,13 @@ extern char** environ;
 
 namespace cortado::dist::testing {
 
+std::string ReadWholeFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
 long long MonotonicMicros() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -141,10 +148,7 @@ std::vector<ProcessResult> RunProcesses(
   std::vector<ProcessResult> results(static_cast<size_t>(n));
   AwaitWorkers(pids, timeout_s, &results);
   for (size_t i = 0; i < logs.size(); ++i) {
-    std::ifstream f(logs[i]);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    results[i].output = ss.str();
+    results[i].output = ReadWholeFile(logs[i]);
     ::unlink(logs[i].c_str());
   }
   return results;

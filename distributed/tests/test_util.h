@@ -99,4 +99,7 @@ std::vector<ProcessResult> RunProcesses(
 // The monotonic clock in microseconds (comparable across processes of this machine).
 long long MonotonicMicros();
 
+// The whole file ("" when it cannot be read).
+std::string ReadWholeFile(const std::string& path);
+
 }  // namespace cortado::dist::testing

@@ -21,21 +21,12 @@ source "$(dirname "$0")/common.sh"
 sizes=4K:128M
 rounds=3
 while (($#)); do
-  case "$1" in
-    --sizes) sizes=$2; shift 2 ;;
-    --build) build=$2; shift 2 ;;
-    --rounds) rounds=$2; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
-    *) echo "comm.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
-  esac
+  bench_option 2,18 "$@"
+  shift "$bench_shift"
 done
 
-lo=$(bench_to_bytes "${sizes%%:*}")
-hi=$(bench_to_bytes "${sizes##*:}")
-
-for tool in mpicc mpirun cc "$py"; do
-  command -v "$tool" >/dev/null || { echo "comm.sh: '$tool' not found; run scripts/setup.sh --bench" >&2; exit 1; }
-done
+bench_sizes "$sizes"
+bench_need mpicc mpirun cc "$py"
 "$py" -c 'import torch.distributed' 2>/dev/null ||
   { echo "comm.sh: $py cannot import torch; run scripts/setup.sh --bench" >&2; exit 1; }
 
@@ -43,22 +34,19 @@ done
 bench_cortado --build
 
 bench_out comm
-work=$(mktemp -d)
-cleanup() { kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_scratch
 
-free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 mpi=(mpirun --allow-run-as-root --oversubscribe -np 2)
 shm_btl=vader
 ompi_info 2>/dev/null | grep -q "btl: vader" || shm_btl=sm
 
 {
-  echo "# $(date -Is) $(uname -srm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+  bench_machine
   echo "# cortado: $cortado; $(mpirun --version 2>&1 | head -1); torch $("$py" -c 'import torch; print(torch.__version__)')"
 } | tee -a "$out/info.txt"
 bench_load before "$out/info.txt"
 
-mpicc -O2 -o "$work/mpi_allreduce" "$root/scripts/bench/comm/mpi_allreduce.c"
+bench_mpi_build
 
 cc -O2 -o "$work/duplex_baseline" "$root/scripts/bench/comm/duplex_baseline.c"
 
@@ -70,12 +58,7 @@ for round in $(seq 1 "$rounds"); do
     | grep '^{' | tee "$out/cortado.$round.jsonl" >&2
 
   echo "== round $round: Gloo (torch.distributed)" >&2
-  port=$(free_port)
-  for r in 0 1; do
-    RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port OMP_NUM_THREADS=1 \
-      "$py" "$root/scripts/bench/comm/gloo_allreduce.py" "$lo" "$hi" > "$work/gloo.$r" &
-  done
-  wait
+  bench_gloo 2
   grep '^{' "$work/gloo.0" | tee "$out/gloo.$round.jsonl" >&2
 
   echo "== round $round: Open MPI tcp and shared memory (mpicc MPI_Allreduce)" >&2

@@ -14,13 +14,8 @@
 source "$(dirname "$0")/common.sh"
 
 count=${COUNT:-2000}
-rounds=${ROUNDS:-3}
-work=${BENCH_DIR:-data-cache/bench_convert}
-photos=${PHOTOS:-/usr/share/doc/opencv-doc/examples/data}
-helper=scripts/bench/convert/convert_bench.py
-bench_cortado
+bench_photos convert convert/convert_bench.py
 
-mkdir -p "$work"
 opencv=$work/opencv_convert
 if [[ ! -x $opencv || scripts/bench/convert/opencv_convert.cpp -nt $opencv ]]; then
   g++ -O2 -std=c++17 -I/usr/include/opencv4 scripts/bench/convert/opencv_convert.cpp -o "$opencv" \

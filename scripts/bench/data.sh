@@ -21,13 +21,8 @@ source "$(dirname "$0")/common.sh"
 
 threads=${THREADS:-$(nproc)}
 seconds=${SECONDS_PER_RUN:-10}
-rounds=${ROUNDS:-3}
-work=${BENCH_DIR:-data-cache/bench_data}
-photos=${PHOTOS:-/usr/share/doc/opencv-doc/examples/data}
-helper=scripts/bench/data/pil_torchvision.py
-bench_cortado
+bench_photos data data/pil_torchvision.py
 
-mkdir -p "$work"
 "$py" "$helper" make --src "$photos" --out "$work/images/photos" >/dev/null
 "$cortado" convert --root "$work/images" --out "$work/lmdb" --overwrite --json > "$work/convert.json"
 count=$(ls "$work/images/photos"/*.JPEG | wc -l)

@@ -13,19 +13,13 @@
 source "$(dirname "$0")/common.sh"
 
 models=${MODELS:-resnet50 resnet18 vgg16}
-rounds=${ROUNDS:-3}
-iters=${ITERS:-2}
-warmup=${WARMUP:-1}
-threads=${THREADS:-2}
-bench_cortado
-bench_out models
-bench_load before "$out/info.txt"
+bench_train_setup models
 
 for r in $(seq "$rounds"); do
   for model in $models; do
     echo "== round $r/$rounds: $model" >&2
     config=$out/$model.yaml
-    printf 'model: {builder: %s, num_classes: 1000}\ndata: {type: synthetic, batch_size: 16, crop: 224}\nsolver: {base_lr: 0.01, momentum: 0.9, max_iter: 1000}\n' "$model" > "$config"
+    bench_train_config "$model" "$config"
     for mode in training inference; do
       flag=""; [[ $mode == inference ]] && flag=--infer
       "$cortado" bench train --config "$config" --iters "$iters" --warmup "$warmup" \
@@ -39,6 +33,4 @@ for r in $(seq "$rounds"); do
     done
   done
 done
-bench_load after "$out/info.txt"
-"$py" scripts/bench/models/summarize.py "$out/results.jsonl" | tee "$out/summary.md"
-echo "Raw results: $out" >&2
+bench_train_finish models/summarize.py

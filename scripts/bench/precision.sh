@@ -13,15 +13,9 @@
 source "$(dirname "$0")/common.sh"
 
 model=${MODEL:-resnet50}
-rounds=${ROUNDS:-3}
-iters=${ITERS:-2}
-warmup=${WARMUP:-1}
-threads=${THREADS:-2}
-bench_cortado
-bench_out precision
-bench_load before "$out/info.txt"
+bench_train_setup precision
 config=$out/$model.yaml
-printf 'model: {builder: %s, num_classes: 1000}\ndata: {type: synthetic, batch_size: 16, crop: 224}\nsolver: {base_lr: 0.01, momentum: 0.9, max_iter: 1000}\n' "$model" > "$config"
+bench_train_config "$model" "$config"
 
 for r in $(seq "$rounds"); do
   for precision in fp32 bf16 fp16; do
@@ -37,6 +31,4 @@ for r in $(seq "$rounds"); do
       "$py" -c "import json,sys; j=json.load(sys.stdin); print(json.dumps({'round': $r, 'side': 'pytorch', 'mode': '$mode', 'img_per_s': j['img_per_s'], 'peak_rss_mb': j['peak_rss_mb']}))" >> "$out/results.jsonl"
   done
 done
-bench_load after "$out/info.txt"
-"$py" scripts/bench/precision/summarize.py "$out/results.jsonl" | tee "$out/summary.md"
-echo "Raw results: $out" >&2
+bench_train_finish precision/summarize.py

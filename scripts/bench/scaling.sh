@@ -146,7 +146,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 {
-  echo "# $(date -Is) $(uname -srm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(free -g | awk '/Mem:/ {print $2}') GiB"
+  echo "$(bench_machine), $(free -g | awk '/Mem:/ {print $2}') GiB"
   echo "# commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
   echo "# models $models; rates $rates; rounds $rounds; steps $steps_spec; warmup $warmup_spec; batch $batch_spec; codecs $codecs; overlap $overlaps; transports $transports"
   if ((torch)); then

@@ -32,24 +32,16 @@ lat_iters=20000
 gloo=1
 while (($#)); do
   case "$1" in
-    --sizes) sizes=$2; shift 2 ;;
     --ranks) ranks_list=$2; shift 2 ;;
-    --rounds) rounds=$2; shift 2 ;;
     --lat-rounds) lat_rounds=$2; shift 2 ;;
     --lat-iters) lat_iters=$2; shift 2 ;;
-    --build) build=$2; shift 2 ;;
     --no-gloo) gloo=0; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
-    *) echo "ucx.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    *) bench_option 2,20 "$@"; shift "$bench_shift" ;;
   esac
 done
 
-lo=$(bench_to_bytes "${sizes%%:*}")
-hi=$(bench_to_bytes "${sizes##*:}")
-
-for tool in mpicc mpirun ucx_perftest ucx_info; do
-  command -v "$tool" >/dev/null || { echo "ucx.sh: '$tool' not found; run scripts/setup.sh --bench" >&2; exit 1; }
-done
+bench_sizes "$sizes"
+bench_need mpicc mpirun ucx_perftest ucx_info
 if ((gloo)) && ! "$py" -c 'import torch.distributed' 2>/dev/null; then
   echo "ucx.sh: $py cannot import torch (Gloo); run scripts/setup.sh --bench or pass --no-gloo" >&2
   exit 1
@@ -60,19 +52,16 @@ bench_cortado --build
   { echo "ucx.sh: $cortado has no bench comm --transport" >&2; exit 1; }
 
 bench_out ucx
-work=$(mktemp -d)
-cleanup() { kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
-free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+bench_scratch
 
 {
-  echo "# $(date -Is) $(uname -srm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+  bench_machine
   echo "# cortado: $cortado ($(git -C "$root" rev-parse --short HEAD)); $(mpirun --version 2>&1 | head -1); $(ucx_info -v | head -1 | sed 's/^# //')"
   echo "# UCX transports here: $(ucx_info -d | awk '/Transport:/ {print $3}' | sort -u | tr '\n' ' ')"
 } | tee -a "$out/info.txt"
 bench_load before "$out/info.txt"
 
-mpicc -O2 -o "$work/mpi_allreduce" "$root/scripts/bench/comm/mpi_allreduce.c"
+bench_mpi_build
 mpi_flags=(--allow-run-as-root --oversubscribe)
 
 bench() {  # name ranks env... : cortado bench comm under cortado launch (bench_args: extra)
@@ -99,12 +88,7 @@ for round in $(seq 1 "$rounds"); do
 
     if ((gloo)); then
       echo "== round $round, $n ranks: Gloo" >&2
-      port=$(free_port)
-      for r in $(seq 0 $((n - 1))); do
-        RANK=$r WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port OMP_NUM_THREADS=1 \
-          "$py" "$root/scripts/bench/comm/gloo_allreduce.py" "$lo" "$hi" > "$work/gloo.$r" &
-      done
-      wait
+      bench_gloo "$n"
       grep '^{' "$work/gloo.0" | sed 's/^{/{"contender":"Gloo",/' | tee -a "$out/runs.jsonl" >&2
     fi
   done
@@ -114,7 +98,7 @@ for round in $(seq 1 "$rounds"); do
   for ((bytes = lo; bytes <= hi; bytes *= 2)); do
     for test in tag_bw tag_lat; do
       iters=$(( (256 << 20) / bytes )); ((iters < 20)) && iters=20; ((iters > 20000)) && iters=20000
-      port=$(free_port)
+      port=$(bench_free_port)
       ucx_perftest -t "$test" -s "$bytes" -n "$iters" -p "$port" -f > "$work/pf.server" 2>&1 &
       sleep 0.3
       line=$(ucx_perftest 127.0.0.1 -t "$test" -s "$bytes" -n "$iters" -p "$port" -f 2>&1 | grep -E '^\s+[0-9]+' | tail -1 || true)

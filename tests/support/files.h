@@ -51,6 +51,13 @@ inline std::string ReadFileBytes(const std::filesystem::path& path) {
   return ss.str();
 }
 
+// How many times needle occurs in text (overlapping occurrences too).
+inline size_t CountOf(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
 inline std::vector<std::string> SplitLines(const std::string& text) {
   std::vector<std::string> lines;
   std::istringstream in(text);

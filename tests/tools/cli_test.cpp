@@ -37,28 +37,19 @@ namespace cortado {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::ReadFileBytes;
+using testing::SplitLines;
 using tooltest::CortadoBinary;
 using tooltest::RunShell;
+using tooltest::WaitExit;
+using tooltest::WaitFor;
 using tooltest::WriteFashionSlice;
-
-std::string ReadFile(const fs::path& p) { return testing::ReadFileBytes(p); }
-
-using testing::SplitLines;
 
 // One line, "cortado <command>: error: ...".
 void ExpectOneLineError(const std::string& err, const std::string& command,
                         const std::string& context) {
   EXPECT_EQ(err.rfind("cortado " + command + ": error: ", 0), 0u) << context << "\n" << err;
   EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << context << "\n" << err;
-}
-
-bool WaitFor(const std::function<bool()>& done, double seconds) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < until) {
-    if (done()) return true;
-    usleep(50000);
-  }
-  return done();
 }
 
 // Starts `sh -c "exec COMMAND"` with stderr to err_file; returns its pid.
@@ -73,25 +64,9 @@ pid_t Start(const std::string& command, const fs::path& err_file) {
   return pid;
 }
 
-// Exit code of a child (128 + signal when killed), waiting at most `seconds`; -1 on timeout.
-int WaitExit(pid_t pid, double seconds) {
-  int status = 0;
-  if (!WaitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; }, seconds)) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    return -1;
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-class CliTest : public ::testing::Test {
+class CliTest : public tooltest::FashionDirTest {
  protected:
-  void SetUp() override {
-    dir_ = tooltest::FreshTestDir("cortado_cli");
-    WriteFashionSlice(dir_, "train", 320);
-    WriteFashionSlice(dir_, "t10k", 100);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  CliTest() : FashionDirTest("cortado_cli", 320, 100) {}
 
   // A small conv net: 10 iterations per epoch of 32.
   std::string Config(const std::string& extra = "", const std::string& name = "run.yaml") {
@@ -104,14 +79,7 @@ class CliTest : public ::testing::Test {
       << "    - {name: relu, type: ReLU, inputs: conv, outputs: relu}\n"
       << "    - {name: pool, type: Pooling, inputs: relu, outputs: pool, pool: max, kernel: 2}\n"
       << "    - {name: logits, type: InnerProduct, inputs: pool, outputs: logits, num_output: 10}\n"
-      << "    - {name: loss, type: SoftmaxWithLoss, inputs: [logits, label], outputs: loss}\n"
-      << "    - {name: top1, type: Accuracy, inputs: [logits, label], outputs: top1, top_k: 1}\n"
-      << "    - {name: top5, type: Accuracy, inputs: [logits, label], outputs: top5, top_k: 5}\n"
-      << "data:\n"
-      << "  type: idx\n"
-      << "  train: " << (dir_ / "train-images-idx3-ubyte.gz").string() << "\n"
-      << "  val: " << (dir_ / "t10k-images-idx3-ubyte.gz").string() << "\n"
-      << "  batch_size: 32\n"
+      << kLossAndAccuracy << IdxData() << "  batch_size: 32\n"
       << "solver: {base_lr: 0.05, max_epochs: 2, eval_interval: 1}\n"
       << "checkpoint: {dir: " << (dir_ / "ckpt").string() << ", every: 1, keep: 2}\n"
       << "log: {interval: 2}\n"
@@ -125,8 +93,6 @@ class CliTest : public ::testing::Test {
   int Cortado(const std::string& args, std::string* out, std::string* err) {
     return RunShell("timeout 120 " + CortadoBinary() + " " + args, out, err);
   }
-
-  fs::path dir_;
 };
 
 // The text after "Resume with: " on the line that says it.
@@ -173,7 +139,7 @@ TEST_F(CliTest, TheResumeCommandKeepsEveryFlagQuotedAndResumesTheSameRun) {
             std::string::npos)
       << err;
   std::vector<int64_t> iters;
-  for (const std::string& line : SplitLines(ReadFile(metrics))) {
+  for (const std::string& line : SplitLines(ReadFileBytes(metrics))) {
     nlohmann::json j = nlohmann::json::parse(line);
     if (j["event"] == "train") iters.push_back(j["iter"].get<int64_t>());
   }
@@ -263,22 +229,23 @@ TEST_F(CliTest, ExitCodesAreZeroOneTwoOr128PlusTheSignal) {
   const fs::path err_file = dir_ / "err.txt";
   pid_t pid = Start(long_run, err_file);
   ASSERT_TRUE(
-      WaitFor([&] { return ReadFile(err_file).find("train iter") != std::string::npos; }, 60))
-      << ReadFile(err_file);
+      WaitFor([&] { return ReadFileBytes(err_file).find("train iter") != std::string::npos; }, 60))
+      << ReadFileBytes(err_file);
   kill(pid, SIGTERM);
-  EXPECT_EQ(WaitExit(pid, 60), 143) << ReadFile(err_file);
-  EXPECT_NE(ReadFile(err_file).find("Resume with:"), std::string::npos) << ReadFile(err_file);
+  EXPECT_EQ(WaitExit(pid, 60), 143) << ReadFileBytes(err_file);
+  EXPECT_NE(ReadFileBytes(err_file).find("Resume with:"), std::string::npos)
+      << ReadFileBytes(err_file);
   const std::string rank = "sh -c 'trap \"\" INT TERM; " + long_run +
                            " --set checkpoint.dir=" + (dir_ / "launched").string() +
                            "; code=$?; echo \"rank $CORTADO_RANK exit $code\" >&2; exit $code'";
   const fs::path launch_err = dir_ / "launch_err.txt";
   pid = Start(CortadoBinary() + " launch --nproc 2 -- " + rank, launch_err);
-  ASSERT_TRUE(
-      WaitFor([&] { return ReadFile(launch_err).find("train iter") != std::string::npos; }, 60))
-      << ReadFile(launch_err);
+  ASSERT_TRUE(WaitFor(
+      [&] { return ReadFileBytes(launch_err).find("train iter") != std::string::npos; }, 60))
+      << ReadFileBytes(launch_err);
   kill(pid, SIGTERM);
-  EXPECT_EQ(WaitExit(pid, 60), 143) << ReadFile(launch_err);
-  const std::string err2 = ReadFile(launch_err);
+  EXPECT_EQ(WaitExit(pid, 60), 143) << ReadFileBytes(launch_err);
+  const std::string err2 = ReadFileBytes(launch_err);
   EXPECT_NE(err2.find("[0] rank 0 exit 143"), std::string::npos) << err2;
   EXPECT_NE(err2.find("[1] rank 1 exit 143"), std::string::npos) << err2;
   EXPECT_EQ(err2.find("error:"), std::string::npos) << err2;
@@ -588,7 +555,7 @@ TEST_F(CliTest, InspectShowsTheStoredConfigTensorsDataAndDatabases) {
   WriteFashionSlice(dir_, "train", 47);
   const std::string long_name = "a_convolution_with_a_name_longer_than_its_column";
   std::string config = Config("", "long.yaml");
-  std::string text = ReadFile(config);
+  std::string text = ReadFileBytes(config);
   text = std::regex_replace(text, std::regex("name: conv,"), "name: " + long_name + ",");
   text = std::regex_replace(text, std::regex("batch_size: 32"), "batch_size: 8");
   std::ofstream(config) << text;
@@ -807,7 +774,7 @@ TEST_F(CliTest, TheMetricsFileHasShortestNumbersTimesAndStartAndResumeEvents) {
             0)
       << err;
   const double t0 = std::chrono::duration<double>(before.time_since_epoch()).count();
-  const std::vector<std::string> lines = SplitLines(ReadFile(metrics));
+  const std::vector<std::string> lines = SplitLines(ReadFileBytes(metrics));
   ASSERT_GT(lines.size(), 10u);
   std::vector<std::string> starts;
   std::string hash;
@@ -895,7 +862,7 @@ TEST_F(CliTest, EvalSkipsAndCountsUnreadableRecordsAndTrainingCountsItsSubstitut
   EXPECT_NE(err.find("2 corrupt record(s) replaced"), std::string::npos) << err;
   EXPECT_NE(err.find("9 images, 1 unreadable record(s) skipped"), std::string::npos) << err;
   int64_t last_replaced = -1, eval_skipped = -1, eval_images = -1;
-  for (const std::string& line : SplitLines(ReadFile(metrics))) {
+  for (const std::string& line : SplitLines(ReadFileBytes(metrics))) {
     const nlohmann::json j = nlohmann::json::parse(line);
     if (j["event"] == "train") last_replaced = j.value("replaced_records", int64_t{-1});
     if (j["event"] == "eval") {
@@ -964,7 +931,7 @@ TEST_F(CliTest, ImageNetValidationListKeepsTheTrainingLabels) {
                                 (dir_ / "LOC_val_solution.csv").string() + " --classes " +
                                 train_db + "/classes.txt --out " + list;
   ASSERT_EQ(RunShell(make_list, &out, &err), 0) << err;
-  EXPECT_EQ(ReadFile(list),
+  EXPECT_EQ(ReadFileBytes(list),
             "ILSVRC2012_val_00000001.JPEG 2\nILSVRC2012_val_00000002.JPEG 0\n"
             "ILSVRC2012_val_00000003.JPEG 1\n");
   EXPECT_NE(RunShell(make_list, nullptr, &err), 0) << "an existing list is not overwritten";
@@ -1079,9 +1046,9 @@ TEST_F(CliTest, PlotScriptDrawsRunsAndWritesATable) {
                      nullptr, &err),
             0)
       << err;
-  EXPECT_EQ(ReadFile(png).substr(0, 4), "\x89PNG");
-  const std::vector<std::string> rows = SplitLines(ReadFile(csv));
-  ASSERT_EQ(rows.size(), 6u) << ReadFile(csv);
+  EXPECT_EQ(ReadFileBytes(png).substr(0, 4), "\x89PNG");
+  const std::vector<std::string> rows = SplitLines(ReadFileBytes(csv));
+  ASSERT_EQ(rows.size(), 6u) << ReadFileBytes(csv);
   EXPECT_EQ(rows[0].rfind("run,event,iter,epoch,time,loss,lr,img_per_s,top1,top5", 0), 0u);
   EXPECT_EQ(rows[1].rfind("a,train,2,0.2,2,2.1,0.1,300,", 0), 0u) << rows[1];
   EXPECT_EQ(rows[5].rfind("b,eval,10,,,,,,0.4,", 0), 0u) << rows[5];
@@ -1132,7 +1099,7 @@ TEST_F(CliTest, DryRunChecksEverythingAndLeavesNothingBehind) {
                     &out, &err),
             0)
       << err;
-  EXPECT_EQ(ReadFile(metrics), "{\"event\":\"train\"}\n");
+  EXPECT_EQ(ReadFileBytes(metrics), "{\"event\":\"train\"}\n");
   // What would fail in training fails here.
   std::ofstream(dir_ / "file") << "x";
   EXPECT_EQ(Cortado("train --dry-run --config " + config +

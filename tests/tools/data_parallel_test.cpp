@@ -53,11 +53,11 @@ namespace cortado {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::ReadFileBytes;
 using tooltest::CortadoBinary;
 using tooltest::RunShell;
-using tooltest::WriteFashionSlice;
-
-std::string ReadFile(const fs::path& p) { return testing::ReadFileBytes(p); }
+using tooltest::WaitExit;
+using tooltest::WaitFor;
 
 // ||a - b|| / ||b - start|| over every tensor whose name starts with `prefix` ("param/",
 // "buffer/"), as one vector: the difference relative to what the run changed from `start` (the
@@ -96,14 +96,9 @@ double RelativeDifference(const Checkpoint& a, const Checkpoint& b, const std::s
   return std::sqrt(diff / std::max(norm, 1e-300));
 }
 
-class DataParallelTest : public ::testing::Test {
+class DataParallelTest : public tooltest::FashionDirTest {
  protected:
-  void SetUp() override {
-    dir_ = tooltest::FreshTestDir("cortado_dp");
-    WriteFashionSlice(dir_, "train", 480);
-    WriteFashionSlice(dir_, "t10k", 150);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  DataParallelTest() : FashionDirTest("cortado_dp", 480, 150) {}
 
   // A config with the given model section; flips and shuffling on, so the data order and the
   // augmentation must follow the global batch for the runs to agree.
@@ -111,11 +106,7 @@ class DataParallelTest : public ::testing::Test {
                      const std::string& lr = "base_lr: 0.05") {
     std::ostringstream y;
     y << "seed: 5\n"
-      << model << "data:\n"
-      << "  type: idx\n"
-      << "  train: " << (dir_ / "train-images-idx3-ubyte.gz").string() << "\n"
-      << "  val: " << (dir_ / "t10k-images-idx3-ubyte.gz").string() << "\n"
-      << "  flip: true\n"
+      << model << IdxData() << "  flip: true\n"
       << "solver: {" << lr
       << ", momentum: 0.9, weight_decay: 1.0e-4, max_iter: 6, "
          "eval_interval: 0}\n"
@@ -196,7 +187,6 @@ class DataParallelTest : public ::testing::Test {
     }
   }
 
-  fs::path dir_;
   int configs_ = 0;
 };
 
@@ -513,7 +503,7 @@ TEST_F(DataParallelTest, TraceRecordsEveryRanksStepsOnOneClock) {
     SCOPED_TRACE(r);
     const fs::path path = dir_ / ("t.rank" + std::to_string(r) + ".json");
     ASSERT_TRUE(fs::exists(path));
-    nlohmann::json doc = nlohmann::json::parse(ReadFile(path));
+    nlohmann::json doc = nlohmann::json::parse(ReadFileBytes(path));
     std::map<std::string, int> count;  // "category/name"
     first_begin[r] = 1e300;
     double bucket_cpu_ms = 0;
@@ -737,7 +727,7 @@ TEST_F(DataParallelTest, AutoCodecsPlanAlikeOnEveryRankAndReplanAtTheSameStep) {
     for (int r = 0; r < ranks; ++r) {
       const fs::path path = dir_ / (name + ".rank" + std::to_string(r) + ".json");
       ASSERT_TRUE(fs::exists(path)) << path;
-      nlohmann::json doc = nlohmann::json::parse(ReadFile(path));
+      nlohmann::json doc = nlohmann::json::parse(ReadFileBytes(path));
       for (const auto& e : doc["traceEvents"]) {
         if (e["ph"] != "X") continue;
         const std::string event = e["name"].get<std::string>();
@@ -925,36 +915,15 @@ pid_t FindRank(int rank, const std::string& token) {
   for (const auto& entry : fs::directory_iterator("/proc")) {
     const std::string name = entry.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string env = ReadFile(entry.path() / "environ");
+    std::string env = ReadFileBytes(entry.path() / "environ");
     std::replace(env.begin(), env.end(), '\0', '\n');
     if (("\n" + env).find("\n" + want_rank + "\n") != std::string::npos &&
         env.find(want_token + "\n") != std::string::npos) {
-      std::string cmd = ReadFile(entry.path() / "cmdline");
+      std::string cmd = ReadFileBytes(entry.path() / "cmdline");
       if (cmd.find("train") != std::string::npos) return static_cast<pid_t>(std::stoi(name));
     }
   }
   return -1;
-}
-
-bool WaitFor(const std::function<bool()>& done, double seconds) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < until) {
-    if (done()) return true;
-    usleep(50000);
-  }
-  return done();
-}
-
-// Exit code of a child, waiting at most `seconds`; -1 on timeout (the child is then killed).
-int WaitExit(pid_t pid, double seconds) {
-  int status = 0;
-  bool exited = WaitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; }, seconds);
-  if (!exited) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    return -1;
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 TEST_F(DataParallelTest, AKilledRankStopsTheOthersNamingItAndTheCheckpointResumes) {
@@ -968,7 +937,7 @@ TEST_F(DataParallelTest, AKilledRankStopsTheOthersNamingItAndTheCheckpointResume
   const fs::path err_file = dir_ / "err.txt";
   pid_t launcher = StartLauncher("--nproc 3 -- " + train, err_file, token);
   ASSERT_TRUE(WaitFor([&] { return ListCheckpoints(ckpt_dir).size() >= 2; }, 120))
-      << ReadFile(err_file);
+      << ReadFileBytes(err_file);
   pid_t victim = FindRank(1, token);
   ASSERT_GT(victim, 0);
   kill(victim, SIGKILL);
@@ -976,7 +945,7 @@ TEST_F(DataParallelTest, AKilledRankStopsTheOthersNamingItAndTheCheckpointResume
   const int code = WaitExit(launcher, 30);
   const double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
-  const std::string err = ReadFile(err_file);
+  const std::string err = ReadFileBytes(err_file);
   EXPECT_NE(code, 0) << err;
   EXPECT_NE(code, -1) << "the launcher did not exit within 30 s\n" << err;
   EXPECT_LT(took, 10.0) << err;
@@ -1013,11 +982,11 @@ TEST_F(DataParallelTest, SigintToTheLauncherCheckpointsOnceAndEveryRankExits130)
   const fs::path err_file = dir_ / "err.txt";
   pid_t launcher = StartLauncher("--nproc 2 -- " + rank, err_file, token);
   ASSERT_TRUE(
-      WaitFor([&] { return ReadFile(err_file).find("train iter") != std::string::npos; }, 120))
-      << ReadFile(err_file);
+      WaitFor([&] { return ReadFileBytes(err_file).find("train iter") != std::string::npos; }, 120))
+      << ReadFileBytes(err_file);
   kill(launcher, SIGINT);
   const int code = WaitExit(launcher, 60);
-  const std::string err = ReadFile(err_file);
+  const std::string err = ReadFileBytes(err_file);
   EXPECT_EQ(code, 130) << err;
   EXPECT_NE(err.find("[0] rank 0 exit 130"), std::string::npos) << err;
   EXPECT_NE(err.find("[1] rank 1 exit 130"), std::string::npos) << err;
@@ -1027,12 +996,7 @@ TEST_F(DataParallelTest, SigintToTheLauncherCheckpointsOnceAndEveryRankExits130)
   ASSERT_EQ(all.size(), 1u) << err;
   const int64_t at = LoadCheckpoint(all[0]).MetaInt("iteration");
   EXPECT_NE(err.find("interrupted at iteration " + std::to_string(at)), std::string::npos) << err;
-  size_t saved = 0;
-  for (size_t p = err.find("checkpoint saved"); p != std::string::npos;
-       p = err.find("checkpoint saved", p + 1)) {
-    ++saved;
-  }
-  EXPECT_EQ(saved, 1u) << err;
+  EXPECT_EQ(testing::CountOf(err, "checkpoint saved"), 1u) << err;
 }
 
 TEST_F(DataParallelTest, SigintDuringTheFinalEvaluationStopsEveryRankWithTheTrainingSaved) {
@@ -1051,8 +1015,8 @@ TEST_F(DataParallelTest, SigintDuringTheFinalEvaluationStopsEveryRankWithTheTrai
                            "; code=$?; echo \"rank $CORTADO_RANK exit $code\" >&2; exit $code'";
   const fs::path err_file = dir_ / "err.txt";
   pid_t launcher = StartLauncher("--nproc 2 -- " + rank, err_file, token);
-  const bool evaluating =
-      WaitFor([&] { return ReadFile(err_file).find("eval  batch") != std::string::npos; }, 120);
+  const bool evaluating = WaitFor(
+      [&] { return ReadFileBytes(err_file).find("eval  batch") != std::string::npos; }, 120);
   kill(launcher, SIGINT);
   const int code = WaitExit(launcher, 60);
   // Ranks that outlive a launcher killed on timeout would evaluate for minutes: end them.
@@ -1062,7 +1026,7 @@ TEST_F(DataParallelTest, SigintDuringTheFinalEvaluationStopsEveryRankWithTheTrai
       usleep(100000);
     }
   }
-  const std::string err = ReadFile(err_file);
+  const std::string err = ReadFileBytes(err_file);
   ASSERT_TRUE(evaluating) << err;
   EXPECT_EQ(code, 130) << err;
   EXPECT_NE(err.find("[0] rank 0 exit 130"), std::string::npos) << err;

@@ -1,15 +1,16 @@
 #include "tests/tools/fashion_slice.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
-#include <fstream>
-#include <sstream>
+#include <chrono>
 #include <vector>
 
 #include "data/idx_source.h"
+#include "tests/support/files.h"
 
 namespace cortado::tooltest {
 namespace {
@@ -24,13 +25,6 @@ void WriteGz(const std::filesystem::path& path, const std::vector<uint8_t>& byte
 
 void PutBE(std::vector<uint8_t>& out, uint32_t v) {
   for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<uint8_t>(v >> s));
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 }  // namespace
@@ -60,6 +54,31 @@ std::filesystem::path FreshTestDir(const std::string& prefix) {
   return dir;
 }
 
+void FashionDirTest::SetUp() {
+  dir_ = FreshTestDir(prefix_);
+  WriteFashionSlice(dir_, "train", train_images_);
+  WriteFashionSlice(dir_, "t10k", val_images_);
+}
+
+bool WaitFor(const std::function<bool()>& done, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    usleep(50000);
+  }
+  return done();
+}
+
+int WaitExit(pid_t pid, double seconds) {
+  int status = 0;
+  if (!WaitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; }, seconds)) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    return -1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 std::string CortadoBinary() { return std::string(CORTADO_BINARY_DIR) + "/tools/cortado"; }
 
 int RunShell(const std::string& command, std::string* out, std::string* err) {
@@ -67,8 +86,8 @@ int RunShell(const std::string& command, std::string* out, std::string* err) {
       std::filesystem::temp_directory_path() / ("cortado_run_" + std::to_string(getpid()) + "_");
   const std::string out_file = base + "out", err_file = base + "err";
   int status = std::system((command + " >" + out_file + " 2>" + err_file).c_str());
-  if (out != nullptr) *out = ReadAll(out_file);
-  if (err != nullptr) *err = ReadAll(err_file);
+  if (out != nullptr) *out = testing::ReadFileBytes(out_file);
+  if (err != nullptr) *err = testing::ReadFileBytes(err_file);
   std::filesystem::remove(out_file);
   std::filesystem::remove(err_file);
   if (WIFEXITED(status)) return WEXITSTATUS(status);

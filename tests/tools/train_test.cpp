@@ -10,13 +10,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <regex>
 #include <sstream>
 
 #include "engine/checkpoint.h"
 #include "engine/error.h"
 #include "tests/support/errors.h"
+#include "tests/support/files.h"
 #include "tests/tools/fashion_slice.h"
 #include "tools/run_config.h"
 #include "tools/trainer.h"
@@ -25,16 +25,11 @@ namespace cortado {
 namespace {
 
 namespace fs = std::filesystem;
-using tooltest::WriteFashionSlice;
+using testing::ReadFileBytes;
 
-class TrainTest : public ::testing::Test {
+class TrainTest : public tooltest::FashionDirTest {
  protected:
-  void SetUp() override {
-    dir_ = tooltest::FreshTestDir("cortado_train");
-    WriteFashionSlice(dir_, "train", 320);
-    WriteFashionSlice(dir_, "t10k", 100);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  TrainTest() : FashionDirTest("cortado_train", 320, 100) {}
 
   // A small conv net as a YAML graph; dropout and flips exercise the counter-based randomness.
   std::string Config(const std::string& extra = "") {
@@ -49,14 +44,7 @@ class TrainTest : public ::testing::Test {
       << "    - {name: pool, type: Pooling, inputs: relu, outputs: pool, pool: max, kernel: 2}\n"
       << "    - {name: drop, type: Dropout, inputs: pool, outputs: drop, ratio: 0.2}\n"
       << "    - {name: logits, type: InnerProduct, inputs: drop, outputs: logits, num_output: 10}\n"
-      << "    - {name: loss, type: SoftmaxWithLoss, inputs: [logits, label], outputs: loss}\n"
-      << "    - {name: top1, type: Accuracy, inputs: [logits, label], outputs: top1, top_k: 1}\n"
-      << "    - {name: top5, type: Accuracy, inputs: [logits, label], outputs: top5, top_k: 5}\n"
-      << "data:\n"
-      << "  type: idx\n"
-      << "  train: " << (dir_ / "train-images-idx3-ubyte.gz").string() << "\n"
-      << "  val: " << (dir_ / "t10k-images-idx3-ubyte.gz").string() << "\n"
-      << "  batch_size: 32\n"
+      << kLossAndAccuracy << IdxData() << "  batch_size: 32\n"
       << "  flip: true\n"
       << "solver: {base_lr: 0.05, max_epochs: 3, warmup_epochs: 0.5, eval_interval: 1}\n"
       << "checkpoint: {dir: " << (dir_ / "ckpt").string() << ", every: 1, keep: 2}\n"
@@ -66,15 +54,11 @@ class TrainTest : public ::testing::Test {
     std::ofstream(path) << y.str();
     return path.string();
   }
-
-  fs::path dir_;
 };
 
-// The message of the cortado::Error that f throws, "" when it throws none.
-std::string ErrorThrownBy(const std::function<void()>& f) { return testing::ErrorOf(f); }
-
+// The message of the error loading the config at path (with --set sets) raises.
 std::string ErrorOf(const std::string& path, const std::vector<std::string>& sets = {}) {
-  return ErrorThrownBy([&] { LoadRunConfig(path, sets); });
+  return testing::ErrorOf([&] { LoadRunConfig(path, sets); });
 }
 
 TEST_F(TrainTest, BadConfigsStopWithTheKeyAndPlace) {
@@ -283,7 +267,7 @@ TEST_F(TrainTest, AnOverflowSkipsTheStepAndBacksOffTheScale) {
   Checkpoint before = run("before", 2, "dynamic");
   ::setenv("CORTADO_TEST_INF_GRADIENT", "0:2", 1);
   Checkpoint after = run("after", 3, "dynamic");
-  const std::string err = ErrorThrownBy([&] { run("static", 3, "256"); });
+  const std::string err = testing::ErrorOf([&] { run("static", 3, "256"); });
   ::unsetenv("CORTADO_TEST_INF_GRADIENT");
   EXPECT_NE(err.find("the gradients are not finite at iteration 2 with the static loss scale 256"),
             std::string::npos)
@@ -341,7 +325,7 @@ TEST_F(TrainTest, AnOverflowingForwardPassSkipsTheStepWithADynamicScale) {
     ++compared;
   }
   EXPECT_GE(compared, 8);  // conv, bn, logits parameters and bn's statistics
-  const std::string err = ErrorThrownBy([&] {
+  const std::string err = testing::ErrorOf([&] {
     Trainer(LoadRunConfig(path.string(), {"precision.loss_scale=1",
                                           "checkpoint.dir=" + (dir_ / "unscaled").string()}))
         .Run(TrainOptions{});
@@ -354,7 +338,7 @@ TEST_F(TrainTest, AnOverflowingForwardPassSkipsTheStepWithADynamicScale) {
 TEST_F(TrainTest, WithoutALossScaleANonFiniteGradientStopsTheRunNamingTheIteration) {
   const std::string config = Config();
   ::setenv("CORTADO_TEST_INF_GRADIENT", "0:2", 1);
-  const std::string err = ErrorThrownBy([&] {
+  const std::string err = testing::ErrorOf([&] {
     Trainer t(LoadRunConfig(config, {"precision.compute=bf16"}));
     TrainOptions o;
     o.stop_at = 4;
@@ -404,13 +388,6 @@ TEST_F(TrainTest, ResumeSkipsACorruptNewestCheckpoint) {
   }
 }
 
-std::string ReadAll(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 std::string RunError(Trainer& t, const TrainOptions& o) {
   try {
     t.Run(o);
@@ -432,7 +409,7 @@ TEST_F(TrainTest, ASecondRunInTheSameFolderIsRefusedUnlessItStartsOver) {
     ASSERT_EQ(a.Run(o), 0);
   }
   const fs::path ckpt = dir_ / "ckpt" / CheckpointFileName(10);
-  const std::string before = ReadAll(ckpt), metrics_before = ReadAll(metrics);
+  const std::string before = ReadFileBytes(ckpt), metrics_before = ReadFileBytes(metrics);
   {
     Trainer b(LoadRunConfig(config, {"solver.max_epochs=1", "seed=4"}));
     const std::string m = RunError(b, o);
@@ -455,8 +432,8 @@ TEST_F(TrainTest, ASecondRunInTheSameFolderIsRefusedUnlessItStartsOver) {
     const std::string m = RunError(b, o);
     EXPECT_NE(m.find("--metrics '" + metrics.string() + "' already holds"), std::string::npos) << m;
   }
-  EXPECT_EQ(ReadAll(ckpt), before);
-  EXPECT_EQ(ReadAll(metrics), metrics_before);
+  EXPECT_EQ(ReadFileBytes(ckpt), before);
+  EXPECT_EQ(ReadFileBytes(metrics), metrics_before);
   std::string first_run;
   {
     Trainer b(LoadRunConfig(config, {"solver.max_epochs=1", "seed=4"}));
@@ -468,13 +445,8 @@ TEST_F(TrainTest, ASecondRunInTheSameFolderIsRefusedUnlessItStartsOver) {
     EXPECT_EQ(ReadCheckpointMeta(ckpt.string()).at("run_id"), b.run_id());
     EXPECT_EQ(ReadCheckpointMeta(ckpt.string()).at("seed"), "4");
   }
-  const std::string after = ReadAll(metrics);
-  size_t starts = 0;
-  for (size_t at = after.find("\"event\":\"start\""); at != std::string::npos;
-       at = after.find("\"event\":\"start\"", at + 1)) {
-    ++starts;
-  }
-  EXPECT_EQ(starts, 1u) << after;
+  const std::string after = ReadFileBytes(metrics);
+  EXPECT_EQ(testing::CountOf(after, "\"event\":\"start\""), 1u) << after;
 }
 
 // `keep` prunes the run's own checkpoints only: files of older Cortado versions (no run id)
@@ -584,10 +556,7 @@ int RunCortado(const std::string& args, std::string* err) {
   std::string bin = std::string(CORTADO_BINARY_DIR) + "/tools/cortado";
   std::string errfile = fs::temp_directory_path() / ("cortado_err_" + std::to_string(getpid()));
   int status = std::system((bin + " " + args + " >/dev/null 2>" + errfile).c_str());
-  std::ifstream in(errfile);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  *err = ss.str();
+  *err = ReadFileBytes(errfile);
   fs::remove(errfile);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
@@ -623,10 +592,7 @@ TEST_F(TrainTest, SigintCheckpointsAndSaysHowToResume) {
   }
   // Wait for training to start, then interrupt.
   for (int i = 0; i < 200; ++i) {
-    std::ifstream in(errfile);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    if (ss.str().find("train iter") != std::string::npos) break;
+    if (ReadFileBytes(errfile).find("train iter") != std::string::npos) break;
     usleep(50000);
   }
   kill(pid, SIGINT);
@@ -634,10 +600,8 @@ TEST_F(TrainTest, SigintCheckpointsAndSaysHowToResume) {
   waitpid(pid, &status, 0);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 130);
-  std::ifstream in(errfile);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  EXPECT_NE(ss.str().find("--resume auto"), std::string::npos) << ss.str();
+  const std::string err = ReadFileBytes(errfile);
+  EXPECT_NE(err.find("--resume auto"), std::string::npos) << err;
   EXPECT_FALSE(ListCheckpoints((dir_ / "ckpt").string()).empty());
 }
 

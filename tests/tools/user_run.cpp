@@ -6,23 +6,17 @@
 
 #include <chrono>
 #include <fstream>
-#include <sstream>
 
 #include "data/jpeg.h"
 #include "engine/error.h"
+#include "tests/support/files.h"
 #include "tests/tools/fashion_slice.h"
 
 namespace cortado::tooltest {
 
 namespace fs = std::filesystem;
 
-void UserRun::SetUp() {
-  dir_ =
-      fs::temp_directory_path() / ("cortado_user_" + std::to_string(getpid()) + "_" +
-                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
-  fs::remove_all(dir_);
-  fs::create_directories(dir_);
-}
+void UserRun::SetUp() { dir_ = FreshTestDir("cortado_user"); }
 
 void UserRun::TearDown() { fs::remove_all(dir_); }
 
@@ -97,10 +91,7 @@ pid_t UserRun::StartCortado(const std::string& args, const std::string& err_name
 }
 
 std::string UserRun::Read(const std::string& name) const {
-  std::ifstream in(dir_ / name);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return testing::ReadFileBytes(dir_ / name);
 }
 
 bool UserRun::WaitForText(const std::string& name, const std::string& text, double seconds) {

@@ -10,7 +10,6 @@ loops on the same photos, per core.
 Per core means images per CPU second (user + system, all threads of the tool), so the writer
 thread of `cortado convert` counts. Run with Debian's /usr/bin/python3 (python3-pil).
 """
-import argparse
 import glob
 import io
 import json
@@ -21,6 +20,9 @@ import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import benchlib  # noqa: E402
 
 CLASSES = 10
 QUALITY = 90
@@ -33,9 +35,7 @@ CAFFE_REFERENCE_PER_CORE = 2000 / 3.3
 
 def make(args):
     from PIL import Image
-    sources = sorted(glob.glob(os.path.join(args.src, "*.jpg")))
-    if not sources:
-        sys.exit("no *.jpg in %s (Debian: apt-get install opencv-doc)" % args.src)
+    sources = benchlib.source_photos(args.src)
     stamp = os.path.join(args.out, ".made")
     if os.path.exists(stamp) and open(stamp).read() == str(args.count):
         return
@@ -102,7 +102,7 @@ def run_pil(files, size):
 
 
 def cell(rates):
-    return "%.0f [%.0f, %.0f]" % (statistics.median(rates), min(rates), max(rates))
+    return benchlib.cell(rates, "%.0f")
 
 
 def run(args):
@@ -148,12 +148,7 @@ def run(args):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", required=True)
-    m = sub.add_parser("make")
-    m.add_argument("--src", required=True)
-    m.add_argument("--out", required=True)
+    ap, sub, m = benchlib.photo_commands(__doc__, "command")
     m.add_argument("--count", type=int, default=2000)
     r = sub.add_parser("run")
     for name in ("--root", "--cortado", "--opencv", "--work"):

@@ -12,13 +12,15 @@
 
 Run with Debian's /usr/bin/python3 (python3-pil, python3-torch, python3-torchvision).
 """
-import argparse
 import glob
 import json
 import multiprocessing as mp
 import os
 import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import benchlib  # noqa: E402
 
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
@@ -27,9 +29,7 @@ STD = [0.229, 0.224, 0.225]
 def make(args):
     from PIL import Image
     os.makedirs(args.out, exist_ok=True)
-    sources = sorted(glob.glob(os.path.join(args.src, "*.jpg")))
-    if not sources:
-        sys.exit("no *.jpg in %s (Debian: apt-get install opencv-doc)" % args.src)
+    sources = benchlib.source_photos(args.src)
     for path in sources:
         im = Image.open(path).convert("RGB")
         size = (500, 375) if im.width >= im.height else (375, 500)
@@ -136,12 +136,7 @@ def report(args):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("make")
-    m.add_argument("--src", required=True)
-    m.add_argument("--out", required=True)
+    ap, sub, _ = benchlib.photo_commands(__doc__, "cmd")
     b = sub.add_parser("bench")
     b.add_argument("--images", required=True)
     b.add_argument("--procs", type=int, default=os.cpu_count())

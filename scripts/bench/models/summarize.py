@@ -2,21 +2,18 @@
 """The table of scripts/bench/models.sh from its results.jsonl: per model and run (training,
 inference), Cortado fp32 beside PyTorch's fp32 NCHW, fp32 channels-last and bf16 autocast;
 img/s and peak memory as the median round [min, max], ratios of the medians."""
-import collections
-import json
+import os
 import statistics
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import benchlib  # noqa: E402
 
-def cell(values, fmt):
-    return ("%s [%s, %s]" % (fmt, fmt, fmt)) % (statistics.median(values), min(values), max(values))
+cell = benchlib.cell
 
 
 def main():
-    rows = collections.defaultdict(list)
-    for line in open(sys.argv[1]):
-        r = json.loads(line)
-        rows[(r["model"], r["run"], r["side"], r["mode"])].append(r)
+    rows = benchlib.group_jsonl(sys.argv[1], lambda r: (r["model"], r["run"], r["side"], r["mode"]))
     models = sorted({k[0] for k in rows}, key=lambda m: ["resnet50", "resnet18", "vgg16"].index(m)
                     if m in ["resnet50", "resnet18", "vgg16"] else 9)
     print("| model | run | framework, mode | img/s | peak memory MB | Cortado img/s ratio | "
@@ -27,8 +24,8 @@ def main():
             ours = rows.get((model, run, "cortado", "fp32"))
             if not ours:
                 continue
-            ours_rate = statistics.median(r["img_per_s"] for r in ours)
-            ours_mem = statistics.median(r["peak_rss_mb"] for r in ours)
+            ours_rate = benchlib.median_of(ours, "img_per_s")
+            ours_mem = benchlib.median_of(ours, "peak_rss_mb")
             for side, mode in (("cortado", "fp32"), ("pytorch", "nchw"),
                                ("pytorch", "channels_last"), ("pytorch", "bf16")):
                 rs = rows.get((model, run, side, mode))

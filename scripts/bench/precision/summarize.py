@@ -3,28 +3,25 @@
 framework and precision as the median round [min, max], Cortado's activation and
 activation-gradient memory,
 and each row's ratios (of medians) against PyTorch bf16 autocast."""
-import collections
-import json
+import os
 import statistics
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import benchlib  # noqa: E402
 
 LABELS = [("cortado", "fp32", "Cortado fp32"), ("cortado", "bf16", "Cortado bf16"),
           ("cortado", "fp16", "Cortado fp16"), ("pytorch", "channels_last", "PyTorch fp32 channels-last"),
           ("pytorch", "bf16", "PyTorch bf16 autocast")]
 
-
-def cell(values, fmt):
-    return ("%s [%s, %s]" % (fmt, fmt, fmt)) % (statistics.median(values), min(values), max(values))
+cell = benchlib.cell
 
 
 def main():
-    rows = collections.defaultdict(list)
-    for line in open(sys.argv[1]):
-        r = json.loads(line)
-        rows[(r["side"], r["mode"])].append(r)
+    rows = benchlib.group_jsonl(sys.argv[1], lambda r: (r["side"], r["mode"]))
     peer = rows.get(("pytorch", "bf16"))
-    peer_rate = statistics.median(r["img_per_s"] for r in peer) if peer else None
-    peer_mem = statistics.median(r["peak_rss_mb"] for r in peer) if peer else None
+    peer_rate = benchlib.median_of(peer, "img_per_s") if peer else None
+    peer_mem = benchlib.median_of(peer, "peak_rss_mb") if peer else None
     print("| framework, precision | img/s | peak memory MB | activations MB | "
           "activation gradients MB | img/s / PyTorch bf16 | memory / PyTorch bf16 |")
     print("|---|---|---|---|---|---|---|")

@@ -58,6 +58,30 @@ def fmt(values, digits=2, pct=False):
     return f"{med:.{digits}f}{unit} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
+def cpu_cells(with_cpu):
+    """The cells user, system, softirq and idle of a CPU row, over the rounds' figures."""
+    return " | ".join(fmt([c[k] for c in with_cpu]) for k in
+                      ("user_s", "system_s", "softirq_s", "idle_s"))
+
+
+def cortado_modes(runs, model, rate):
+    """The modes of the Cortado runs of model at rate that ran with other ranks, sorted."""
+    return sorted({k[2] for k in runs if k[0] == model and k[1] == rate
+                   and k[2] not in ("torch", "alone-a", "alone-b")})
+
+
+def print_table(title, header, rows):
+    """A titled Markdown table (header: "| a | b |"), then a blank line; nothing without rows."""
+    if not rows:
+        return
+    print(title)
+    print()
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    print("\n".join(rows))
+    print()
+
+
 def rate_bits(rate):
     m = re.fullmatch(r"([0-9.]+)(k|m|g)?bit(\.ucx)?", rate.lower())
     if not m:
@@ -180,32 +204,22 @@ def main():
     cpu_rows = []
     for model in models:
         for rate in ["single"] + rates:
-            for mode in sorted({k[2] for k in runs if k[0] == model and k[1] == rate
-                                and k[2] not in ("torch", "alone-a", "alone-b")}):
+            for mode in cortado_modes(runs, model, rate):
                 r = runs.get((model, rate, mode), {})
                 with_cpu = [f["cpu"] for f in r.values() if "cpu" in f]
                 if not with_cpu:
                     continue
                 label = "1 rank alone" if rate == "single" else f"{rate}, {mode.replace('-', ' ')}"
-                cells = " | ".join(fmt([c[k] for c in with_cpu]) for k in
-                                   ("user_s", "system_s", "softirq_s", "idle_s"))
-                cpu_rows.append(f"| {model} | {label} | {cells} |")
+                cpu_rows.append(f"| {model} | {label} | {cpu_cells(with_cpu)} |")
     # The control's CPU (two single ranks side by side) is what the machine spends on two ranks'
     # compute alone; a 2-rank run spends that plus its communication's cost.
     for model in models:
         r = runs.get((model, "none", "alone-a"), {})
         with_cpu = [f["cpu"] for f in r.values() if "cpu" in f]
         if with_cpu:
-            cells = " | ".join(fmt([c[k] for c in with_cpu]) for k in
-                               ("user_s", "system_s", "softirq_s", "idle_s"))
-            cpu_rows.insert(0, f"| {model} | 2 single ranks side by side | {cells} |")
-    if cpu_rows:
-        print("CPU seconds per step, whole machine (both ends of the link run on its cores):")
-        print()
-        print("| model | run | user | system | softirq | idle |")
-        print("|---|---|---|---|---|---|")
-        print("\n".join(cpu_rows))
-        print()
+            cpu_rows.insert(0, f"| {model} | 2 single ranks side by side | {cpu_cells(with_cpu)} |")
+    print_table("CPU seconds per step, whole machine (both ends of the link run on its cores):",
+                "| model | run | user | system | softirq | idle |", cpu_rows)
     # Where communication's CPU goes, per step: Cortado's own (each rank's communicator thread,
     # measured by the thread itself: what a rank of a real two-host job pays too) against the
     # machine's extra over the side-by-side control; the rest is the emulation (the other end's
@@ -215,8 +229,7 @@ def main():
     for model in models:
         control = runs.get((model, "none", "alone-a"), {})
         for rate in rates:
-            for mode in sorted({k[2] for k in runs if k[0] == model and k[1] == rate
-                                and k[2] not in ("torch", "alone-a", "alone-b")}):
+            for mode in cortado_modes(runs, model, rate):
                 r = runs.get((model, rate, mode), {})
                 rounds = [k for k, f in r.items() if "comm_cpu_s" in f]
                 if not rounds:
@@ -236,15 +249,11 @@ def main():
                     f"{fmt([r[k]['comm_system_s'] for k in rounds], 3)} | "
                     f"{fmt([r[k]['comm_wakeups'] for k in rounds], 0)} | "
                     f"{fmt(extra) if extra else '-'} | {fmt(rest) if rest else '-'} |")
-    if comm_rows:
-        print("Communication's CPU per step: Cortado's communicator thread (rank 0, per rank) and "
-              "the machine's CPU beyond the side-by-side control (both ranks):")
-        print()
-        print("| model | run | Cortado comm CPU-s/rank | user / system | wake-ups/rank | "
-              "machine extra CPU-s | of it not Cortado's threads (emulation, interference) |")
-        print("|---|---|---|---|---|---|---|")
-        print("\n".join(comm_rows))
-        print()
+    print_table("Communication's CPU per step: Cortado's communicator thread (rank 0, per rank) "
+                "and the machine's CPU beyond the side-by-side control (both ranks):",
+                "| model | run | Cortado comm CPU-s/rank | user / system | wake-ups/rank | "
+                "machine extra CPU-s | of it not Cortado's threads (emulation, interference) |",
+                comm_rows)
     # The plans `distributed.codec: auto` chose (rank 0's last train record of each run): each
     # codec with its bucket count, in bucket order of first use, and how many plans were made.
     plan_rows = []
@@ -261,13 +270,9 @@ def main():
         name = os.path.basename(path)[: -len(".jsonl")]
         plan_rows.append(f"| {name} | {plan} | {records[-1].get('codec_plans', 1)} | "
                          f"{records[-1]['codec_plan']} |")
-    if plan_rows:
-        print("Plans of distributed.codec: auto (rank 0's last record):")
-        print()
-        print("| run | buckets per codec | plans made | codec per bucket, in bucket order |")
-        print("|---|---|---|---|")
-        print("\n".join(plan_rows))
-        print()
+    print_table("Plans of distributed.codec: auto (rank 0's last record):",
+                "| run | buckets per codec | plans made | codec per bucket, in bucket order |",
+                plan_rows)
     for model in models:
         if model in params:
             mb = params[model] * 4 / 1e6

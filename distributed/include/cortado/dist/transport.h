@@ -83,8 +83,9 @@ class Transport {
  public:
   virtual ~Transport() = default;
   virtual const char* name() const = 0;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
+  // This process's rank and the job's world size, fixed when the transport is made.
+  int rank() const { return rank_; }
+  int size() const { return size_; }
 
   // Opaque bytes a peer needs to connect to this rank; publish them through the store.
   virtual std::string LocalAddress() const = 0;
@@ -141,6 +142,13 @@ class Transport {
   // thread. A diagnostic of how a wait costs: a slow link should cost a few wake-ups per chunk,
   // not one per packet, and no polling.
   virtual uint64_t WaitSleeps() const { return 0; }
+
+ protected:
+  Transport(int rank, int size) : rank_(rank), size_(size) {}
+
+ private:
+  const int rank_;
+  const int size_;
 };
 
 }  // namespace cortado::dist

@@ -12,33 +12,33 @@
 namespace cortado::dist::tcp {
 
 void TcpTransport::Connect(const std::vector<std::string>& addresses, Deadline deadline) {
-  if (static_cast<int>(addresses.size()) != size_) {
-    Fail(ErrorKind::kInvalidArgument, "Connect: ", addresses.size(), " addresses for ", size_,
+  if (static_cast<int>(addresses.size()) != size()) {
+    Fail(ErrorKind::kInvalidArgument, "Connect: ", addresses.size(), " addresses for ", size(),
          " ranks");
   }
   if (connected_) Fail(ErrorKind::kInvalidArgument, "Connect called twice");
   HandshakeContext context;
-  context.rank = rank_;
-  context.size = size_;
-  context.mine.from_rank = static_cast<uint32_t>(rank_);
-  context.mine.world_size = static_cast<uint32_t>(size_);
+  context.rank = rank();
+  context.size = size();
+  context.mine.from_rank = static_cast<uint32_t>(rank());
+  context.mine.world_size = static_cast<uint32_t>(size());
   context.mine.token_digest = options_.identity.TokenDigest();
   context.mine.fingerprint = options_.identity.fingerprint;
   context.deadline = deadline;
   context.connected = [this](int r) { return conns_[static_cast<size_t>(r)] != nullptr; };
 
   std::vector<Handshake> pending;
-  for (int peer = 0; peer < rank_; ++peer) {
+  for (int peer = 0; peer < rank(); ++peer) {
     pending.push_back(Handshake::Dial(peer, addresses[static_cast<size_t>(peer)]));
   }
-  int inbound_missing = size_ - 1 - rank_;
+  int inbound_missing = size() - 1 - rank();
   for (;;) {
     const std::vector<int> missing = MissingPeers();
     if (missing.empty()) break;
     if (deadline.Expired()) {
       throw Error(
           ErrorKind::kTimeout,
-          StrCat("rank ", rank_, ": connecting to the other ranks: no connection with rank(s) ",
+          StrCat("rank ", rank(), ": connecting to the other ranks: no connection with rank(s) ",
                  internal::RankList(missing), " before the deadline"),
           missing.front(), "connect", missing);
     }
@@ -111,8 +111,8 @@ void TcpTransport::AdoptConnection(int peer, Fd fd) {
 
 std::vector<int> TcpTransport::MissingPeers() const {
   std::vector<int> out;
-  for (int r = 0; r < size_; ++r) {
-    if (r != rank_ && !conns_[static_cast<size_t>(r)]) out.push_back(r);
+  for (int r = 0; r < size(); ++r) {
+    if (r != rank() && !conns_[static_cast<size_t>(r)]) out.push_back(r);
   }
   return out;
 }

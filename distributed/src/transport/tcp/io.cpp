@@ -335,7 +335,7 @@ void TcpTransport::HandleControl(Conn& c) {
         c.status.responded = true;
         c.status.ops_started = seq;
         c.status.ops_finished = seq > 0 ? seq - 1 : 0;
-        if (root < 0 || root >= size_) root = c.peer;
+        if (root < 0 || root >= size()) root = c.peer;
         c.state = ConnState::kAborted;
         std::string what = root == c.peer
                                ? StrCat("aborted: ", reason)

@@ -128,8 +128,6 @@ class TcpTransport final : public Transport {
   ~TcpTransport() override;
 
   const char* name() const override { return "tcp"; }
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
   std::string LocalAddress() const override { return address_; }
   void Connect(const std::vector<std::string>& addresses, Deadline deadline) override;
   std::unique_ptr<MemoryRegion> Register(void* data, size_t bytes) override {
@@ -203,8 +201,6 @@ class TcpTransport final : public Transport {
   void ShutdownConnections();
 
   TcpTransportOptions options_;
-  int rank_;
-  int size_;
   Fd listen_fd_;
   std::string address_;
   std::vector<std::unique_ptr<Conn>> conns_;  // by peer rank; null for this rank

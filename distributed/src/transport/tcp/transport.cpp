@@ -24,15 +24,15 @@ namespace cortado::dist {
 namespace tcp {
 
 TcpTransport::TcpTransport(const TcpTransportOptions& options)
-    : options_(options), rank_(options.rank), size_(options.identity.world_size) {
-  if (size_ < 1 || rank_ < 0 || rank_ >= size_) {
-    Fail(ErrorKind::kInvalidArgument, "tcp transport: rank ", rank_, " outside world of ", size_);
+    : Transport(options.rank, options.identity.world_size), options_(options) {
+  if (size() < 1 || rank() < 0 || rank() >= size()) {
+    Fail(ErrorKind::kInvalidArgument, "tcp transport: rank ", rank(), " outside world of ", size());
   }
   std::string host = options.listen_host.empty() ? "0.0.0.0" : options.listen_host;
-  listen_fd_ = internal::ListenTcp(host, 0, std::max(128, size_));
+  listen_fd_ = internal::ListenTcp(host, 0, std::max(128, size()));
   std::string shown = host == "0.0.0.0" ? "127.0.0.1" : host;
   address_ = StrCat(shown, ":", internal::LocalPort(listen_fd_.get()));
-  conns_.resize(static_cast<size_t>(size_));
+  conns_.resize(static_cast<size_t>(size()));
   caller_epfd_.Reset(::epoll_create1(EPOLL_CLOEXEC));
   thread_epfd_.Reset(::epoll_create1(EPOLL_CLOEXEC));
   wake_fd_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
@@ -133,7 +133,7 @@ void TcpTransport::MarkFailed(RequestId id, const std::string& why) {
 
 RequestId TcpTransport::PostSend(int peer, const MemoryRegion& region, size_t offset, size_t bytes,
                                  uint64_t tag) {
-  internal::CheckTransfer(region, offset, bytes, peer, rank_, size_);
+  internal::CheckTransfer(region, offset, bytes, peer, rank(), size());
   std::lock_guard<std::mutex> lock(io_mu_);
   Conn* c = PeerConn(peer, "PostSend");
   if (c->state != ConnState::kOpen) {
@@ -152,7 +152,7 @@ RequestId TcpTransport::PostSend(int peer, const MemoryRegion& region, size_t of
 
 RequestId TcpTransport::PostRecv(int peer, const MemoryRegion& region, size_t offset, size_t bytes,
                                  uint64_t tag) {
-  internal::CheckTransfer(region, offset, bytes, peer, rank_, size_);
+  internal::CheckTransfer(region, offset, bytes, peer, rank(), size());
   std::lock_guard<std::mutex> lock(io_mu_);
   Conn* c = PeerConn(peer, "PostRecv");
   char* dst = static_cast<char*>(region.data()) + offset;
@@ -241,7 +241,7 @@ void TcpTransport::Wait(RequestId id, Deadline deadline) {
     if (deadline.Expired()) {
       int peer = it->second.peer;
       throw Error(ErrorKind::kTimeout,
-                  StrCat("rank ", rank_, ": deadline passed waiting for rank ", peer), peer);
+                  StrCat("rank ", rank(), ": deadline passed waiting for rank ", peer), peer);
     }
     // Poll before sleeping: a reply on an idle core arrives in microseconds, far sooner than a
     // wake-up from epoll. After the first few microseconds, yield between polls: when the peer
@@ -287,8 +287,8 @@ void TcpTransport::CheckHealthy() {
 std::vector<PeerStatus> TcpTransport::QueryStatus(Deadline deadline) {
   std::unique_lock<std::mutex> lock(io_mu_);
   uint64_t seq = ops_started_.load(std::memory_order_relaxed);
-  std::vector<PeerStatus> out(static_cast<size_t>(size_));
-  for (int r = 0; r < size_; ++r) {
+  std::vector<PeerStatus> out(static_cast<size_t>(size()));
+  for (int r = 0; r < size(); ++r) {
     out[static_cast<size_t>(r)].rank = r;
     Conn* c = conns_[static_cast<size_t>(r)].get();
     if (!c) continue;
@@ -307,10 +307,10 @@ std::vector<PeerStatus> TcpTransport::QueryStatus(Deadline deadline) {
     if (all || deadline.Expired()) break;
     if (!ProgressLocked()) BlockForEvents(lock, caller_epfd_.get(), deadline.RemainingMs(20));
   }
-  for (int r = 0; r < size_; ++r) {
+  for (int r = 0; r < size(); ++r) {
     Conn* c = conns_[static_cast<size_t>(r)].get();
     if (c) out[static_cast<size_t>(r)] = c->status;
-    if (r == rank_) {
+    if (r == rank()) {
       out[static_cast<size_t>(r)].responded = true;
       out[static_cast<size_t>(r)].ops_started = seq;
       out[static_cast<size_t>(r)].ops_finished = ops_finished_.load();

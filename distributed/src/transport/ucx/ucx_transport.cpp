@@ -162,8 +162,6 @@ class UcxTransport final : public Transport {
   ~UcxTransport() override;
 
   const char* name() const override { return "ucx"; }
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
   std::string LocalAddress() const override {
     return control_->LocalAddress() + "|" + Hex(address_.data(), address_.size());
   }
@@ -229,8 +227,6 @@ class UcxTransport final : public Transport {
     }
   }
 
-  int rank_;
-  int size_;
   int spin_us_;
   std::unique_ptr<tcp::TcpTransport> control_;
   std::shared_ptr<Context> context_holder_ = std::make_shared<Context>();
@@ -256,16 +252,17 @@ class UcxTransport final : public Transport {
 };
 
 UcxTransport::UcxTransport(const UcxTransportOptions& options)
-    : rank_(options.rank), size_(options.identity.world_size), spin_us_(options.spin_us) {
-  if (size_ < 1 || rank_ < 0 || rank_ >= size_) {
-    Fail(ErrorKind::kInvalidArgument, "ucx transport: rank ", rank_, " outside world of ", size_);
+    : Transport(options.rank, options.identity.world_size), spin_us_(options.spin_us) {
+  if (size() < 1 || rank() < 0 || rank() >= size()) {
+    Fail(ErrorKind::kInvalidArgument, "ucx transport: rank ", rank(), " outside world of ", size());
   }
-  if (size_ > kMaxRanks) {
-    Fail(ErrorKind::kConfig, "ucx transport: ", size_, " ranks; the tag layout allows ", kMaxRanks);
+  if (size() > kMaxRanks) {
+    Fail(ErrorKind::kConfig, "ucx transport: ", size(), " ranks; the tag layout allows ",
+         kMaxRanks);
   }
   TcpTransportOptions c;
   c.identity = options.identity;
-  c.rank = rank_;
+  c.rank = rank();
   c.listen_host = options.control_host;
   c.spin_us = 0;  // the control plane is never waited on in a hot loop
   control_ = std::make_unique<tcp::TcpTransport>(c);
@@ -300,7 +297,7 @@ UcxTransport::UcxTransport(const UcxTransportOptions& options)
     ucp_worker_destroy(worker_);
     Check(s, "ucp_worker_get_address/get_efd");
   }
-  peers_.resize(static_cast<size_t>(size_));
+  peers_.resize(static_cast<size_t>(size()));
 }
 
 UcxTransport::~UcxTransport() {
@@ -343,8 +340,8 @@ UcxTransport::~UcxTransport() {
 }
 
 void UcxTransport::Connect(const std::vector<std::string>& addresses, Deadline deadline) {
-  if (static_cast<int>(addresses.size()) != size_) {
-    Fail(ErrorKind::kInvalidArgument, "Connect: ", addresses.size(), " addresses for ", size_,
+  if (static_cast<int>(addresses.size()) != size()) {
+    Fail(ErrorKind::kInvalidArgument, "Connect: ", addresses.size(), " addresses for ", size(),
          " ranks");
   }
   std::vector<std::string> control, worker;
@@ -359,10 +356,10 @@ void UcxTransport::Connect(const std::vector<std::string>& addresses, Deadline d
   }
   // Admission first: the handshake on the control mesh checks the job identity.
   control_->Connect(control, deadline);
-  const std::string my_host = HostOf(control[static_cast<size_t>(rank_)]);
+  const std::string my_host = HostOf(control[static_cast<size_t>(rank())]);
   {
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
+    for (int r = 0; r < size(); ++r) {
+      if (r == rank()) continue;
       Peer& p = peers_[static_cast<size_t>(r)];
       p.transport = this;
       p.rank = r;
@@ -381,7 +378,7 @@ void UcxTransport::Connect(const std::vector<std::string>& addresses, Deadline d
       ucs_status_t s = ucp_ep_create(worker_, &ep, &p.ep);
       if (s != UCS_OK) {
         throw Error(ErrorKind::kSystem,
-                    StrCat("rank ", rank_, ": UCX ucp_ep_create to rank ", r,
+                    StrCat("rank ", rank(), ": UCX ucp_ep_create to rank ", r,
                            " failed: ", ucs_status_string(s)),
                     r, "connect");
       }
@@ -393,7 +390,7 @@ void UcxTransport::Connect(const std::vector<std::string>& addresses, Deadline d
   bool one_host = true;
   for (const auto& c : control) one_host &= HostOf(c) == my_host;
   bool can_share = false;
-  if (one_host && size_ > 1) {
+  if (one_host && size() > 1) {
     auto probe = Allocate(4096);
     can_share = !ExportRegion(*probe).empty();
   }
@@ -401,19 +398,19 @@ void UcxTransport::Connect(const std::vector<std::string>& addresses, Deadline d
   // first collective's time nor its failure. The byte carries this rank's can_share, so every
   // rank ANDs the same flags into the same SharesMemory().
   char out = static_cast<char>(1 | (can_share ? 2 : 0));
-  std::vector<char> in(static_cast<size_t>(size_));
+  std::vector<char> in(static_cast<size_t>(size()));
   auto out_region = Register(&out, 1);
   auto in_region = Register(in.data(), in.size());
   std::vector<RequestId> ids;
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank()) continue;
     ids.push_back(PostRecv(r, *in_region, static_cast<size_t>(r), 1, kWireupTag));
     ids.push_back(PostSend(r, *out_region, 0, 1, kWireupTag));
   }
   for (RequestId id : ids) Wait(id, deadline);
   shares_memory_ = can_share;
-  for (int r = 0; r < size_; ++r) {
-    if (r != rank_) shares_memory_ &= (in[static_cast<size_t>(r)] & 2) != 0;
+  for (int r = 0; r < size(); ++r) {
+    if (r != rank()) shares_memory_ &= (in[static_cast<size_t>(r)] & 2) != 0;
   }
 }
 
@@ -434,7 +431,7 @@ std::unique_ptr<MemoryRegion> UcxTransport::Allocate(size_t bytes) {
   ucp_mem_h memh = nullptr;
   ucs_status_t s = ucp_mem_map(context_, &p, &memh);
   if (s != UCS_OK) {
-    Fail(ErrorKind::kSystem, "rank ", rank_, ": UCX ucp_mem_map allocating ", bytes,
+    Fail(ErrorKind::kSystem, "rank ", rank(), ": UCX ucp_mem_map allocating ", bytes,
          " bytes failed: ", ucs_status_string(s));
   }
   ucp_mem_attr_t attr{};
@@ -475,8 +472,8 @@ std::string UcxTransport::ExportRegion(const MemoryRegion& region) {
   // Whether a peer can map it is decided by the memory domain UCX allocated it from (shared
   // memory maps, a fallback to anonymous pages does not): try it here, through the endpoint to
   // a peer, on this rank's own region.
-  int peer = rank_ == 0 ? 1 : 0;
-  if (peer >= size_ || peers_[static_cast<size_t>(peer)].ep == nullptr) return {};
+  int peer = rank() == 0 ? 1 : 0;
+  if (peer >= size() || peers_[static_cast<size_t>(peer)].ep == nullptr) return {};
   ucs_status_t status;
   auto mapped = TryMap(peer, packed, reinterpret_cast<uint64_t>(region.data()), &status);
   if (mapped == nullptr) return {};
@@ -486,14 +483,14 @@ std::string UcxTransport::ExportRegion(const MemoryRegion& region) {
 
 std::unique_ptr<PeerMemory> UcxTransport::MapPeerRegion(int peer, const std::string& exported,
                                                         uint64_t remote_data, size_t bytes) {
-  if (peer < 0 || peer >= size_ || peer == rank_ || !connected_) {
-    Fail(ErrorKind::kInvalidArgument, "rank ", rank_, ": no connection to rank ", peer);
+  if (peer < 0 || peer >= size() || peer == rank() || !connected_) {
+    Fail(ErrorKind::kInvalidArgument, "rank ", rank(), ": no connection to rank ", peer);
   }
   ucs_status_t status;
   auto mapped = TryMap(peer, exported, remote_data, &status);
   if (mapped == nullptr) {
     throw Error(ErrorKind::kSystem,
-                StrCat("rank ", rank_, ": cannot map rank ", peer, "'s registered memory (", bytes,
+                StrCat("rank ", rank(), ": cannot map rank ", peer, "'s registered memory (", bytes,
                        " bytes): UCX ", ucs_status_string(status)),
                 peer, "map");
   }
@@ -534,7 +531,7 @@ RequestId UcxTransport::PostRecv(int peer, const MemoryRegion& region, size_t of
 
 RequestId UcxTransport::Post(bool send, int peer, const MemoryRegion& region, size_t offset,
                              size_t bytes, uint64_t tag) {
-  internal::CheckTransfer(region, offset, bytes, peer, rank_, size_);
+  internal::CheckTransfer(region, offset, bytes, peer, rank(), size());
   if (!connected_) Fail(ErrorKind::kInvalidArgument, "transfer before Connect");
   // A peer that aborted (the control mesh heard it) fails new operations at once, as TCP's
   // aborted connections do, even when the messages they need arrived before the abort.
@@ -562,7 +559,7 @@ RequestId UcxTransport::Post(bool send, int peer, const MemoryRegion& region, si
   ucs_status_ptr_t h;
   if (send) {
     param.cb.send = &UcxTransport::OnSend;
-    h = ucp_tag_send_nbx(p.ep, buffer, bytes, WireTag(rank_, tag), &param);
+    h = ucp_tag_send_nbx(p.ep, buffer, bytes, WireTag(rank(), tag), &param);
   } else {
     param.cb.recv = &UcxTransport::OnRecv;
     h = ucp_tag_recv_nbx(worker_, buffer, bytes, WireTag(peer, tag), kFullMask, &param);
@@ -667,7 +664,7 @@ void UcxTransport::Wait(RequestId id, Deadline deadline) {
     control_->CheckHealthy();
     if (deadline.Expired()) {
       throw Error(ErrorKind::kTimeout,
-                  StrCat("rank ", rank_, ": deadline passed waiting for rank ", r.peer), r.peer);
+                  StrCat("rank ", rank(), ": deadline passed waiting for rank ", r.peer), r.peer);
     }
     // Not every UCX transport signals the event fd for every step (a shared-memory rendezvous
     // is advanced by progress calls, not events), so the sleeps start at 1 ms and double up to
