@@ -755,18 +755,15 @@ void DataParallel::AutoCheck() {
     // The plan's prediction with the numbers just measured under it, against the exposure
     // measured: more than predicted means the plan counted on hiding that was not there.
     const double exposed = m[3 + 3 * n];
-    const LinkModel old_link = agreed_link_;
-    const double old_end = agreed_backward_end_s_;
-    const std::vector<double> old_ready = agreed_ready_s_;
-    AdoptMeasurement(m);
-    const std::vector<PlannedBucket> now = ScheduleCodecs(PlanInput(), codecs);
-    const double predicted =
-        std::max(0.0, (now.empty() ? 0.0 : now.back().finish_s) - agreed_backward_end_s_);
+    const std::vector<double> ready(m.begin() + 3, m.begin() + 3 + static_cast<int64_t>(n));
+    const std::vector<PlannedBucket> now =
+        ScheduleCodecs(PlanInputFrom(LinkModel{m[0], rate}, m[2], ready), codecs);
+    const double predicted = std::max(0.0, (now.empty() ? 0.0 : now.back().finish_s) - m[2]);
     const double fraction = exposed < 0
                                 ? hiding_fraction_
                                 : NextHidingFraction(hiding_fraction_, exposed, predicted, m[2]);
     if (std::max(drift, 1 / drift) > ac.replan_factor) {
-      why = StrCat("the link's rate moved from ", Bytes(old_link.bytes_per_s), "/s to ",
+      why = StrCat("the link's rate moved from ", Bytes(agreed_link_.bytes_per_s), "/s to ",
                    Bytes(rate), "/s");
     }
     if (fraction != hiding_fraction_) {
@@ -775,12 +772,9 @@ void DataParallel::AutoCheck() {
                     " of the hiding time (was ", Fixed(hiding_fraction_, 2), ")");
       hiding_fraction_ = fraction;
     }
-    if (why.empty()) {
-      // Nothing to re-plan for: the plan keeps the numbers it was made with.
-      agreed_link_ = old_link;
-      agreed_backward_end_s_ = old_end;
-      agreed_ready_s_ = old_ready;
-    } else {
+    // Nothing to re-plan for: the plan keeps the numbers it was made with.
+    if (!why.empty()) {
+      AdoptMeasurement(m);
       codecs.clear();
       for (const PlannedBucket& p : PlanCodecs(PlanInput())) codecs.push_back(p.codec);
     }
@@ -826,21 +820,26 @@ void DataParallel::AdoptMeasurement(const std::vector<double>& m) {
 }
 
 CodecPlanInput DataParallel::PlanInput() const {
+  return PlanInputFrom(agreed_link_, agreed_backward_end_s_, agreed_ready_s_);
+}
+
+CodecPlanInput DataParallel::PlanInputFrom(const LinkModel& link, double backward_end_s,
+                                           const std::vector<double>& ready_s) const {
   CodecPlanInput in;
   const double esize = static_cast<double>(DTypeSize(block_.dtype()));
   for (size_t b = 0; b < buckets_.size(); ++b) {
     BucketTiming t;
     // Without overlap every bucket waits for backward's end: nothing hides.
-    t.ready_s = options_.overlap ? agreed_ready_s_[b] : agreed_backward_end_s_;
+    t.ready_s = options_.overlap ? ready_s[b] : backward_end_s;
     t.f32_bytes = static_cast<double>(buckets_[b].end - buckets_[b].begin) * esize;
     t.fixed = !auto_bucket_[b];
     t.codec = buckets_[b].codec;
     in.buckets.push_back(t);
   }
-  in.backward_end_s = agreed_backward_end_s_;
+  in.backward_end_s = backward_end_s;
   in.world_size = options_.auto_codec.plan_world_size > 0 ? options_.auto_codec.plan_world_size
                                                           : std::max(2, comm_.size());
-  in.link = agreed_link_;
+  in.link = link;
   in.candidates = options_.auto_codec.candidates;
   in.hiding_fraction = hiding_fraction_;
   in.merge_f32 = true;  // as CutRuns issues them

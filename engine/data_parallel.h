@@ -244,6 +244,8 @@ class DataParallel : public CheckpointState {
   std::vector<double> AgreedMeasurement();  // collective
   void ApplyPlan(const std::vector<dist::CodecKind>& codecs, const std::string& why);
   CodecPlanInput PlanInput() const;  // from the agreed numbers
+  CodecPlanInput PlanInputFrom(const LinkModel& link, double backward_end_s,
+                               const std::vector<double>& ready_s) const;
   // Takes an agreed measurement (AgreedMeasurement's layout) as the numbers plans are made from.
   void AdoptMeasurement(const std::vector<double>& m);
 
