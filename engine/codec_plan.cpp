@@ -167,6 +167,18 @@ double NextHidingFraction(double fraction, double exposed_s, double predicted_s,
   return std::max(0.05, 0.75 * fraction);
 }
 
+double TrialStepSeconds(const std::vector<double>& step_s) {
+  if (step_s.empty()) return 0;
+  std::vector<double> kept(step_s.begin() + (step_s.size() >= 2 ? 1 : 0), step_s.end());
+  std::sort(kept.begin(), kept.end());
+  const size_t n = kept.size();
+  return n % 2 == 1 ? kept[n / 2] : 0.5 * (kept[n / 2 - 1] + kept[n / 2]);
+}
+
+bool NarrowWinsTrial(double plan_step_s, double narrow_step_s) {
+  return narrow_step_s < (1 - kTrialTolerance) * plan_step_s;
+}
+
 std::vector<dist::CodecKind> Widen(const std::vector<dist::CodecKind>& codecs,
                                    const std::vector<double>& residual_ratios, double max_ratio,
                                    const std::vector<dist::CodecKind>& candidates) {

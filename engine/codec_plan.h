@@ -30,6 +30,12 @@
 // engine/bucket_plan.h); with merge_f32 the queue is one of runs: a run starts when its last
 // bucket is ready and carries the bytes of all of them.
 //
+// Trial. The model prices bytes in link time only; moving them also costs CPU (the kernel's
+// network path, copies, on an emulated link the other end's stack too), which slows backward on
+// a machine with no core to spare. So a plan made from measurements runs for a few steps beside
+// the all-narrowest plan, and the ranks keep the faster by measured step time (TrialStepSeconds,
+// NarrowWinsTrial); within kTrialTolerance the plan wins, for its precision.
+//
 // Guard. A lossy codec's error-feedback residual grows relative to the gradient where the codec
 // is too coarse for the bucket's values; Widen moves each bucket whose measured ratio exceeds the
 // limit one candidate wider.
@@ -102,6 +108,18 @@ std::vector<PlannedBucket> ScheduleCodecs(const CodecPlanInput& input,
 // hiding that was not there), else unchanged; never below 0.05.
 double NextHidingFraction(double fraction, double exposed_s, double predicted_s,
                           double backward_end_s);
+
+// A trial phase's step time: the median of its steps, the first left out when there are two or
+// more (it pays for the change of codecs). Empty: 0.
+double TrialStepSeconds(const std::vector<double>& step_s);
+
+// How much faster the all-narrowest plan must be, as a fraction of the plan's step time, for a
+// trial to keep it.
+constexpr double kTrialTolerance = 0.01;
+
+// Whether a trial keeps the all-narrowest plan: its step time is below the plan's by more than
+// kTrialTolerance of the plan's.
+bool NarrowWinsTrial(double plan_step_s, double narrow_step_s);
 
 // One candidate wider for every bucket whose residual ratio (error-feedback residual norm over
 // gradient norm) is above max_ratio; buckets already in the widest stay.

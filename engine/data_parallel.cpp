@@ -569,7 +569,7 @@ DataParallel::StepResult DataParallel::FinishStep() {
                  {"comm_wakeups", static_cast<double>(last_comm_wakeups_)}});
   }
   const StepResult result{ControlWord(0) > 0, ControlWord(1)};
-  if (options_.auto_codec.enabled) MeasureStep(t0);
+  if (options_.auto_codec.enabled) MeasureStep(t0, t1);
   return result;
 }
 
@@ -630,11 +630,16 @@ std::vector<std::pair<int64_t, double>> AutoLinkFromEnv() {
   return out;
 }
 
-void DataParallel::MeasureStep(Trace::Clock::time_point backward_end) {
+void DataParallel::MeasureStep(Trace::Clock::time_point backward_end,
+                               Trace::Clock::time_point step_end) {
   const AutoCodecOptions& ac = options_.auto_codec;
   const auto since_start = [&](Trace::Clock::time_point t) {
     return std::chrono::duration<double>(t - step_start_).count();
   };
+  if (trial_.phase != 0) {
+    TrialStep(since_start(step_end));
+    return;
+  }
   ++samples_.steps;
   // The first warmup step (allocation, connection set-up) is left out when there are more.
   const bool skip = !planned_ && ac.warmup_steps >= 2 && samples_.steps == 1;
@@ -689,6 +694,7 @@ void DataParallel::MeasureStep(Trace::Clock::time_point backward_end) {
     std::vector<dist::CodecKind> codecs;
     for (const PlannedBucket& p : PlanCodecs(PlanInput())) codecs.push_back(p.codec);
     ApplyPlan(codecs, "after the warmup");
+    StartTrial();
     return;
   }
   if (ac.interval > 0 && (step_ + 1) % ac.interval == 0) AutoCheck();
@@ -749,6 +755,7 @@ void DataParallel::AutoCheck() {
   std::vector<dist::CodecKind> codecs;
   for (const Bucket& b : buckets_) codecs.push_back(b.codec);
   std::string why;
+  bool replanned = false;
   if (m[1] > 0) {
     const double rate = 1.0 / m[1];
     const double drift = rate / agreed_link_.bytes_per_s;
@@ -773,7 +780,8 @@ void DataParallel::AutoCheck() {
       hiding_fraction_ = fraction;
     }
     // Nothing to re-plan for: the plan keeps the numbers it was made with.
-    if (!why.empty()) {
+    replanned = !why.empty();
+    if (replanned) {
       AdoptMeasurement(m);
       codecs.clear();
       for (const PlannedBucket& p : PlanCodecs(PlanInput())) codecs.push_back(p.codec);
@@ -809,7 +817,64 @@ void DataParallel::AutoCheck() {
   }
   bool changed = false;
   for (size_t b = 0; b < n; ++b) changed = changed || codecs[b] != buckets_[b].codec;
-  if (changed) ApplyPlan(codecs, why);
+  if (!changed) return;
+  ApplyPlan(codecs, why);
+  if (replanned) StartTrial();
+}
+
+void DataParallel::StartTrial() {
+  const AutoCodecOptions& ac = options_.auto_codec;
+  trial_ = Trial{};
+  if (ac.trial_steps <= 0 || !ac.link_override.empty() || comm_.size() < 2) return;
+  std::vector<dist::CodecKind> plan, narrow;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    plan.push_back(buckets_[b].codec);
+    narrow.push_back(auto_bucket_[b] ? ac.candidates[floor_[b]] : buckets_[b].codec);
+  }
+  if (narrow == plan) return;
+  trial_.phase = 1;
+  trial_.plan = std::move(plan);
+  trial_.narrow = std::move(narrow);
+  if (rank() == 0) {
+    LogInfo("codec auto: a trial: this plan for ", ac.trial_steps,
+            " step(s), then every auto bucket in its narrowest allowed codec for as many; the ",
+            "faster stays (distributed.auto_trial_steps)");
+  }
+}
+
+void DataParallel::TrialStep(double step_s) {
+  const AutoCodecOptions& ac = options_.auto_codec;
+  trial_.step_s[trial_.phase - 1].push_back(step_s);
+  if (++trial_.steps < ac.trial_steps) return;
+  if (trial_.phase == 1) {
+    trial_.phase = 2;
+    trial_.steps = 0;
+    SetCodecs(trial_.narrow);
+    if (rank() == 0) {
+      LogInfo("codec auto: the trial's other side from iteration ", step_ + 2, ": codecs ",
+              codec_plan());
+    }
+    if (trace_ != nullptr) {
+      const auto now = Trace::Clock::now();
+      trace_->Add(TraceTrack::kGradients, StrCat("codec trial: ", codec_plan()), "comm", now, now,
+                  {{"iteration", static_cast<double>(step_ + 1)}});
+    }
+    return;
+  }
+  // Both sides ran: agree on their step times (the slowest rank's) and keep the faster.
+  double v[2] = {TrialStepSeconds(trial_.step_s[0]), TrialStepSeconds(trial_.step_s[1])};
+  comm_.AllReduce(v, 2, dist::DataType::kF64, dist::ReduceOp::kMax);
+  const bool narrow = NarrowWinsTrial(v[0], v[1]);
+  const Trial done = std::move(trial_);
+  trial_ = Trial{};
+  ApplyPlan(narrow ? done.narrow : done.plan,
+            StrCat("the trial: ", Fixed(v[0], 3), " s per step in the plan, ", Fixed(v[1], 3),
+                   " s in the narrowest, so it keeps ", narrow ? "the narrowest" : "the plan"));
+  // The next check measures the plan kept, not the trial.
+  const size_t n = buckets_.size();
+  samples_ = Samples{};
+  samples_.ready_s.assign(n, {});
+  samples_.transfer_s.assign(n, {});
 }
 
 void DataParallel::AdoptMeasurement(const std::vector<double>& m) {
@@ -864,16 +929,9 @@ void DataParallel::ApplyPlan(const std::vector<dist::CodecKind>& codecs, const s
   ++auto_plans_;
   std::vector<std::string> lines;
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    Bucket& bucket = buckets_[b];
+    const Bucket& bucket = buckets_[b];
     const dist::CodecKind old = bucket.codec;
     if (!auto_bucket_[b] || (!first && old == next[b])) continue;
-    if (UsesFeedback(old) != UsesFeedback(next[b]) && !residual_.empty()) {
-      // Between a codec with error feedback and one without, the residual starts from zero.
-      const size_t bytes = static_cast<size_t>(bucket.end - bucket.begin) * 4;
-      std::memset(residual_.data<float>() + bucket.begin, 0, bytes);
-      std::memset(residual_kept_.data<float>() + bucket.begin, 0, bytes);
-    }
-    bucket.codec = next[b];
     lines.push_back(StrCat(
         "  bucket ", b, " (", bucket.first, " .. ", bucket.last, ", ",
         Bytes(static_cast<double>(bucket.end - bucket.begin) * 4), "): ",
@@ -884,7 +942,7 @@ void DataParallel::ApplyPlan(const std::vector<dist::CodecKind>& codecs, const s
         comm_.size() > 1 ? StrCat(Ms(measured_transfer_s_[b]), " (in ", dist::CodecName(old), ")")
                          : std::string("nothing (one rank)")));
   }
-  CutRuns();
+  SetCodecs(next);
   if (rank() == 0) {
     LogInfo("codec auto: plan ", auto_plans_, " at iteration ", step_ + 1, ", ", why, ": link ",
             Bytes(agreed_link_.bytes_per_s), "/s + ", Fixed(1e6 * agreed_link_.latency_s, 1),
@@ -908,16 +966,43 @@ void DataParallel::ApplyPlan(const std::vector<dist::CodecKind>& codecs, const s
   }
 }
 
-std::string DataParallel::codec_plan() const {
+void DataParallel::SetCodecs(const std::vector<dist::CodecKind>& codecs) {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    if (!auto_bucket_[b] || bucket.codec == codecs[b]) continue;
+    if (UsesFeedback(bucket.codec) != UsesFeedback(codecs[b]) && !residual_.empty()) {
+      // Between a codec with error feedback and one without, the residual starts from zero.
+      const size_t bytes = static_cast<size_t>(bucket.end - bucket.begin) * 4;
+      std::memset(residual_.data<float>() + bucket.begin, 0, bytes);
+      std::memset(residual_kept_.data<float>() + bucket.begin, 0, bytes);
+    }
+    bucket.codec = codecs[b];
+  }
+  CutRuns();
+}
+
+namespace {
+
+std::string PlanText(const std::vector<dist::CodecKind>& codecs) {
   std::string out;
-  for (const Bucket& b : buckets_) out += StrCat(out.empty() ? "" : ",", dist::CodecName(b.codec));
+  for (dist::CodecKind c : codecs) out += StrCat(out.empty() ? "" : ",", dist::CodecName(c));
   return out;
+}
+
+}  // namespace
+
+std::string DataParallel::codec_plan() const {
+  std::vector<dist::CodecKind> codecs;
+  for (const Bucket& b : buckets_) codecs.push_back(b.codec);
+  return PlanText(codecs);
 }
 
 void DataParallel::SaveCodecPlan(Checkpoint& ckpt) const {
   if (!options_.auto_codec.enabled || !planned_) return;
   const size_t n = buckets_.size();
-  ckpt.meta["codec_auto_plan"] = codec_plan();
+  // During a trial: the plan on trial, and a mark that starts the trial over on resume.
+  ckpt.meta["codec_auto_plan"] = trial_.phase != 0 ? PlanText(trial_.plan) : codec_plan();
+  if (trial_.phase != 0) ckpt.meta["codec_auto_trial"] = "restart";
   ckpt.meta["codec_auto_plans"] = std::to_string(auto_plans_);
   char fraction[32];  // %.17g: the double back bitwise, so a resumed run plans alike
   std::snprintf(fraction, sizeof(fraction), "%.17g", hiding_fraction_);
@@ -991,6 +1076,8 @@ void DataParallel::LoadCodecPlan(const Checkpoint& ckpt, const std::string& path
   samples_ = Samples{};
   samples_.ready_s.assign(n, {});
   samples_.transfer_s.assign(n, {});
+  trial_ = Trial{};
+  if (ckpt.meta.count("codec_auto_trial")) StartTrial();
 }
 
 }  // namespace cortado

@@ -57,6 +57,15 @@
 // fraction and the guard's floors (timing samples since the last check are not kept: a resumed run
 // measures afresh).
 //
+// Trial. The plan's model prices bytes in link time only, but moving them also costs CPU that
+// backward may need. After a plan made from measurements (the first, and a re-plan for a moved
+// rate or more exposure than predicted) the plan runs trial_steps steps, then every auto bucket
+// in its narrowest allowed codec runs as many; the ranks agree on each side's step time
+// (BeginStep to the end of FinishStep, max over ranks of TrialStepSeconds) and keep the
+// all-narrowest plan only when it is faster by more than kTrialTolerance. No check runs during a
+// trial, and the timing samples start afresh after it. A checkpoint taken during a trial keeps
+// the plan and a mark; the resumed run starts the trial over.
+//
 // Control words. Two elements after the last parameter ride in the last bucket, so every rank
 // learns two things about the step without an extra round trip: the stop vote (a job must stop
 // at the same step everywhere, and a signal reaches ranks at slightly different times) and the
@@ -103,6 +112,11 @@ struct AutoCodecOptions {
   // "Margin"). A check that measures more exposed communication than the plan predicted
   // lowers it by a quarter and plans again.
   double hiding_fraction = 0.7;
+  // Steps each side of the trial that follows a plan made from measurements: the plan, then
+  // every auto bucket in its narrowest allowed codec; the ranks keep the faster by measured
+  // step time (codec_plan.h, "Trial"). 0: no trial. Never with link_override (a fixed rate
+  // makes the plans reproducible; step times are not), nor on one rank.
+  int64_t trial_steps = 3;
   // Replaces the agreed link model by a fixed rate (bytes/s, no latency) from each given
   // iteration on, (iteration, rate) in increasing iteration order: for tests, and to see the
   // plans a link would get (CORTADO_AUTO_LINK, see AutoLinkFromEnv). Empty: measured.
@@ -239,7 +253,7 @@ class DataParallel : public CheckpointState {
   bool UsesFeedback(dist::CodecKind codec) const;
   // Auto codecs: the step's timing goes into the samples; at the end of the warmup and at
   // every check the ranks agree and the plan may change.
-  void MeasureStep(Trace::Clock::time_point backward_end);
+  void MeasureStep(Trace::Clock::time_point backward_end, Trace::Clock::time_point step_end);
   void AutoCheck();
   std::vector<double> AgreedMeasurement();  // collective
   void ApplyPlan(const std::vector<dist::CodecKind>& codecs, const std::string& why);
@@ -248,6 +262,14 @@ class DataParallel : public CheckpointState {
                                const std::vector<double>& ready_s) const;
   // Takes an agreed measurement (AgreedMeasurement's layout) as the numbers plans are made from.
   void AdoptMeasurement(const std::vector<double>& m);
+  // Sets the buckets' codecs (a residual starts from zero where feedback starts or stops) and
+  // cuts the runs again. Between steps only.
+  void SetCodecs(const std::vector<dist::CodecKind>& codecs);
+  // The trial after a plan made from measurements (AutoCodecOptions::trial_steps): starts it
+  // where it applies and the all-narrowest plan differs from the plan; TrialStep counts a step
+  // of it and, at the end, agrees and keeps the faster plan.
+  void StartTrial();
+  void TrialStep(double step_s);
 
   Net& net_;
   dist::Communicator& comm_;
@@ -294,6 +316,12 @@ class DataParallel : public CheckpointState {
   std::vector<double> measured_transfer_s_;  // per bucket, median of the last window
   std::vector<size_t> floor_;                // per bucket: the narrowest candidate index allowed
   double hiding_fraction_ = 1;               // what the plan counts on now (starts at the option)
+  struct Trial {
+    int phase = 0;      // 0: none; 1: the plan runs; 2: the all-narrowest plan runs
+    int64_t steps = 0;  // in this phase
+    std::vector<dist::CodecKind> plan, narrow;  // the two sides
+    std::vector<double> step_s[2];              // per phase, per step
+  } trial_;
 };
 
 // Which codec each parameter's gradient travels in (the `distributed:` codec keys): `codec` for

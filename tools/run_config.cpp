@@ -347,7 +347,8 @@ constexpr std::string_view kDistributedKeys[] = {"backend",
                                                  "auto_warmup_steps",
                                                  "auto_interval",
                                                  "auto_max_residual_ratio",
-                                                 "auto_hiding_fraction"};
+                                                 "auto_hiding_fraction",
+                                                 "auto_trial_steps"};
 
 // distributed.codec_keep_f32: the parameter kinds every codec leaves in f32.
 void ParseKeepF32(const YamlSection& dd, CodecPolicy& codec) {
@@ -437,9 +438,12 @@ void ParseCodec(const YamlSection& dd, DistributedConfig& dc) {
     ac.hiding_fraction = dd.Float("auto_hiding_fraction", ac.hiding_fraction);
     Require(ac.hiding_fraction > 0 && ac.hiding_fraction <= 1, dd, "auto_hiding_fraction",
             "must be in (0, 1]");
+    ac.trial_steps = dd.Int("auto_trial_steps", ac.trial_steps);
+    Require(ac.trial_steps >= 0, dd, "auto_trial_steps", "must be >= 0 (0: no trial)");
   } else {
-    for (const char* key : {"codec_candidates", "auto_warmup_steps", "auto_interval",
-                            "auto_max_residual_ratio", "auto_hiding_fraction"}) {
+    for (const char* key :
+         {"codec_candidates", "auto_warmup_steps", "auto_interval", "auto_max_residual_ratio",
+          "auto_hiding_fraction", "auto_trial_steps"}) {
       Require(!dd.Has(key), dd, key, "is for distributed.codec: auto");
     }
   }

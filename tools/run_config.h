@@ -61,7 +61,7 @@ struct DistributedConfig {
   dist::Rounding rounding = dist::Rounding::kNearest;
   bool error_feedback = false;
   // codec: auto (codec_candidates, auto_warmup_steps, auto_interval, auto_max_residual_ratio,
-  // auto_hiding_fraction).
+  // auto_hiding_fraction, auto_trial_steps).
   AutoCodecOptions auto_codec;
 };
 

@@ -33,7 +33,8 @@
 #
 # --codecs runs the 2-rank trainings once per gradient codec (distributed.codec: f32, f16,
 # bf16, epgc11, epgc9, epgc8, or auto: planned per bucket from the link measured during the
-# warmup steps, which auto_warmup_steps is set to; the summary lists the plans chosen;
+# warmup steps, which auto_warmup_steps is set to, then tried against the all-narrowest plan for
+# 2 x 3 more steps (auto_trial_steps), which the summary also leaves out; it lists the plans kept;
 # nearest rounding, batch norm and biases in f32); --overlap picks
 # the overlap modes (hidden needs both); --no-alone skips the side-by-side control.
 # --transports tcp,ucx runs them over each transport: ucx with UCX_TLS=tcp,self on the veth
@@ -58,6 +59,7 @@ codecs=f32
 transports=tcp
 overlaps=false,true
 torch=1
+auto_trial=3  # distributed.auto_trial_steps of the auto runs
 alone=1
 prefix=cortado-scale
 subnet=10.232.0
@@ -243,11 +245,16 @@ run_pair() {  # MODEL RATE OVERLAP ROUND CODEC TRANSPORT
   echo "== round $round: $model, 2 ranks at $rate, overlap $overlap, codec $codec, transport $transport" >&2
   local token; token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
   local pids=() side node auto_args=()
-  # auto plans after the warmup steps, which the summary leaves out: the measured steps run
-  # the plan.
-  [[ $codec == auto ]] &&
-    auto_args=(--set distributed.auto_warmup_steps="$(lookup "$warmup_spec" "$model")")
-  sample_cpu "$out/$tag.jsonl" "$(lookup "$warmup_spec" "$model")" "$(lookup "$steps_spec" "$model")" \
+  # auto plans after the warmup steps and then tries the plan against the all-narrowest one
+  # for 2 x auto_trial steps; the summary leaves both out: the measured steps run the plan kept.
+  local warmup; warmup=$(lookup "$warmup_spec" "$model")
+  if [[ $codec == auto ]]; then
+    auto_args=(--set distributed.auto_warmup_steps="$warmup"
+      --set distributed.auto_trial_steps="$auto_trial"
+      --set solver.max_iter=$(($(lookup "$steps_spec" "$model") + warmup + 2 * auto_trial)))
+    warmup=$((warmup + 2 * auto_trial))
+  fi
+  sample_cpu "$out/$tag.jsonl" "$warmup" "$(lookup "$steps_spec" "$model")" \
     "$out/$tag.cpu.json" &
   for side in a b; do
     node=$([[ $side == a ]] && echo 0 || echo 1)
@@ -323,5 +330,5 @@ done
 bench_load after "$out/info.txt"
 
 "$py" "$root/scripts/bench/scaling/summarize.py" "$out" --warmup "$warmup_spec" \
-  --batch "$batch_spec" | tee "$out/summary.md"
+  --batch "$batch_spec" --auto-extra $((2 * auto_trial)) | tee "$out/summary.md"
 echo "$me: raw metrics and summary in $out" >&2

@@ -208,6 +208,26 @@ TEST(CodecPlan, MoreExposureThanPredictedLowersTheHidingFraction) {
   EXPECT_DOUBLE_EQ(NextHidingFraction(0.06, 9.0, 0.0, 5.0), 0.05);
 }
 
+// A trial phase's step time leaves out its first step (the change of codecs) when it has more.
+TEST(CodecPlan, TrialStepTimeIsTheMedianAfterTheFirstStep) {
+  EXPECT_DOUBLE_EQ(TrialStepSeconds({}), 0);
+  EXPECT_DOUBLE_EQ(TrialStepSeconds({4.0}), 4.0);
+  EXPECT_DOUBLE_EQ(TrialStepSeconds({9.0, 5.0}), 5.0);
+  EXPECT_DOUBLE_EQ(TrialStepSeconds({9.0, 5.0, 6.0}), 5.5);
+  EXPECT_DOUBLE_EQ(TrialStepSeconds({9.0, 5.0, 7.0, 6.0}), 6.0);
+}
+
+// The narrow plan must win by more than 1% of the plan's step time: ResNet-50 at 100 Mbit/s,
+// where the plan's extra 12 MB slowed compute from 5.26 s to 5.66 s, keeps the narrow plan; a
+// tie or noise keeps the plan's precision.
+TEST(CodecPlan, TrialKeepsTheNarrowPlanOnlyWhenClearlyFaster) {
+  EXPECT_TRUE(NarrowWinsTrial(5.66, 5.26));
+  EXPECT_FALSE(NarrowWinsTrial(5.26, 5.66));
+  EXPECT_FALSE(NarrowWinsTrial(5.0, 5.0));
+  EXPECT_FALSE(NarrowWinsTrial(5.0, 4.96));  // 0.8% faster: noise
+  EXPECT_TRUE(NarrowWinsTrial(5.0, 4.94));   // 1.2%
+}
+
 // With merge_f32, neighbouring f32 buckets travel as one all-reduce that starts when the later
 // one is ready: 26 + 26 MB fit one 60 MB run.
 TEST(CodecPlan, MergedF32BucketsQueueAsOneTransfer) {

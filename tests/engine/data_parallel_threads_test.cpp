@@ -151,11 +151,13 @@ struct AutoRun {
   std::vector<Checkpoint> state;                // [rank]
   std::vector<size_t> runs;                     // [step]: rank 0's all-reduces per step
   size_t buckets = 0;                           // rank 0's
+  std::vector<Checkpoint> saved;                // [step]: rank 0's SaveState after the step
 };
 
 // `codec`: the policy's (a fixed codec runs with auto_codec.enabled false).
+// `resume`: every rank's DataParallel loads it first.
 AutoRun TrainAuto(int world, int steps, const AutoCodecOptions& auto_codec,
-                  const std::string& codec = "auto") {
+                  const std::string& codec = "auto", const Checkpoint* resume = nullptr) {
   SgdOptions sgd;
   sgd.momentum = 0.9;
   dist::InMemoryStore store;
@@ -181,6 +183,7 @@ AutoRun TrainAuto(int world, int steps, const AutoCodecOptions& auto_codec,
         options.first_bucket_mb = options.last_bucket_mb = 0.01;
         options.auto_codec = auto_codec;
         DataParallel dp(net, *comm, options);
+        if (resume != nullptr) dp.LoadState(*resume, "resume");
         SgdSolver solver(net.params(), sgd);
         for (int step = 0; step < steps; ++step) {
           for (int64_t j = 0; j < kBatch; ++j) {
@@ -201,6 +204,7 @@ AutoRun TrainAuto(int world, int steps, const AutoCodecOptions& auto_codec,
           run.plans[static_cast<size_t>(r)].push_back(dp.codec_plan());
           if (r == 0) run.runs.push_back(dp.runs().size());
           if (r == 0) run.buckets = dp.buckets().size();
+          if (r == 0) dp.SaveState(run.saved.emplace_back());
         }
         run.state[static_cast<size_t>(r)] = StateOf(net, solver);
         Checkpoint own;
@@ -299,6 +303,51 @@ TEST(DataParallelThreads, AutoCodecsGuardMovesLossyBucketsOneStepWider) {
   a.max_residual_ratio = 1e9;
   const AutoRun kept = TrainAuto(2, 8, a);
   EXPECT_EQ(kept.plans[0][7], kept.plans[0][1]);
+}
+
+// The trial, on 2 and 3 ranks with the link measured (no fixed rate): after the warmup the plan
+// runs 2 steps, every auto bucket in epgc8 runs 2, and then one of the two stays, the same on
+// every rank, which end bitwise alike. A checkpoint taken during the trial holds the plan on
+// trial and a mark; a run resumed from it starts the trial over from that plan.
+TEST(DataParallelThreads, AutoCodecsTryThePlanAgainstTheNarrowestAndKeepTheFaster) {
+  SetNumThreads(2);
+  AutoCodecOptions a;
+  a.enabled = true;
+  a.warmup_steps = 2;
+  a.interval = 0;
+  a.max_residual_ratio = 1e9;
+  a.trial_steps = 2;
+  a.candidates = {dist::CodecKind::kF32, dist::CodecKind::kEpgc8};
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(world);
+    const AutoRun run = TrainAuto(world, 7, a);
+    ExpectRanksAlike(run);
+    const std::vector<std::string>& p = run.plans[0];
+    ASSERT_EQ(p.size(), 7u);
+    // On an in-memory link the first-ready bucket has time to travel in f32.
+    EXPECT_EQ(First(p[1]), "f32") << p[1];
+    EXPECT_EQ(p[2], p[1]);            // the plan's side
+    EXPECT_EQ(First(p[3]), "epgc8");  // the other side: no auto bucket in f32
+    EXPECT_EQ(p[4], p[3]);
+    EXPECT_TRUE(p[5] == p[1] || p[5] == p[3]) << p[5];
+    EXPECT_EQ(p[6], p[5]);  // decided
+    EXPECT_EQ(run.saved[3].meta.at("codec_auto_plan"), p[1]);
+    EXPECT_EQ(run.saved[3].meta.count("codec_auto_trial"), 1u);
+    EXPECT_EQ(run.saved[5].meta.at("codec_auto_plan"), p[5]);
+    EXPECT_EQ(run.saved[5].meta.count("codec_auto_trial"), 0u);
+    if (world == 2) {
+      const AutoRun resumed = TrainAuto(world, 3, a, "auto", &run.saved[3]);
+      ExpectRanksAlike(resumed);
+      const std::vector<std::string>& q = resumed.plans[0];
+      EXPECT_EQ(q[0], p[1]);  // the trial over: the plan's side first
+      EXPECT_EQ(q[1], p[3]);
+      EXPECT_EQ(q[2], p[3]);
+    }
+  }
+  // Without a trial the plan stays.
+  a.trial_steps = 0;
+  const AutoRun plain = TrainAuto(2, 5, a);
+  EXPECT_EQ(plain.plans[0][4], plain.plans[0][1]);
 }
 
 // A plan that keeps neighbouring buckets in f32 issues them as one all-reduce, as plain f32

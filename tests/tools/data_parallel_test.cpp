@@ -838,6 +838,10 @@ TEST_F(DataParallelTest, CodecConfigErrorsNameTheKey) {
   EXPECT_NE(train("--set distributed.codec=auto --set distributed.auto_hiding_fraction=1.5"), 0);
   EXPECT_NE(err.find("distributed.auto_hiding_fraction"), std::string::npos) << err;
   EXPECT_NE(err.find("must be in (0, 1]"), std::string::npos) << err;
+  EXPECT_NE(train("--set distributed.codec=auto --set distributed.auto_trial_steps=-1"), 0);
+  EXPECT_NE(err.find("distributed.auto_trial_steps"), std::string::npos) << err;
+  EXPECT_NE(train("--set distributed.auto_trial_steps=2"), 0);
+  EXPECT_NE(err.find("is for distributed.codec: auto"), std::string::npos) << err;
   EXPECT_NE(train("--set distributed.auto_interval=10"), 0);
   EXPECT_NE(err.find("distributed.auto_interval"), std::string::npos) << err;
   EXPECT_NE(err.find("is for distributed.codec: auto"), std::string::npos) << err;

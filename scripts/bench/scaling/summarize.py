@@ -94,6 +94,8 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--warmup", required=True)
     ap.add_argument("--batch", required=True)
+    ap.add_argument("--auto-extra", type=int, default=0,
+                    help="steps codec auto runs after the warmup before it is measured (its trial)")
     args = ap.parse_args()
     warmup, batch = spec(args.warmup), spec(args.batch)
     out = args.out
@@ -128,7 +130,8 @@ def main():
             fig = {"step": step, "img_s": d["world"] * d["batch"] / step}
         else:
             world = 1 if rate in ("single", "none") else W
-            fig = cortado_run(path, warmup[model])
+            extra = args.auto_extra if mode.endswith("+auto") else 0
+            fig = cortado_run(path, warmup[model] + extra)
             if fig is None:
                 continue
             rows = fig.pop("step_s_list")
