@@ -197,8 +197,7 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
     CORTADO_CHECK(ac.hiding_fraction > 0 && ac.hiding_fraction <= 1,
                   "distributed.auto_hiding_fraction must be in (0, 1], got ", ac.hiding_fraction);
     hiding_fraction_ = ac.hiding_fraction;
-    samples_.ready_s.assign(buckets_.size(), {});
-    samples_.transfer_s.assign(buckets_.size(), {});
+    ResetSamples();
     measured_transfer_s_.assign(buckets_.size(), 0.0);
   }
   // Error feedback: everywhere with distributed.error_feedback; under auto for the sub-16-bit
@@ -739,11 +738,14 @@ std::vector<double> DataParallel::AgreedMeasurement() {
       break;
     }
   }
-  samples_ = Samples{};
-  samples_.ready_s.assign(n, {});
-  samples_.transfer_s.assign(n, {});
-  samples_.steps = 0;
+  ResetSamples();
   return v;
+}
+
+void DataParallel::ResetSamples() {
+  samples_ = Samples{};
+  samples_.ready_s.assign(buckets_.size(), {});
+  samples_.transfer_s.assign(buckets_.size(), {});
 }
 
 void DataParallel::AutoCheck() {
@@ -870,11 +872,7 @@ void DataParallel::TrialStep(double step_s) {
   ApplyPlan(narrow ? done.narrow : done.plan,
             StrCat("the trial: ", Fixed(v[0], 3), " s per step in the plan, ", Fixed(v[1], 3),
                    " s in the narrowest, so it keeps ", narrow ? "the narrowest" : "the plan"));
-  // The next check measures the plan kept, not the trial.
-  const size_t n = buckets_.size();
-  samples_ = Samples{};
-  samples_.ready_s.assign(n, {});
-  samples_.transfer_s.assign(n, {});
+  ResetSamples();  // the next check measures the plan kept, not the trial
 }
 
 void DataParallel::AdoptMeasurement(const std::vector<double>& m) {
@@ -1073,9 +1071,7 @@ void DataParallel::LoadCodecPlan(const Checkpoint& ckpt, const std::string& path
   }
   CutRuns();
   planned_ = true;
-  samples_ = Samples{};
-  samples_.ready_s.assign(n, {});
-  samples_.transfer_s.assign(n, {});
+  ResetSamples();
   trial_ = Trial{};
   if (ckpt.meta.count("codec_auto_trial")) StartTrial();
 }

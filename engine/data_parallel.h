@@ -260,6 +260,8 @@ class DataParallel : public CheckpointState {
   CodecPlanInput PlanInput() const;  // from the agreed numbers
   CodecPlanInput PlanInputFrom(const LinkModel& link, double backward_end_s,
                                const std::vector<double>& ready_s) const;
+  // Empties the timing samples (a fresh window: one per bucket, no steps).
+  void ResetSamples();
   // Takes an agreed measurement (AgreedMeasurement's layout) as the numbers plans are made from.
   void AdoptMeasurement(const std::vector<double>& m);
   // Sets the buckets' codecs (a residual starts from zero where feedback starts or stops) and

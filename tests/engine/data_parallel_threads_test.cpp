@@ -246,6 +246,15 @@ void ExpectRanksAlike(const AutoRun& run) {
   }
 }
 
+// Auto codecs on, planned after 2 warmup steps, checked every `interval` iterations.
+AutoCodecOptions AutoOn(int64_t interval) {
+  AutoCodecOptions a;
+  a.enabled = true;
+  a.warmup_steps = 2;
+  a.interval = interval;
+  return a;
+}
+
 // The first field of a plan (bucket 0, the last layer's weights: an auto bucket).
 std::string First(const std::string& plan) { return plan.substr(0, plan.find(',')); }
 
@@ -256,10 +265,7 @@ std::string First(const std::string& plan) { return plan.substr(0, plan.find(','
 // norm's running statistics are each rank's own).
 TEST(DataParallelThreads, AutoCodecsAgreeOnEveryRankAndReplanAtTheSameStep) {
   SetNumThreads(2);
-  AutoCodecOptions a;
-  a.enabled = true;
-  a.warmup_steps = 2;
-  a.interval = 2;
+  AutoCodecOptions a = AutoOn(2);
   a.max_residual_ratio = 1e9;
   a.link_override = {{0, 1e4}, {3, 1e12}};
   for (int world : {2, 3}) {
@@ -283,10 +289,7 @@ TEST(DataParallelThreads, AutoCodecsAgreeOnEveryRankAndReplanAtTheSameStep) {
 // and stays; the ranks agree throughout.
 TEST(DataParallelThreads, AutoCodecsGuardMovesLossyBucketsOneStepWider) {
   SetNumThreads(2);
-  AutoCodecOptions a;
-  a.enabled = true;
-  a.warmup_steps = 2;
-  a.interval = 2;
+  AutoCodecOptions a = AutoOn(2);
   a.max_residual_ratio = 1e-30;
   a.link_override = {{0, 1e4}};
   const AutoRun run = TrainAuto(2, 8, a);
@@ -311,10 +314,7 @@ TEST(DataParallelThreads, AutoCodecsGuardMovesLossyBucketsOneStepWider) {
 // trial and a mark; a run resumed from it starts the trial over from that plan.
 TEST(DataParallelThreads, AutoCodecsTryThePlanAgainstTheNarrowestAndKeepTheFaster) {
   SetNumThreads(2);
-  AutoCodecOptions a;
-  a.enabled = true;
-  a.warmup_steps = 2;
-  a.interval = 0;
+  AutoCodecOptions a = AutoOn(0);
   a.max_residual_ratio = 1e9;
   a.trial_steps = 2;
   a.candidates = {dist::CodecKind::kF32, dist::CodecKind::kEpgc8};
@@ -358,10 +358,7 @@ TEST(DataParallelThreads, AutoCodecsTryThePlanAgainstTheNarrowestAndKeepTheFaste
 // depend on how the block is cut.
 TEST(DataParallelThreads, AutoCodecsJoinF32BucketsIntoOneAllReduce) {
   SetNumThreads(2);
-  AutoCodecOptions a;
-  a.enabled = true;
-  a.warmup_steps = 2;
-  a.interval = 2;
+  AutoCodecOptions a = AutoOn(2);
   a.candidates = {dist::CodecKind::kF32, dist::CodecKind::kEpgc8};
   a.link_override = {{0, 1e12}};
   const AutoRun plan = TrainAuto(2, 4, a);
