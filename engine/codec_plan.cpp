@@ -1,6 +1,7 @@
 #include "engine/codec_plan.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "engine/error.h"
 
@@ -167,17 +168,27 @@ double NextHidingFraction(double fraction, double exposed_s, double predicted_s,
   return std::max(0.05, 0.75 * fraction);
 }
 
-double TrialStepSeconds(const std::vector<double>& step_s) {
-  if (step_s.empty()) return 0;
-  std::vector<double> kept(step_s.begin() + (step_s.size() >= 2 ? 1 : 0), step_s.end());
-  std::sort(kept.begin(), kept.end());
-  const size_t n = kept.size();
-  return n % 2 == 1 ? kept[n / 2] : 0.5 * (kept[n / 2 - 1] + kept[n / 2]);
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-bool NarrowWinsTrial(double plan_step_s, double narrow_step_s) {
-  return narrow_step_s < (1 - kTrialTolerance) * plan_step_s;
+double TrialStepSeconds(const std::vector<double>& step_s) {
+  return Median(std::vector<double>(step_s.begin() + (step_s.size() >= 2 ? 1 : 0), step_s.end()));
 }
+
+double TrialPace(const std::vector<double>& plan_step_s, const std::vector<double>& narrow_step_s) {
+  const size_t pairs = std::min(plan_step_s.size(), narrow_step_s.size());
+  std::vector<double> pace;
+  for (size_t i = pairs >= 2 ? 1 : 0; i < pairs; ++i) {
+    if (plan_step_s[i] > 0) pace.push_back(narrow_step_s[i] / plan_step_s[i]);
+  }
+  return pace.empty() ? 1 : Median(std::move(pace));
+}
+
+bool NarrowWinsTrial(double pace) { return pace < 1; }
 
 std::vector<dist::CodecKind> Widen(const std::vector<dist::CodecKind>& codecs,
                                    const std::vector<double>& residual_ratios, double max_ratio,

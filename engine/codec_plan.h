@@ -32,9 +32,9 @@
 //
 // Trial. The model prices bytes in link time only; moving them also costs CPU (the kernel's
 // network path, copies, on an emulated link the other end's stack too), which slows backward on
-// a machine with no core to spare. So a plan made from measurements runs for a few steps beside
-// the all-narrowest plan, and the ranks keep the faster by measured step time (TrialStepSeconds,
-// NarrowWinsTrial); within kTrialTolerance the plan wins, for its precision.
+// a machine with no core to spare. So a plan made from measurements runs for a few steps in turn
+// with the all-narrowest plan, and the ranks keep the faster by measured step time (TrialPace,
+// NarrowWinsTrial); on a tie the plan wins, for its precision.
 //
 // Guard. A lossy codec's error-feedback residual grows relative to the gradient where the codec
 // is too coarse for the bucket's values; Widen moves each bucket whose measured ratio exceeds the
@@ -109,17 +109,24 @@ std::vector<PlannedBucket> ScheduleCodecs(const CodecPlanInput& input,
 double NextHidingFraction(double fraction, double exposed_s, double predicted_s,
                           double backward_end_s);
 
-// A trial phase's step time: the median of its steps, the first left out when there are two or
-// more (it pays for the change of codecs). Empty: 0.
+// The median (the mean of the middle two for an even count); empty: 0.
+double Median(std::vector<double> v);
+
+// A trial side's step time, for the log: the median of its steps, the first left out when there
+// are two or more. Empty: 0.
 double TrialStepSeconds(const std::vector<double>& step_s);
 
-// How much faster the all-narrowest plan must be, as a fraction of the plan's step time, for a
-// trial to keep it.
-constexpr double kTrialTolerance = 0.01;
+// A trial's verdict. The two sides run in turn, step by step (the plan, the all-narrowest, the
+// plan, ...), so each pair of neighbouring steps sees the same machine: a drift in speed (another
+// process, a queue on the link) cancels in the pair's ratio where it would not between two blocks
+// of steps. The pace is the median over pairs of the narrowest step's time over the plan's, the
+// first pair left out when there are two or more (it pays for the first change of codecs). No
+// pair: 1.
+double TrialPace(const std::vector<double>& plan_step_s, const std::vector<double>& narrow_step_s);
 
-// Whether a trial keeps the all-narrowest plan: its step time is below the plan's by more than
-// kTrialTolerance of the plan's.
-bool NarrowWinsTrial(double plan_step_s, double narrow_step_s);
+// Whether a trial keeps the all-narrowest plan: it ran faster (pace below 1). On a tie the plan
+// stays, for its precision.
+bool NarrowWinsTrial(double pace);
 
 // One candidate wider for every bucket whose residual ratio (error-feedback residual norm over
 // gradient norm) is above max_ratio; buckets already in the widest stay.

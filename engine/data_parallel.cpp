@@ -576,11 +576,10 @@ DataParallel::StepResult DataParallel::FinishStep() {
 
 namespace {
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+std::string PlanText(const std::vector<dist::CodecKind>& codecs) {
+  std::string out;
+  for (dist::CodecKind c : codecs) out += StrCat(out.empty() ? "" : ",", dist::CodecName(c));
+  return out;
 }
 
 std::string Fixed(double v, int digits) {
@@ -635,7 +634,7 @@ void DataParallel::MeasureStep(Trace::Clock::time_point backward_end,
   const auto since_start = [&](Trace::Clock::time_point t) {
     return std::chrono::duration<double>(t - step_start_).count();
   };
-  if (trial_.phase != 0) {
+  if (trial_.on) {
     TrialStep(since_start(step_end));
     return;
   }
@@ -834,44 +833,44 @@ void DataParallel::StartTrial() {
     narrow.push_back(auto_bucket_[b] ? ac.candidates[floor_[b]] : buckets_[b].codec);
   }
   if (narrow == plan) return;
-  trial_.phase = 1;
+  trial_.on = true;
   trial_.plan = std::move(plan);
   trial_.narrow = std::move(narrow);
   if (rank() == 0) {
-    LogInfo("codec auto: a trial: this plan for ", ac.trial_steps,
-            " step(s), then every auto bucket in its narrowest allowed codec for as many; the ",
-            "faster stays (distributed.auto_trial_steps)");
+    LogInfo("codec auto: a trial: this plan and every auto bucket in its narrowest allowed codec (",
+            PlanText(trial_.narrow), ") take turns, a step each, ", ac.trial_steps,
+            " step(s) each; the faster stays (distributed.auto_trial_steps)");
   }
 }
 
 void DataParallel::TrialStep(double step_s) {
   const AutoCodecOptions& ac = options_.auto_codec;
-  trial_.step_s[trial_.phase - 1].push_back(step_s);
-  if (++trial_.steps < ac.trial_steps) return;
-  if (trial_.phase == 1) {
-    trial_.phase = 2;
-    trial_.steps = 0;
-    SetCodecs(trial_.narrow);
-    if (rank() == 0) {
-      LogInfo("codec auto: the trial's other side from iteration ", step_ + 2, ": codecs ",
-              codec_plan());
-    }
+  trial_.step_s.push_back(step_s);
+  if (++trial_.steps < 2 * ac.trial_steps) {
+    const bool plan_next = trial_.steps % 2 == 0;
+    SetCodecs(plan_next ? trial_.plan : trial_.narrow);
     if (trace_ != nullptr) {
       const auto now = Trace::Clock::now();
-      trace_->Add(TraceTrack::kGradients, StrCat("codec trial: ", codec_plan()), "comm", now, now,
-                  {{"iteration", static_cast<double>(step_ + 1)}});
+      trace_->Add(TraceTrack::kGradients,
+                  plan_next ? "codec trial: the plan" : "codec trial: the narrowest", "comm", now,
+                  now, {{"iteration", static_cast<double>(step_ + 1)}});
     }
     return;
   }
-  // Both sides ran: agree on their step times (the slowest rank's) and keep the faster.
-  double v[2] = {TrialStepSeconds(trial_.step_s[0]), TrialStepSeconds(trial_.step_s[1])};
-  comm_.AllReduce(v, 2, dist::DataType::kF64, dist::ReduceOp::kMax);
-  const bool narrow = NarrowWinsTrial(v[0], v[1]);
+  // Both sides ran: agree on every step's time (the slowest rank's) and keep the faster.
+  std::vector<double> v = trial_.step_s;
+  comm_.AllReduce(v.data(), v.size(), dist::DataType::kF64, dist::ReduceOp::kMax);
+  std::vector<double> plan_s, narrow_s;
+  for (size_t i = 0; i < v.size(); ++i) (i % 2 == 0 ? plan_s : narrow_s).push_back(v[i]);
+  const double pace = TrialPace(plan_s, narrow_s);
+  const bool narrow = NarrowWinsTrial(pace);
   const Trial done = std::move(trial_);
   trial_ = Trial{};
   ApplyPlan(narrow ? done.narrow : done.plan,
-            StrCat("the trial: ", Fixed(v[0], 3), " s per step in the plan, ", Fixed(v[1], 3),
-                   " s in the narrowest, so it keeps ", narrow ? "the narrowest" : "the plan"));
+            StrCat("the trial: ", Fixed(TrialStepSeconds(plan_s), 3), " s per step in the plan, ",
+                   Fixed(TrialStepSeconds(narrow_s), 3), " s in the narrowest (", Fixed(pace, 3),
+                   " of the plan's step, pair by pair), so it keeps ",
+                   narrow ? "the narrowest" : "the plan"));
   ResetSamples();  // the next check measures the plan kept, not the trial
 }
 
@@ -979,16 +978,6 @@ void DataParallel::SetCodecs(const std::vector<dist::CodecKind>& codecs) {
   CutRuns();
 }
 
-namespace {
-
-std::string PlanText(const std::vector<dist::CodecKind>& codecs) {
-  std::string out;
-  for (dist::CodecKind c : codecs) out += StrCat(out.empty() ? "" : ",", dist::CodecName(c));
-  return out;
-}
-
-}  // namespace
-
 std::string DataParallel::codec_plan() const {
   std::vector<dist::CodecKind> codecs;
   for (const Bucket& b : buckets_) codecs.push_back(b.codec);
@@ -999,8 +988,8 @@ void DataParallel::SaveCodecPlan(Checkpoint& ckpt) const {
   if (!options_.auto_codec.enabled || !planned_) return;
   const size_t n = buckets_.size();
   // During a trial: the plan on trial, and a mark that starts the trial over on resume.
-  ckpt.meta["codec_auto_plan"] = trial_.phase != 0 ? PlanText(trial_.plan) : codec_plan();
-  if (trial_.phase != 0) ckpt.meta["codec_auto_trial"] = "restart";
+  ckpt.meta["codec_auto_plan"] = trial_.on ? PlanText(trial_.plan) : codec_plan();
+  if (trial_.on) ckpt.meta["codec_auto_trial"] = "restart";
   ckpt.meta["codec_auto_plans"] = std::to_string(auto_plans_);
   char fraction[32];  // %.17g: the double back bitwise, so a resumed run plans alike
   std::snprintf(fraction, sizeof(fraction), "%.17g", hiding_fraction_);

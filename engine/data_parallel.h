@@ -59,10 +59,12 @@
 //
 // Trial. The plan's model prices bytes in link time only, but moving them also costs CPU that
 // backward may need. After a plan made from measurements (the first, and a re-plan for a moved
-// rate or more exposure than predicted) the plan runs trial_steps steps, then every auto bucket
-// in its narrowest allowed codec runs as many; the ranks agree on each side's step time
-// (BeginStep to the end of FinishStep, max over ranks of TrialStepSeconds) and keep the
-// all-narrowest plan only when it is faster by more than kTrialTolerance. No check runs during a
+// rate or more exposure than predicted) the plan and every auto bucket in its narrowest allowed
+// codec take turns, a step each, trial_steps steps each; the ranks agree on every step's time
+// (BeginStep to the end of FinishStep, max over ranks) and keep the all-narrowest plan when its
+// steps ran faster than the plan's neighbouring ones (TrialPace, NarrowWinsTrial). A bucket
+// that changes between a codec with error feedback and one without starts each turn from a zero
+// residual, so the trial's lossy steps run without feedback. No check runs during a
 // trial, and the timing samples start afresh after it. A checkpoint taken during a trial keeps
 // the plan and a mark; the resumed run starts the trial over.
 //
@@ -112,11 +114,11 @@ struct AutoCodecOptions {
   // "Margin"). A check that measures more exposed communication than the plan predicted
   // lowers it by a quarter and plans again.
   double hiding_fraction = 0.7;
-  // Steps each side of the trial that follows a plan made from measurements: the plan, then
-  // every auto bucket in its narrowest allowed codec; the ranks keep the faster by measured
-  // step time (codec_plan.h, "Trial"). 0: no trial. Never with link_override (a fixed rate
-  // makes the plans reproducible; step times are not), nor on one rank.
-  int64_t trial_steps = 3;
+  // Steps each side of the trial that follows a plan made from measurements: the plan and every
+  // auto bucket in its narrowest allowed codec take turns, a step each, and the ranks keep the
+  // faster by measured step time (codec_plan.h, "Trial"). 0: no trial. Never with link_override (a
+  // fixed rate makes the plans reproducible; step times are not), nor on one rank.
+  int64_t trial_steps = 4;
   // Replaces the agreed link model by a fixed rate (bytes/s, no latency) from each given
   // iteration on, (iteration, rate) in increasing iteration order: for tests, and to see the
   // plans a link would get (CORTADO_AUTO_LINK, see AutoLinkFromEnv). Empty: measured.
@@ -269,7 +271,7 @@ class DataParallel : public CheckpointState {
   void SetCodecs(const std::vector<dist::CodecKind>& codecs);
   // The trial after a plan made from measurements (AutoCodecOptions::trial_steps): starts it
   // where it applies and the all-narrowest plan differs from the plan; TrialStep counts a step
-  // of it and, at the end, agrees and keeps the faster plan.
+  // of it, hands the next step to the other side and, at the end, agrees and keeps the faster.
   void StartTrial();
   void TrialStep(double step_s);
 
@@ -319,10 +321,10 @@ class DataParallel : public CheckpointState {
   std::vector<size_t> floor_;                // per bucket: the narrowest candidate index allowed
   double hiding_fraction_ = 1;               // what the plan counts on now (starts at the option)
   struct Trial {
-    int phase = 0;      // 0: none; 1: the plan runs; 2: the all-narrowest plan runs
-    int64_t steps = 0;  // in this phase
+    bool on = false;
+    int64_t steps = 0;  // done; even: the plan's turn next, odd: the all-narrowest plan's
     std::vector<dist::CodecKind> plan, narrow;  // the two sides
-    std::vector<double> step_s[2];              // per phase, per step
+    std::vector<double> step_s;                 // every step's time, in turn
   } trial_;
 };
 

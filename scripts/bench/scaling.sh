@@ -33,8 +33,9 @@
 #
 # --codecs runs the 2-rank trainings once per gradient codec (distributed.codec: f32, f16,
 # bf16, epgc11, epgc9, epgc8, or auto: planned per bucket from the link measured during the
-# warmup steps, which auto_warmup_steps is set to, then tried against the all-narrowest plan for
-# 2 x 3 more steps (auto_trial_steps), which the summary also leaves out; it lists the plans kept;
+# warmup steps, which auto_warmup_steps is set to, then tried against the all-narrowest plan,
+# in turns, for 2 x 4 more steps (auto_trial_steps), which the summary also leaves out; it lists
+# the plans kept;
 # nearest rounding, batch norm and biases in f32); --overlap picks
 # the overlap modes (hidden needs both); --no-alone skips the side-by-side control.
 # --transports tcp,ucx runs them over each transport: ucx with UCX_TLS=tcp,self on the veth
@@ -59,7 +60,7 @@ codecs=f32
 transports=tcp
 overlaps=false,true
 torch=1
-auto_trial=3  # distributed.auto_trial_steps of the auto runs
+auto_trial=4  # distributed.auto_trial_steps of the auto runs (its default)
 alone=1
 prefix=cortado-scale
 subnet=10.232.0

@@ -326,22 +326,23 @@ TEST(DataParallelThreads, AutoCodecsTryThePlanAgainstTheNarrowestAndKeepTheFaste
     ASSERT_EQ(p.size(), 7u);
     // On an in-memory link the first-ready bucket has time to travel in f32.
     EXPECT_EQ(First(p[1]), "f32") << p[1];
-    EXPECT_EQ(p[2], p[1]);            // the plan's side
-    EXPECT_EQ(First(p[3]), "epgc8");  // the other side: no auto bucket in f32
-    EXPECT_EQ(p[4], p[3]);
-    EXPECT_TRUE(p[5] == p[1] || p[5] == p[3]) << p[5];
-    EXPECT_EQ(p[6], p[5]);  // decided
-    EXPECT_EQ(run.saved[3].meta.at("codec_auto_plan"), p[1]);
-    EXPECT_EQ(run.saved[3].meta.count("codec_auto_trial"), 1u);
+    EXPECT_EQ(First(p[2]), "epgc8");  // the other side's turn: no auto bucket in f32
+    EXPECT_EQ(p[3], p[1]);            // turns, a step each
+    EXPECT_EQ(p[4], p[2]);
+    EXPECT_TRUE(p[5] == p[1] || p[5] == p[2]) << p[5];
+    EXPECT_EQ(p[6], p[5]);                                     // decided
+    EXPECT_EQ(run.saved[2].meta.at("codec_auto_plan"), p[1]);  // taken in the narrow side's turn
+    EXPECT_EQ(run.saved[2].meta.count("codec_auto_trial"), 1u);
     EXPECT_EQ(run.saved[5].meta.at("codec_auto_plan"), p[5]);
     EXPECT_EQ(run.saved[5].meta.count("codec_auto_trial"), 0u);
     if (world == 2) {
-      const AutoRun resumed = TrainAuto(world, 3, a, "auto", &run.saved[3]);
+      const AutoRun resumed = TrainAuto(world, 3, a, "auto", &run.saved[2]);
       ExpectRanksAlike(resumed);
       const std::vector<std::string>& q = resumed.plans[0];
-      EXPECT_EQ(q[0], p[1]);  // the trial over: the plan's side first
-      EXPECT_EQ(q[1], p[3]);
-      EXPECT_EQ(q[2], p[3]);
+      // The trial over: the plan's turn first (the step before q[0]), then the other side's.
+      EXPECT_EQ(q[0], p[2]);
+      EXPECT_EQ(q[1], p[1]);
+      EXPECT_EQ(q[2], p[2]);
     }
   }
   // Without a trial the plan stays.
