@@ -1,13 +1,17 @@
 // The UCX transport's choice between eager sends and UCX's rendezvous (transport/ucx/
 // eager_policy.h), as a table: the user's UCX_RNDV_THRESH, UCX_TLS (lists, aliases and '^'
-// exclusions), the host's RDMA devices and whether every rank is on one host. Needs no UCX.
+// exclusions), the host's RDMA devices and whether every rank is on one host (needs no UCX);
+// and the host names the communicator gathers for the UCX transport before it exists.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
+#include "cortado/dist/communicator.h"
+#include "test_util.h"
 #include "transport/ucx/eager_policy.h"
 
 namespace cortado::dist::ucx {
@@ -112,6 +116,47 @@ TEST(UcxEagerPolicy, CountRdmaDevicesCountsEntries) {
   std::ofstream(dir / "mlx5_1") << "x";
   EXPECT_EQ(CountRdmaDevices(dir.string()), 2);
   std::filesystem::remove_all(dir);
+}
+
+// The policy's one_host comes from every rank's host name, gathered through the rendezvous store
+// before the UCX context exists: over UCX each rank publishes gethostname() under
+// cortado/host/<rank>; over TCP, which needs no such choice, nothing is published.
+TEST(UcxEagerPolicy, TheCommunicatorGathersHostNamesOnlyForUcx) {
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
+  for (const std::string transport : {"ucx", "tcp"}) {
+    if (transport == "ucx" && !HasUcxTransport()) continue;
+    const int n = 3;
+    InMemoryStore store;
+    std::vector<std::string> errors(n);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          CommConfig config;
+          config.rank = r;
+          config.world_size = n;
+          config.store = &store;
+          config.options = testing::OptionsFor(transport);
+          std::vector<float> x(17, 1.0f);
+          CreateCommunicator(config)->AllReduce(x.data(), x.size(), DataType::kF32, ReduceOp::kSum);
+        } catch (const std::exception& e) {
+          errors[static_cast<size_t>(r)] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < n; ++r) {
+      const std::string key = "cortado/host/" + std::to_string(r);
+      EXPECT_EQ(errors[static_cast<size_t>(r)], "") << transport << " rank " << r;
+      if (transport == "ucx") {
+        ASSERT_TRUE(store.Check({key})) << key;
+        EXPECT_EQ(store.Get(key, Deadline::After(std::chrono::seconds(1))), host) << key;
+      } else {
+        EXPECT_FALSE(store.Check({key})) << key;
+      }
+    }
+  }
 }
 
 }  // namespace
