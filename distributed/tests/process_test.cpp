@@ -1,9 +1,11 @@
 // Ranks as separate processes over each transport (the dist_test_worker helper, rendezvous through
 // rank 0's TCP store): the collective matrix for 1-5 ranks, Split, a rank killed during a 64 MB
 // all-reduce (an ordinary rank and rank 0, the store's host), and a stalled rank (also on a
-// split child).
+// split child); the UCX transport's eager-send choice as rank 0 logs it.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <map>
 #include <regex>
 #include <string>
 
@@ -171,6 +173,46 @@ TEST_P(RankFailure, StalledRankOfASplitChildIsNamedAtTheDeadline) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Each, RankFailure, ::testing::ValuesIn(TransportNames()), TransportName);
+
+// The UCX transport's choice between eager sends and rendezvous (transport/ucx/eager_policy.h)
+// end to end over 2 processes: rank 0 says once what it chose and why, rank 1 says nothing, and
+// the collectives pass (with a 1.2 MB all-reduce, sent eagerly where forced).
+TEST(UcxEagerSends, RankZeroSaysWhatTheTransportChose) {
+  CORTADO_SKIP_UNLESS_BUILT(std::string("ucx"));
+  if (std::getenv("UCX_RNDV_THRESH")) GTEST_SKIP() << "UCX_RNDV_THRESH is set around the test";
+  struct Case {
+    std::map<std::string, std::string> env;
+    std::string says;
+  };
+  const std::string prefix = "cortado: ucx transport: ";
+  const Case cases[] = {
+      // No shared memory allowed: the ranks meet over TCP even on one host.
+      {{{"UCX_TLS", "tcp,self"}},
+       "UCX_TLS=tcp,self allows no shared memory); eager sends for every size (set "
+       "UCX_RNDV_THRESH to choose otherwise)"},
+      {{{"UCX_TLS", "tcp,self"}, {"UCX_RNDV_THRESH", "8k"}},
+       "UCX_RNDV_THRESH=8k is set; the rendezvous threshold is left as it says"},
+      // One host (the host names the ranks exchanged agree) with shared memory: UCX's default.
+      {{{"UCX_TLS", "sm,tcp,self"}}, "every rank on one host, and UCX_TLS=sm,tcp,self allows"},
+  };
+  for (const Case& c : cases) {
+    std::map<std::string, std::string> env = c.env;
+    env["CORTADO_TRANSPORT"] = "ucx";
+    env["UCX_NET_DEVICES"] = "lo";
+    auto results = RunProcesses(2, {"matrix", "0,1,17,300000"}, env, 120);
+    const std::string all = Describe(results);
+    for (const auto& r : results) {
+      EXPECT_EQ(r.code, 0) << all;
+      EXPECT_NE(r.output.find("MATRIX OK"), std::string::npos) << all;
+    }
+    const std::string& out0 = results[0].output;
+    const size_t at = out0.find(prefix);
+    ASSERT_NE(at, std::string::npos) << all;
+    EXPECT_EQ(out0.find(prefix, at + 1), std::string::npos) << "logged twice\n" << all;
+    EXPECT_NE(out0.find(c.says, at), std::string::npos) << all;
+    EXPECT_EQ(results[1].output.find(prefix), std::string::npos) << all;
+  }
+}
 
 TEST(Rendezvous, MismatchedWorldSizeFailsEveryRankClearly) {
   auto results =

@@ -10,7 +10,8 @@ namespace cortado::dist::internal {
 
 std::unique_ptr<Transport> CreateTransportFor(const CommOptions& options,
                                               const JobIdentity& identity, int rank,
-                                              const std::string& master_addr) {
+                                              const std::string& master_addr,
+                                              const HostGather& gather_hosts) {
   const std::string host = options.socket_ifname.empty() ? RouteAddressTo(master_addr)
                                                          : InterfaceAddress(options.socket_ifname);
   if (options.transport == TransportKind::kUcx) {
@@ -19,6 +20,7 @@ std::unique_ptr<Transport> CreateTransportFor(const CommOptions& options,
     u.rank = rank;
     u.control_host = host;
     u.spin_us = options.spin_us;
+    u.gather_hosts = gather_hosts;
     return CreateUcxTransport(u);
   }
   TcpTransportOptions t;

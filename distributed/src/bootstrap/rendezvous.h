@@ -15,14 +15,17 @@
 #include "cortado/dist/env.h"
 #include "cortado/dist/store.h"
 #include "cortado/dist/transport.h"
+#include "cortado/dist/ucx_transport.h"
 
 namespace cortado::dist::internal {
 
 // The transport of options.transport for this rank, listening where master_addr is reachable
-// (or on CORTADO_SOCKET_IFNAME). Throws kConfig when UCX is asked for but not built.
+// (or on CORTADO_SOCKET_IFNAME). Throws kConfig when UCX is asked for but not built. The UCX
+// transport calls gather_hosts (every rank's host name) before it creates its UCX context.
 std::unique_ptr<Transport> CreateTransportFor(const CommOptions& options,
                                               const JobIdentity& identity, int rank,
-                                              const std::string& master_addr);
+                                              const std::string& master_addr,
+                                              const HostGather& gather_hosts);
 
 // Publishes `mine` as prefix + rank and returns every rank's address, in rank order. A rank that
 // never publishes makes it throw kTimeout naming the missing ranks (waited: the connect timeout,

@@ -59,7 +59,13 @@ TransportCommunicator::TransportCommunicator(const CommConfig& config, Store* re
       store = client.get();
     }
   }
-  transport_ = CreateTransportFor(options(), identity, rank_, config.master_addr);
+  // Host names before the transport's address: the UCX transport decides between eager sends
+  // and rendezvous from them before it creates its context (transport/ucx/eager_policy.h).
+  const HostGather gather_hosts = [&](const std::string& mine) {
+    return ExchangeAddresses(*store, config.store_prefix + "cortado/host/", rank_, size_, mine,
+                             deadline, options().EffectiveConnectTimeout());
+  };
+  transport_ = CreateTransportFor(options(), identity, rank_, config.master_addr, gather_hosts);
   const std::vector<std::string> addresses =
       ExchangeAddresses(*store, config.store_prefix + "cortado/addr/", rank_, size_,
                         transport_->LocalAddress(), deadline, options().EffectiveConnectTimeout());

@@ -10,6 +10,10 @@
 //     UCX sends small messages eagerly and large ones by rendezvous (zero-copy: the receiver
 //     reads straight from the sender's registered buffer, cma or RDMA); Register maps the
 //     communicator's buffers once with ucp_mem_map and every transfer passes that handle.
+//     Where the ranks can meet only over TCP (no RDMA device or none in UCX_TLS, and other
+//     hosts or no shared memory in UCX_TLS), the transport sets UCX_RNDV_THRESH=inf itself:
+//     there rendezvous handshakes queue behind the data on the link (transport/ucx/
+//     eager_policy.h). A UCX_RNDV_THRESH the user set always wins. Rank 0 logs the choice.
 //   - shared memory: Allocate has ucp_mem_map allocate the memory (UCX's default order takes a
 //     sysv, else posix, shared-memory segment) and register it in one call. When every rank is
 //     on one host and a probe allocation maps through a peer's endpoint (ucp_rkey_ptr), every
@@ -40,19 +44,30 @@
 // deadline.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cortado/dist/env.h"
 #include "cortado/dist/transport.h"
 
 namespace cortado::dist {
 
+// Every rank's host name in rank order, given this rank's: an all-gather among the ranks creating
+// their transports (the communicator runs it through its rendezvous store). Throws as the
+// exchange does (kTimeout naming the ranks that never answered).
+using HostGather = std::function<std::vector<std::string>(const std::string& mine)>;
+
 struct UcxTransportOptions {
   JobIdentity identity;
   int rank = 0;
   std::string control_host;  // IPv4 address the control mesh listens on (as TCP's listen_host)
   int spin_us = 50;          // CORTADO_SPIN_US: progress before sleeping on the event fd
+  // Called once, before ucp_init, to learn whether every rank is on this host (gethostname),
+  // which decides between eager sends and UCX's default. Empty: the ranks are taken to be on
+  // one host, so only a UCX_TLS without shared memory (or RDMA) makes the sends eager.
+  HostGather gather_hosts;
 };
 
 // True when this build has the UCX transport.

@@ -2,12 +2,17 @@
 // control plane; progress on the calling thread only).
 #include "cortado/dist/ucx_transport.h"
 
+#include <limits.h>
 #include <poll.h>
 #include <sched.h>
 #include <ucp/api/ucp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <thread>
@@ -16,6 +21,7 @@
 #include "cortado/dist/error.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/transport_internal.h"
+#include "transport/ucx/eager_policy.h"
 
 namespace cortado::dist {
 namespace ucx {
@@ -74,6 +80,33 @@ std::string Unhex(const std::string& text) {
 
 // "10.0.0.5:4000" -> "10.0.0.5" (control addresses are IPv4 host:port).
 std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
+
+std::optional<std::string> EnvValue(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::optional<std::string>(v) : std::nullopt;
+}
+
+std::string HostName() {
+  char name[HOST_NAME_MAX + 1] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) {
+    Fail(ErrorKind::kSystem, "ucx transport: gethostname failed: ", std::strerror(errno));
+  }
+  return name;
+}
+
+// Eager sends or UCX's default (see eager_policy.h), from the UCX_* variables, this host's RDMA
+// devices and every rank's host name.
+EagerDecision ChooseEagerSends(const UcxTransportOptions& options) {
+  EagerPolicyInput in;
+  in.rndv_thresh = EnvValue("UCX_RNDV_THRESH");
+  in.tls = EnvValue("UCX_TLS");
+  in.rdma_devices = CountRdmaDevices();
+  if (options.gather_hosts) {
+    const std::string mine = HostName();
+    for (const auto& host : options.gather_hosts(mine)) in.one_host &= host == mine;
+  }
+  return DecideEagerSends(in);
+}
 
 void Check(ucs_status_t status, const char* call) {
   if (status != UCS_OK) {
@@ -267,8 +300,20 @@ UcxTransport::UcxTransport(const UcxTransportOptions& options)
   c.spin_us = 0;  // the control plane is never waited on in a hot loop
   control_ = std::make_unique<tcp::TcpTransport>(c);
 
+  // Before the config is read, so a failed exchange leaks nothing.
+  const EagerDecision eager = ChooseEagerSends(options);
   ucp_config_t* config = nullptr;
   Check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");  // UCX_* variables
+  if (eager.force_eager) {
+    const ucs_status_t m = ucp_config_modify(config, "RNDV_THRESH", "inf");
+    if (m != UCS_OK) ucp_config_release(config);
+    Check(m, "ucp_config_modify RNDV_THRESH=inf");
+  }
+  // One line per process, from rank 0 (a communicator's Split makes more transports).
+  static std::atomic<bool> logged{false};
+  if (rank() == 0 && !logged.exchange(true)) {
+    std::fprintf(stderr, "cortado: ucx transport: %s\n", eager.reason.c_str());
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
