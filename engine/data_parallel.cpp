@@ -216,7 +216,7 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
   if (options_.error_feedback) {
     residual_ = Tensor({plan.block_elements}, DType::kF32);
     residual_.Zero();
-    residual_kept_ = residual_.Clone();
+    if (options_.discardable_steps) residual_kept_ = residual_.Clone();
   }
   for (size_t i = 0; i < order.size(); ++i) {
     order[i]->grad = block_.View(order[i]->grad.shape(), offset[i]);
@@ -300,7 +300,7 @@ void DataParallel::BeginStep(int64_t step) {
   SetControlWord(0, 0.0);
   SetControlWord(1, 0.0);
   // Kept for DiscardStep: the residual changes as each compressed bucket is encoded.
-  if (options_.error_feedback) CopyCompressedRanges(residual_, residual_kept_);
+  if (!residual_kept_.empty()) CopyCompressedRanges(residual_, residual_kept_);
 }
 
 bool DataParallel::UsesFeedback(dist::CodecKind codec) const {
@@ -318,8 +318,11 @@ void DataParallel::CopyCompressedRanges(const Tensor& from, Tensor& to) const {
 }
 
 void DataParallel::DiscardStep() {
+  CORTADO_CHECK(options_.discardable_steps,
+                "DiscardStep without DataParallelOptions::discardable_steps (the residual of "
+                "BeginStep was not kept)");
   WaitAll(true);
-  if (options_.error_feedback) CopyCompressedRanges(residual_kept_, residual_);
+  if (!residual_kept_.empty()) CopyCompressedRanges(residual_kept_, residual_);
 }
 
 void DataParallel::SetControl(double loss, bool stop_vote) {
@@ -826,7 +829,8 @@ void DataParallel::AutoCheck() {
 void DataParallel::StartTrial() {
   const AutoCodecOptions& ac = options_.auto_codec;
   trial_ = Trial{};
-  if (ac.trial_steps <= 0 || !ac.link_override.empty() || comm_.size() < 2) return;
+  if (ac.trial_steps <= 0 || comm_.size() < 2) return;
+  if (!ac.link_override.empty() && !ac.trial_under_link_override) return;
   std::vector<dist::CodecKind> plan, narrow;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     plan.push_back(buckets_[b].codec);
@@ -971,7 +975,8 @@ void DataParallel::SetCodecs(const std::vector<dist::CodecKind>& codecs) {
       // Between a codec with error feedback and one without, the residual starts from zero.
       const size_t bytes = static_cast<size_t>(bucket.end - bucket.begin) * 4;
       std::memset(residual_.data<float>() + bucket.begin, 0, bytes);
-      std::memset(residual_kept_.data<float>() + bucket.begin, 0, bytes);
+      if (!residual_kept_.empty())
+        std::memset(residual_kept_.data<float>() + bucket.begin, 0, bytes);
     }
     bucket.codec = codecs[b];
   }

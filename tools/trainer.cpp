@@ -81,6 +81,7 @@ void Trainer::JoinRanks() {
   options.overlap = d.overlap;
   options.rounding = d.rounding;
   options.error_feedback = d.error_feedback;
+  options.discardable_steps = scaler_ != nullptr && scaler_->options().dynamic;
   options.seed = config_.seed;
   options.auto_codec = d.auto_codec;
   if (options.auto_codec.enabled) options.auto_codec.link_override = AutoLinkFromEnv();

@@ -32,7 +32,8 @@
 #       [--transports tcp] [--no-alone] [--build DIR] [--prefix cortado-scale]
 #
 # --codecs runs the 2-rank trainings once per gradient codec (distributed.codec: f32, f16,
-# bf16, epgc11, epgc9, epgc8, or auto: planned per bucket from the link measured during the
+# bf16, epgc11, epgc9, epgc8; epgc11-ef, epgc9-ef, epgc8-ef: the same with error feedback, as
+# auto runs its sub-16-bit candidates; or auto: planned per bucket from the link measured during the
 # warmup steps, which auto_warmup_steps is set to, then tried against the all-narrowest plan,
 # in turns, for 2 x 4 more steps (auto_trial_steps), which the summary also leaves out; it lists
 # the plans kept;
@@ -111,7 +112,8 @@ for t in "${transport_list[@]}"; do
 done
 IFS=, read -ra overlap_list <<<"$overlaps"
 for c in "${codec_list[@]}"; do
-  case "$c" in f32|f16|bf16|epgc11|epgc9|epgc8|auto) ;; *) usage "--codecs: unknown codec '$c'" ;; esac
+  case "$c" in f32|f16|bf16|epgc11|epgc9|epgc8|epgc11-ef|epgc9-ef|epgc8-ef|auto) ;;
+    *) usage "--codecs: unknown codec '$c'" ;; esac
 done
 for o in "${overlap_list[@]}"; do
   case "$o" in true|false) ;; *) usage "--overlap: want true and/or false, got '$o'" ;; esac
@@ -245,7 +247,9 @@ run_pair() {  # MODEL RATE OVERLAP ROUND CODEC TRANSPORT
   local cfg; cfg=$(config "$model" 2)
   echo "== round $round: $model, 2 ranks at $rate, overlap $overlap, codec $codec, transport $transport" >&2
   local token; token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-  local pids=() side node auto_args=()
+  local pids=() side node auto_args=() feedback=false
+  # epgc8-ef etc.: the codec with error feedback, as auto runs its sub-16-bit candidates.
+  [[ $codec == *-ef ]] && feedback=true
   # auto plans after the warmup steps and then tries the plan against the all-narrowest one
   # for 2 x auto_trial steps; the summary leaves both out: the measured steps run the plan kept.
   local warmup; warmup=$(lookup "$warmup_spec" "$model")
@@ -264,8 +268,8 @@ run_pair() {  # MODEL RATE OVERLAP ROUND CODEC TRANSPORT
       "$cortado" launch --nnodes 2 --node-rank "$node" --nproc 1 --master "$subnet.1:$port" -- \
       "$cortado" train --config "$cfg" --threads 1 --no-progress --metrics "$out/$tag.jsonl" \
       --set checkpoint.dir="$out/checkpoints/$tag" --set distributed.overlap="$overlap" \
-      --set distributed.codec="$codec" --set distributed.transport="$transport" \
-      "${auto_args[@]}" >"$out/$tag.node$node.log" 2>&1 &
+      --set distributed.codec="${codec%-ef}" --set distributed.error_feedback="$feedback" \
+      --set distributed.transport="$transport" "${auto_args[@]}" >"$out/$tag.node$node.log" 2>&1 &
     pids+=($!)
   done
   local failed=0

@@ -201,6 +201,7 @@ TEST(DataParallel, DiscardStepPutsTheResidualBackBitwise) {
   UseCodec(net, "epgc8");
   DataParallelOptions o;
   o.error_feedback = true;
+  o.discardable_steps = true;
   DataParallel dp(net, *comm, o);
   Tensor residual = dp.residual().Clone();
   Rng rng(3);
@@ -232,6 +233,36 @@ TEST(DataParallel, DiscardStepPutsTheResidualBackBitwise) {
   step();  // BeginStep keeps the residual the applied step left, not the first one
   dp.DiscardStep();
   EXPECT_TRUE(same(applied));
+}
+
+// Without discardable_steps (no dynamic loss scale: a step is never skipped) BeginStep keeps no
+// copy of the residual, and DiscardStep refuses rather than restore nothing; training with error
+// feedback runs as before.
+TEST(DataParallel, DiscardStepNeedsDiscardableSteps) {
+  auto comm = OneRank();
+  Net net(Model("resnet20", 12, 1, 2), 7);
+  UseCodec(net, "epgc8");
+  DataParallelOptions o;
+  o.error_feedback = true;
+  DataParallel dp(net, *comm, o);
+  Tensor residual = dp.residual().Clone();
+  Rng rng(3);
+  for (int64_t i = 0; i < residual.numel(); ++i) {
+    residual.data<float>()[i] = static_cast<float>(rng.Normal(0, 1e-3));
+  }
+  dp.SetResidual(residual);
+  Rng data(5);
+  Tensor& x = net.input("data");
+  for (int64_t i = 0; i < x.numel(); ++i)
+    x.data<float>()[i] = static_cast<float>(data.Normal(0, 1));
+  for (int64_t i = 0; i < 2; ++i) net.input("label").data<int32_t>()[i] = static_cast<int32_t>(i);
+  dp.BeginStep(1);
+  dp.SetControl(net.Forward(), false);
+  net.Backward();
+  dp.FinishStep();
+  EXPECT_NE(std::memcmp(residual.raw_data(), dp.residual().raw_data(), residual.nbytes()), 0)
+      << "the step did not use the residual";
+  EXPECT_THROW(dp.DiscardStep(), Error);
 }
 
 // distributed.codec: auto on one rank with a fixed slow link (CORTADO_AUTO_LINK's option): the

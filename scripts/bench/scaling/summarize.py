@@ -172,9 +172,9 @@ def main():
         if tsingle:
             print(f"| {model} | none | PyTorch, 1 rank alone | "
                   f"{fmt([f['step'] for f in tsingle.values()])} | - | - | - | - |")
+        order = ["f16", "bf16", "epgc11", "epgc11-ef", "epgc9", "epgc9-ef", "epgc8", "epgc8-ef"]
         codecs = sorted({k[2].split("+")[1] for k in runs if "+" in k[2]},
-                        key=lambda c: ["f16", "bf16", "epgc11", "epgc9", "epgc8"].index(c)
-                        if c in ("f16", "bf16", "epgc11", "epgc9", "epgc8") else 99)
+                        key=lambda c: order.index(c) if c in order else 99)
         for rate in rates:
             modes = [("overlap-false", "Cortado, overlap off"),
                      ("overlap-true", "Cortado, overlap on")]
