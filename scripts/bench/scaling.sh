@@ -31,13 +31,15 @@
 #       [--batch resnet20=64,resnet50=16] [--codecs f32] [--overlap false,true] [--no-torch]
 #       [--transports tcp] [--no-alone] [--build DIR] [--prefix cortado-scale]
 #
-# --codecs runs the 2-rank trainings once per gradient codec (distributed.codec: f32, f16,
-# bf16, epgc11, epgc9, epgc8; epgc11-ef, epgc9-ef, epgc8-ef: the same with error feedback, as
-# auto runs its sub-16-bit candidates; or auto: planned per bucket from the link measured during the
-# warmup steps, which auto_warmup_steps is set to, then tried against the all-narrowest plan,
-# in turns, for 2 x 4 more steps (auto_trial_steps), which the summary also leaves out; it lists
-# the plans kept;
-# nearest rounding, batch norm and biases in f32); --overlap picks
+# --codecs runs the 2-rank trainings once per gradient codec (distributed.codec, with nearest
+# rounding and batch norm and biases in f32): f32, f16, bf16, epgc11, epgc9, epgc8; epgc11-ef,
+# epgc9-ef, epgc8-ef: the same with error feedback, as auto runs its sub-16-bit candidates; or
+# auto: planned per bucket from the link measured during the warmup steps (auto_warmup_steps is
+# set to --warmup), then tried against the all-narrowest plan, in turns, for 2 x 4 more steps
+# (auto_trial_steps); the summary lists the plans kept. With auto among the codecs every run (each
+# codec, one rank alone, PyTorch) takes those 8 steps more before its measured ones, so that all
+# are measured over the same iterations. Each round starts one codec further on in the list, so
+# that no codec always runs first. --overlap picks
 # the overlap modes (hidden needs both); --no-alone skips the side-by-side control.
 # --transports tcp,ucx runs them over each transport: ucx with UCX_TLS=tcp,self on the veth
 # (within one host UCX would take shared memory around the limited link), reported as network
@@ -126,6 +128,15 @@ for m in "${model_list[@]}"; do
   done
 done
 
+# measured_from MODEL: the steps every run of MODEL takes before its measured ones. With auto
+# among the codecs that is the warmup plus auto's trial (2 x auto_trial), for every run alike
+# (each codec, one rank alone, PyTorch), so that all are measured over the same iterations.
+measured_from() {
+  local w; w=$(lookup "$warmup_spec" "$1")
+  [[ ",$codecs," == *,auto,* ]] && w=$((w + 2 * auto_trial))
+  echo "$w"
+}
+
 ((EUID == 0)) || { echo "$me: must run as root (network namespaces and tc need it)" >&2; exit 1; }
 if ((torch)); then
   "$py" -c 'import torch.distributed, torchvision' 2>/dev/null ||
@@ -154,6 +165,7 @@ trap 'exit 143' TERM
   echo "$(bench_machine), $(free -g | awk '/Mem:/ {print $2}') GiB"
   echo "# commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
   echo "# models $models; rates $rates; rounds $rounds; steps $steps_spec; warmup $warmup_spec; batch $batch_spec; codecs $codecs; overlap $overlaps; transports $transports"
+  for m in "${model_list[@]}"; do echo "# $m: measured steps $(($(measured_from "$m") + 1))-$(($(measured_from "$m") + $(lookup "$steps_spec" "$m")))"; done
   if ((torch)); then
     echo "# peer: torch $("$py" -c 'import torch; print(torch.__version__)') DistributedDataParallel, gloo"
   fi
@@ -167,7 +179,7 @@ config() {
   local model=$1 world=$2 batch steps warmup shape classes
   batch=$(lookup "$batch_spec" "$model")
   steps=$(lookup "$steps_spec" "$model")
-  warmup=$(lookup "$warmup_spec" "$model")
+  warmup=$(measured_from "$model")
   if [[ $model == resnet50 ]]; then shape="[3, 224, 224]" classes=1000; else shape="[3, 32, 32]" classes=10; fi
   local file=$out/$model.w$world.yaml
   cat >"$file" <<YAML
@@ -209,7 +221,7 @@ run_single() {  # MODEL ROUND
   local model=$1 round=$2 tag=$1.single.r$2
   local cfg; cfg=$(config "$model" 1)
   echo "== round $round: $model, 1 rank alone" >&2
-  sample_cpu "$out/$tag.jsonl" "$(lookup "$warmup_spec" "$model")" "$(lookup "$steps_spec" "$model")" \
+  sample_cpu "$out/$tag.jsonl" "$(measured_from "$model")" "$(lookup "$steps_spec" "$model")" \
     "$out/$tag.cpu.json" &
   "$cortado" train --config "$cfg" --threads 1 --no-progress --metrics "$out/$tag.jsonl" \
     --set checkpoint.dir="$out/checkpoints/$tag" >"$out/$tag.log" 2>&1 ||
@@ -224,7 +236,7 @@ run_alone_pair() {  # MODEL ROUND
   local cfg; cfg=$(config "$model" 1)
   echo "== round $round: $model, 2 single ranks side by side (no communication)" >&2
   # The machine's CPU while both compute: the base that the 2-rank runs' CPU is compared with.
-  sample_cpu "$out/$model.none.alone-a.r$round.jsonl" "$(lookup "$warmup_spec" "$model")" \
+  sample_cpu "$out/$model.none.alone-a.r$round.jsonl" "$(measured_from "$model")" \
     "$(lookup "$steps_spec" "$model")" "$out/$model.none.alone-a.r$round.cpu.json" &
   for side in a b; do
     local tag=$model.none.alone-$side.r$round
@@ -251,15 +263,12 @@ run_pair() {  # MODEL RATE OVERLAP ROUND CODEC TRANSPORT
   # epgc8-ef etc.: the codec with error feedback, as auto runs its sub-16-bit candidates.
   [[ $codec == *-ef ]] && feedback=true
   # auto plans after the warmup steps and then tries the plan against the all-narrowest one
-  # for 2 x auto_trial steps; the summary leaves both out: the measured steps run the plan kept.
-  local warmup; warmup=$(lookup "$warmup_spec" "$model")
+  # for 2 x auto_trial steps; the measured steps (measured_from) run the plan kept.
   if [[ $codec == auto ]]; then
-    auto_args=(--set distributed.auto_warmup_steps="$warmup"
-      --set distributed.auto_trial_steps="$auto_trial"
-      --set solver.max_iter=$(($(lookup "$steps_spec" "$model") + warmup + 2 * auto_trial)))
-    warmup=$((warmup + 2 * auto_trial))
+    auto_args=(--set distributed.auto_warmup_steps="$(lookup "$warmup_spec" "$model")"
+      --set distributed.auto_trial_steps="$auto_trial")
   fi
-  sample_cpu "$out/$tag.jsonl" "$warmup" "$(lookup "$steps_spec" "$model")" \
+  sample_cpu "$out/$tag.jsonl" "$(measured_from "$model")" "$(lookup "$steps_spec" "$model")" \
     "$out/$tag.cpu.json" &
   for side in a b; do
     node=$([[ $side == a ]] && echo 0 || echo 1)
@@ -287,7 +296,7 @@ run_torch() {  # MODEL RATE|single ROUND
   local model=$1 rate=$2 round=$3 tag=$1.$2.torch.r$3
   local batch steps warmup
   batch=$(lookup "$batch_spec" "$model"); steps=$(lookup "$steps_spec" "$model")
-  warmup=$(lookup "$warmup_spec" "$model")
+  warmup=$(measured_from "$model")
   local args=(--model "$model" --batch "$batch" --steps "$steps" --warmup "$warmup")
   echo "== round $round: $model, PyTorch DDP ${rate/single/1 rank alone}" >&2
   if [[ $rate == single ]]; then
@@ -320,7 +329,9 @@ for round in $(seq 1 "$rounds"); do
   for rate in "${rate_list[@]}"; do
     "$netem/up.sh" --rate "$rate" --prefix "$prefix" --subnet "$subnet" --replace >&2
     for model in "${model_list[@]}"; do
-      for codec in "${codec_list[@]}"; do
+      # Each round starts one codec further on, so that no codec always runs first or last.
+      for ((c = 0; c < ${#codec_list[@]}; c++)); do
+        codec=${codec_list[$(((c + round - 1) % ${#codec_list[@]}))]}
         for transport in "${transport_list[@]}"; do
           for overlap in "${overlap_list[@]}"; do
             run_pair "$model" "$rate" "$overlap" "$round" "$codec" "$transport"
@@ -334,6 +345,8 @@ for round in $(seq 1 "$rounds"); do
 done
 bench_load after "$out/info.txt"
 
-"$py" "$root/scripts/bench/scaling/summarize.py" "$out" --warmup "$warmup_spec" \
-  --batch "$batch_spec" --auto-extra $((2 * auto_trial)) | tee "$out/summary.md"
+measured_spec=""
+for m in "${model_list[@]}"; do measured_spec+="${measured_spec:+,}$m=$(measured_from "$m")"; done
+"$py" "$root/scripts/bench/scaling/summarize.py" "$out" --warmup "$measured_spec" \
+  --batch "$batch_spec" | tee "$out/summary.md"
 echo "$me: raw metrics and summary in $out" >&2

@@ -95,7 +95,9 @@ def main():
     ap.add_argument("--warmup", required=True)
     ap.add_argument("--batch", required=True)
     ap.add_argument("--auto-extra", type=int, default=0,
-                    help="steps codec auto runs after the warmup before it is measured (its trial)")
+                    help="steps only codec auto runs after --warmup before it is measured (its "
+                         "trial): for run folders from before scaling.sh measured every run "
+                         "over the same iterations")
     args = ap.parse_args()
     warmup, batch = spec(args.warmup), spec(args.batch)
     out = args.out
