@@ -57,9 +57,12 @@ inline std::string TransportName(const ::testing::TestParamInfo<std::string>& in
 }
 
 // Runs fn(rank's communicator) on n threads; returns each rank's exception text ("" if none).
+// The ranks meet through shared_store when given (to read what they published), else their own.
 inline std::vector<std::string> RunThreads(int n, const std::function<void(Communicator&)>& fn,
-                                           CommOptions options = CommOptions()) {
-  InMemoryStore store;
+                                           CommOptions options = CommOptions(),
+                                           InMemoryStore* shared_store = nullptr) {
+  InMemoryStore own_store;
+  InMemoryStore& store = shared_store != nullptr ? *shared_store : own_store;
   std::vector<std::string> errors(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {

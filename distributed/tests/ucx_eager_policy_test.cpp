@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <thread>
 
 #include "cortado/dist/communicator.h"
 #include "test_util.h"
@@ -128,24 +127,13 @@ TEST(UcxEagerPolicy, TheCommunicatorGathersHostNamesOnlyForUcx) {
     if (transport == "ucx" && !HasUcxTransport()) continue;
     const int n = 3;
     InMemoryStore store;
-    std::vector<std::string> errors(n);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          CommConfig config;
-          config.rank = r;
-          config.world_size = n;
-          config.store = &store;
-          config.options = testing::OptionsFor(transport);
+    const std::vector<std::string> errors = testing::RunThreads(
+        n,
+        [](Communicator& comm) {
           std::vector<float> x(17, 1.0f);
-          CreateCommunicator(config)->AllReduce(x.data(), x.size(), DataType::kF32, ReduceOp::kSum);
-        } catch (const std::exception& e) {
-          errors[static_cast<size_t>(r)] = e.what();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
+          comm.AllReduce(x.data(), x.size(), DataType::kF32, ReduceOp::kSum);
+        },
+        testing::OptionsFor(transport), &store);
     for (int r = 0; r < n; ++r) {
       const std::string key = "cortado/host/" + std::to_string(r);
       EXPECT_EQ(errors[static_cast<size_t>(r)], "") << transport << " rank " << r;

@@ -192,6 +192,30 @@ TEST(DataParallel, OneRankLeavesGradientsAsBackwardWroteThem) {
   }
 }
 
+// For the error-feedback tests: a residual of small random values, set in dp and returned.
+Tensor SeedResidual(DataParallel& dp) {
+  Tensor residual = dp.residual().Clone();
+  Rng rng(3);
+  for (int64_t i = 0; i < residual.numel(); ++i) {
+    residual.data<float>()[i] = static_cast<float>(rng.Normal(0, 1e-3));
+  }
+  dp.SetResidual(residual);
+  return residual;
+}
+
+// One training step of a 2-sample net on the same data each time.
+void FixedStep(Net& net, DataParallel& dp) {
+  Rng data(5);
+  Tensor& x = net.input("data");
+  for (int64_t i = 0; i < x.numel(); ++i)
+    x.data<float>()[i] = static_cast<float>(data.Normal(0, 1));
+  for (int64_t i = 0; i < 2; ++i) net.input("label").data<int32_t>()[i] = static_cast<int32_t>(i);
+  dp.BeginStep(1);
+  dp.SetControl(net.Forward(), false);
+  net.Backward();
+  dp.FinishStep();
+}
+
 // Error feedback through a step that is not applied: encoding folds the residual into the
 // gradients (with one rank the whole residual goes into them), so a skipped step must put it
 // back bitwise; an applied step keeps what the encoding left.
@@ -203,34 +227,18 @@ TEST(DataParallel, DiscardStepPutsTheResidualBackBitwise) {
   o.error_feedback = true;
   o.discardable_steps = true;
   DataParallel dp(net, *comm, o);
-  Tensor residual = dp.residual().Clone();
-  Rng rng(3);
-  for (int64_t i = 0; i < residual.numel(); ++i) {
-    residual.data<float>()[i] = static_cast<float>(rng.Normal(0, 1e-3));
-  }
-  dp.SetResidual(residual);
-  auto step = [&] {
-    Rng data(5);
-    Tensor& x = net.input("data");
-    for (int64_t i = 0; i < x.numel(); ++i)
-      x.data<float>()[i] = static_cast<float>(data.Normal(0, 1));
-    for (int64_t i = 0; i < 2; ++i) net.input("label").data<int32_t>()[i] = static_cast<int32_t>(i);
-    dp.BeginStep(1);
-    dp.SetControl(net.Forward(), false);
-    net.Backward();
-    dp.FinishStep();
-  };
+  const Tensor residual = SeedResidual(dp);
   auto same = [&](const Tensor& a) {
     return std::memcmp(a.raw_data(), dp.residual().raw_data(), a.nbytes()) == 0;
   };
-  step();
+  FixedStep(net, dp);
   EXPECT_FALSE(same(residual)) << "the step did not use the residual";
   dp.DiscardStep();
   EXPECT_TRUE(same(residual));
-  step();
+  FixedStep(net, dp);
   const Tensor applied = dp.residual().Clone();
   EXPECT_FALSE(same(residual));
-  step();  // BeginStep keeps the residual the applied step left, not the first one
+  FixedStep(net, dp);  // BeginStep keeps the residual the applied step left, not the first one
   dp.DiscardStep();
   EXPECT_TRUE(same(applied));
 }
@@ -245,21 +253,8 @@ TEST(DataParallel, DiscardStepNeedsDiscardableSteps) {
   DataParallelOptions o;
   o.error_feedback = true;
   DataParallel dp(net, *comm, o);
-  Tensor residual = dp.residual().Clone();
-  Rng rng(3);
-  for (int64_t i = 0; i < residual.numel(); ++i) {
-    residual.data<float>()[i] = static_cast<float>(rng.Normal(0, 1e-3));
-  }
-  dp.SetResidual(residual);
-  Rng data(5);
-  Tensor& x = net.input("data");
-  for (int64_t i = 0; i < x.numel(); ++i)
-    x.data<float>()[i] = static_cast<float>(data.Normal(0, 1));
-  for (int64_t i = 0; i < 2; ++i) net.input("label").data<int32_t>()[i] = static_cast<int32_t>(i);
-  dp.BeginStep(1);
-  dp.SetControl(net.Forward(), false);
-  net.Backward();
-  dp.FinishStep();
+  const Tensor residual = SeedResidual(dp);
+  FixedStep(net, dp);
   EXPECT_NE(std::memcmp(residual.raw_data(), dp.residual().raw_data(), residual.nbytes()), 0)
       << "the step did not use the residual";
   EXPECT_THROW(dp.DiscardStep(), Error);
