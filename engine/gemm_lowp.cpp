@@ -13,6 +13,7 @@
 #endif
 
 #include "cortado/dist/codec.h"
+#include "engine/cpu_isa.h"
 #include "engine/env.h"
 #include "engine/error.h"
 #include "engine/math.h"
@@ -22,6 +23,7 @@ namespace {
 
 #ifdef CORTADO_HAVE_ONEDNN
 bool CpuHasNativeBF16() {
+  ApplyCpuIsaCap();  // CORTADO_CPU_ISA=avx2 or avx512 leaves no native bf16
   const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
   const unsigned bf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
   return (isa & bf16) == bf16;

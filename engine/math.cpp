@@ -10,6 +10,7 @@
 #include <oneapi/dnnl/dnnl.h>
 #endif
 
+#include "engine/cpu_isa.h"
 #include "engine/error.h"
 #include "engine/thread_pool.h"
 
@@ -36,7 +37,8 @@ void GemmLd<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alph
 #ifdef CORTADO_HAVE_ONEDNN
   // oneDNN parallelizes with OpenMP; the engine already splits work across its own threads,
   // so every calling thread asks for one OpenMP thread (set once per thread).
-  static thread_local const bool single = (omp_set_num_threads(1), true);
+  // The kernel-set cap (CORTADO_CPU_ISA) is applied before oneDNN's first product.
+  static thread_local const bool single = (ApplyCpuIsaCap(), omp_set_num_threads(1), true);
   (void)single;
   dnnl_status_t status =
       dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -14,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "engine/cpu_isa.h"
 #include "engine/log.h"
 #include "engine/math.h"
 #include "engine/thread_pool.h"
@@ -204,6 +205,7 @@ void PrintJson(const BenchTrainArgs& a, const RunConfig& config, const Summary& 
   j["batch"] = config.data.batch_size;
   j["ranks"] = s.ranks;
   j["threads"] = NumThreads();
+  j["cpu"] = CpuDescription();
   j["iters"] = a.iters;
   j["mode"] = a.infer ? "inference" : "training";
   j["overlap"] = config.distributed.overlap;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "engine/cpu_isa.h"
 #include "engine/error.h"
 #include "engine/gemm_lowp.h"
 #include "engine/log.h"
@@ -99,6 +100,7 @@ void TrainReporter::Banner() const {
           t.batches_per_epoch(), " batches of ", config.data.batch_size,
           ranks > 1 ? " per rank" : "", " per epoch; ", NumThreads(), " thread(s)",
           ranks > 1 ? " per rank" : "");
+  LogInfo("cpu: ", CpuDescription());
   if (IsLowPrecision(config.precision.compute)) {
     LogInfo("precision: ", PrecisionLine(config.precision.compute, t.loss_scaler()));
   }

@@ -253,6 +253,27 @@ TEST(CodecIsa, ResolvesTheEnvironment) {
                                                                       : Isa::kPortable);
 }
 
+// CORTADO_CPU_ISA caps the codecs with the rest of the project's kernels, and never asks for
+// more than the CPU has (an AVX-512 CPU without VBMI keeps the AVX2 codecs under avx512).
+TEST(CodecIsa, FollowsTheProjectWideCap) {
+  using codec_internal::CapIsa;
+  EXPECT_EQ(CapIsa(nullptr, Isa::kAvx512), Isa::kAvx512);
+  EXPECT_EQ(CapIsa("", Isa::kAvx512), Isa::kAvx512);
+  EXPECT_EQ(CapIsa("auto", Isa::kAvx2), Isa::kAvx2);
+  EXPECT_EQ(CapIsa("avx2", Isa::kAvx512), Isa::kAvx2);
+  EXPECT_EQ(CapIsa("avx2", Isa::kPortable), Isa::kPortable);
+  EXPECT_EQ(CapIsa("avx512", Isa::kAvx512), Isa::kAvx512);
+  EXPECT_EQ(CapIsa("avx512", Isa::kAvx2), Isa::kAvx2);
+  ErrorKind kind{};
+  const std::string e = ErrorOf([] { CapIsa("sse2", Isa::kAvx512); }, &kind);
+  EXPECT_NE(e.find("CORTADO_CPU_ISA='sse2'"), std::string::npos) << e;
+  EXPECT_EQ(kind, ErrorKind::kConfig);
+  // A codec set above the cap is refused as one above the CPU is.
+  const std::string above =
+      ErrorOf([] { codec_internal::ResolveIsa("avx512", CapIsa("avx2", Isa::kAvx512)); });
+  EXPECT_NE(above.find("CORTADO_CODEC_ISA=avx512"), std::string::npos) << above;
+}
+
 TEST(CodecIsa, RejectsBadArguments) {
   float x = 1;
   uint8_t b[4];

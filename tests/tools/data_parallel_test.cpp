@@ -1,9 +1,9 @@
 // Data-parallel training end to end, ranks as processes under `cortado launch` over TCP:
 //   - W ranks with per-rank batch b change the parameters as one process with batch W*b and
 //     the same global data order does, compared relative to that change (w_after - w_before):
-//     LeNet in f32 within 1e-5; ResNet-20 with synchronized batch norm and a graph with
-//     dropout, flips and batch norm in f64 within 1e-11 (and ResNet-20 in f32 after one step
-//     within 1e-4);
+//     LeNet, ResNet-20 with synchronized batch norm and a graph with dropout, flips and batch
+//     norm in f64 within 1e-11; LeNet and ResNet-20 in f32 as near the f64 update as one
+//     process in f32 is (kF32Flips, a bound that holds whichever kernels the CPU runs);
 //   - an inf in one rank's reduced gradients skips the step on every rank (the one-word vote),
 //     leaving weights, momentum, statistics and error-feedback residuals as they were; without
 //     a loss scale it stops every rank naming the iteration;
@@ -293,40 +293,73 @@ TEST_F(DataParallelTest, WithoutALossScaleAnOverflowOnOneRankStopsEveryRankNamin
   }
 }
 
+// The exact comparison runs in f64 (precision.compute: fp64): rounding is 1e-16 there, and the
+// runs' updates agree to about 1e-14 of their size, which checks what data parallelism
+// promises: the same samples, augmentations, statistics and averages.
+//
+// In f32 no two runs are exact: other GEMM shapes and kernels (oneDNN's AVX2 and AVX-512 sets
+// sum in other orders) round differently, and a ReLU input within rounding of zero then
+// switches on in one run and off in the other, moving the gradients of every layer before it.
+// So the f32 runs are held to the exact update: one process and W ranks alike within
+// kF32Flips of f64's first momentum (the first gradient, weight decay included). Measured on
+// this slice: one flipped ReLU moves it by 9e-4 (3 ranks, AVX2 kernels) to 3.5e-3 (one
+// process, AVX-512 kernels), no flip by 1e-6; the bound allows several flips and stays 20x
+// below what per-rank batch statistics do (0.66 on 2 ranks, 0.86 on 3), which the test
+// asserts, so that it shows the bound can fail.
+constexpr double kF32Flips = 3e-2;
+
+// LeNet has no batch norm: the exact claim in f64, and f32 held to f64's update as below.
 TEST_F(DataParallelTest, LeNetOnTwoAndThreeRanksEqualsOneProcessWithTheCombinedBatch) {
-  const std::string config = Config(kLeNet);
-  const Checkpoint start = InitialState(config);
-  Checkpoint one16 = Train(config, 1, 16, "one16");
-  Checkpoint two8 = Train(config, 2, 8, "two8");
-  ExpectClose(two8, one16, start, 1e-5);
-  Checkpoint one24 = Train(config, 1, 24, "one24");
-  Checkpoint three8 = Train(config, 3, 8, "three8");
-  ExpectClose(three8, one24, start, 1e-5);
+  const std::string f32 = Config(kLeNet);
+  const std::string f64 = Config(kLeNet, "precision: {compute: fp64}\n");
+  const Checkpoint start = InitialState(f64);
+  for (int ranks : {2, 3}) {
+    SCOPED_TRACE(::testing::Message() << ranks << " ranks");
+    const std::string tag = std::to_string(ranks);
+    Checkpoint one = Train(f64, 1, 8 * ranks, "one" + tag);
+    Checkpoint many = Train(f64, ranks, 8, "many" + tag);
+    ExpectClose(many, one, start, 1e-11);
+    Checkpoint one32 = Train(f32, 1, 8 * ranks, "one32_" + tag);
+    Checkpoint many32 = Train(f32, ranks, 8, "many32_" + tag);
+    const double own = RelativeDifference(one32, one, "param/", &start);
+    const double parallel = RelativeDifference(many32, one, "param/", &start);
+    EXPECT_LE(own, kF32Flips);
+    EXPECT_LE(parallel, kF32Flips);
+    std::printf("f32 update after 6 steps against f64's: one process %.3g, %d ranks %.3g\n", own,
+                ranks, parallel);
+  }
 }
 
-// The exact comparison runs in f64 (precision.compute: fp64). In f32 it cannot be exact for
-// a net with batch norm and ReLUs: the runs round differently (other GEMM shapes, other
-// summation orders), and a ReLU input within rounding of zero then switches on in one run and
-// off in the other, moving the gradients of every layer before it by about 1e-3. One process
-// at 1 and at 2 threads parts exactly so (ResNet-20 on this slice: momentum 2e-3 apart after
-// one step). In f64 rounding is 1e-16 and the runs' updates agree to about 1e-14 of their
-// size, which checks what data parallelism promises: the same samples, augmentations,
-// statistics and averages.
 TEST_F(DataParallelTest, ResNet20WithSyncBatchNormEqualsOneProcess) {
   const std::string f64 = Config(
       kResNet20, "distributed: {sync_bn: true}\nprecision: {compute: fp64}\n", "base_lr: 0.02");
   const std::string f32 = Config(kResNet20, "distributed: {sync_bn: true}\n", "base_lr: 0.02");
-  const Checkpoint start64 = InitialState(f64), start32 = InitialState(f32);
+  const std::string f32_local =
+      Config(kResNet20, "distributed: {sync_bn: false}\n", "base_lr: 0.02");
+  const Checkpoint start64 = InitialState(f64);
   for (int ranks : {2, 3}) {
     SCOPED_TRACE(::testing::Message() << ranks << " ranks");
     const std::string tag = std::to_string(ranks);
     Checkpoint one = Train(f64, 1, 4 * ranks, "one" + tag, "--set solver.max_iter=3");
     Checkpoint many = Train(f64, ranks, 4, "many" + tag, "--set solver.max_iter=3");
     ExpectClose(many, one, start64, 1e-11, true);
-    // f32, one step: the update within 1e-4 even where a ReLU flipped.
+    // f32, one step, against the exact (f64) update: within kF32Flips, as one process in f32.
     Checkpoint one32 = Train(f32, 1, 4 * ranks, "one32_" + tag, "--set solver.max_iter=1");
     Checkpoint many32 = Train(f32, ranks, 4, "many32_" + tag, "--set solver.max_iter=1");
-    ExpectClose(many32, one32, start32, 1e-4);
+    Checkpoint one64 = Train(f64, 1, 4 * ranks, "one64_" + tag, "--set solver.max_iter=1");
+    const double own = RelativeDifference(one32, one64, "momentum/");
+    const double parallel = RelativeDifference(many32, one64, "momentum/");
+    EXPECT_LE(own, kF32Flips) << "one process in f32 is farther from f64 than the bound assumes";
+    EXPECT_LE(parallel, kF32Flips);
+    // What the bound must catch: per-rank batch statistics (sync_bn off) move the update by
+    // most of itself.
+    Checkpoint local32 = Train(f32_local, ranks, 4, "local32_" + tag, "--set solver.max_iter=1");
+    const double local = RelativeDifference(local32, one64, "momentum/");
+    EXPECT_GT(local, 10 * kF32Flips);
+    std::printf(
+        "f32 first update against f64's: one process %.3g, %d ranks %.3g, %d ranks without "
+        "sync_bn %.3g (bound %.3g)\n",
+        own, ranks, parallel, ranks, local, kF32Flips);
   }
 }
 

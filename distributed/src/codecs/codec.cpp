@@ -203,7 +203,7 @@ Isa ResolveIsa(const char* env_value, Isa best) {
   if (value == "avx2") {
     if (best < Isa::kAvx2) {
       Fail(ErrorKind::kConfig, "CORTADO_CODEC_ISA=avx2, but ",
-           CORTADO_CODEC_HAVE_AVX2 ? "this CPU lacks AVX2 or F16C"
+           CORTADO_CODEC_HAVE_AVX2 ? "this CPU lacks AVX2 or F16C (or CORTADO_CPU_ISA caps it)"
                                    : "this build has no AVX2 kernels (not x86)");
     }
     return Isa::kAvx2;
@@ -212,7 +212,8 @@ Isa ResolveIsa(const char* env_value, Isa best) {
     if (best < Isa::kAvx512) {
       Fail(ErrorKind::kConfig, "CORTADO_CODEC_ISA=avx512, but ",
            CORTADO_CODEC_HAVE_AVX512
-               ? "this CPU lacks one of AVX-512 F, BW, DQ, VL, VBMI, or AVX2 and F16C"
+               ? "this CPU lacks one of AVX-512 F, BW, DQ, VL, VBMI, or AVX2 and F16C (or "
+                 "CORTADO_CPU_ISA caps it)"
                : "this build has no AVX-512 kernels (not x86-64)");
     }
     return Isa::kAvx512;
@@ -221,9 +222,18 @@ Isa ResolveIsa(const char* env_value, Isa best) {
        "': expected portable, avx2, avx512 or auto");
 }
 
+Isa CapIsa(const char* cpu_isa_value, Isa best) {
+  const std::string value = cpu_isa_value != nullptr ? cpu_isa_value : "";
+  if (value.empty() || value == "auto") return best;
+  if (value == "avx2") return std::min(best, Isa::kAvx2);
+  if (value == "avx512") return std::min(best, Isa::kAvx512);
+  Fail(ErrorKind::kConfig, "CORTADO_CPU_ISA='", value, "': expected avx2, avx512 or auto");
+}
+
 Isa ActiveIsa() {
   // Decided once; a malformed value throws on every call (the static stays uninitialized).
-  static const Isa isa = ResolveIsa(std::getenv("CORTADO_CODEC_ISA"), BestIsa());
+  static const Isa isa = ResolveIsa(std::getenv("CORTADO_CODEC_ISA"),
+                                    CapIsa(std::getenv("CORTADO_CPU_ISA"), BestIsa()));
   return isa;
 }
 

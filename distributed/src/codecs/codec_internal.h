@@ -50,7 +50,12 @@ Isa BestIsa();
 // The kernel set for a CORTADO_CODEC_ISA value (null or empty or "auto": `best`, what the CPU
 // has). Throws kConfig naming the variable for an unknown value, or for a set above `best`.
 Isa ResolveIsa(const char* env_value, Isa best);
-// ResolveIsa of this process's environment and CPU, decided once.
+// `best` capped by a CORTADO_CPU_ISA value, the cap every run-time kernel choice of the project
+// follows (null or empty or "auto": `best`; "avx2", "avx512": at most that set, and what the
+// CPU has below it). Throws kConfig naming the variable for an unknown value.
+Isa CapIsa(const char* cpu_isa_value, Isa best);
+// ResolveIsa of this process's environment (CORTADO_CODEC_ISA, under the CORTADO_CPU_ISA cap)
+// and CPU, decided once.
 Isa ActiveIsa();
 
 // The public entry points with the kernel set chosen by the caller (arguments already checked;
