@@ -21,10 +21,13 @@ size_t EditDistance(const std::string& a, const std::string& b) {
 
 std::string ClosestName(const std::string& name, const std::vector<std::string>& known) {
   std::string best;
-  size_t best_d = 3;  // suggest only close names
+  size_t best_d = 0;
   for (const std::string& k : known) {
-    const size_t d = k.rfind(name, 0) == 0 && name.size() >= 2 ? 0 : EditDistance(name, k);
-    if (d < best_d) {
+    const size_t d = EditDistance(name, k);
+    // Close enough to suggest: two edits, or the start of the name (`warmup` of warmup_iters).
+    // A prefix is ranked by its distance too, so `code` finds codec before codec_candidates.
+    const bool close = d <= 2 || (name.size() >= 2 && k.rfind(name, 0) == 0);
+    if (close && (best.empty() || d < best_d)) {
       best = k;
       best_d = d;
     }

@@ -15,7 +15,8 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 }
 }  // namespace
 
-Net::Net(const NetSpec& spec, uint64_t seed, DType dtype, NetOptions options) : options_(options) {
+Net::Net(const NetSpec& spec, uint64_t seed, DType dtype, NetOptions options)
+    : options_(options), name_(spec.name) {
   if (inference()) {
     options_.plan_memory = true;
     context_.phase = Phase::kTest;
@@ -271,7 +272,7 @@ void Net::KeepWithinPlan(int step) {
 void Net::GiveBackBuffers(int step) {
   for (int g : plan_.give_after[static_cast<size_t>(step)]) {
     Tensor& held = held_[static_cast<size_t>(g)];
-    if (!held.defined()) continue;  // a second Backward after one Forward
+    if (!held.defined()) continue;  // not taken in this pass
     if (options_.poison_released && (held.dtype() == DType::kF32 || held.dtype() == DType::kF64 ||
                                      IsLowPrecision(held.dtype()))) {
       held.Fill(std::nan(""));
@@ -285,6 +286,7 @@ void Net::GiveBackBuffers(int step) {
 }
 
 double Net::Forward() {
+  forwarded_ = false;  // until every layer has run
   double loss = 0;
   const bool plan = options_.plan_memory;
   if (plan) BeginPlannedPass();
@@ -312,13 +314,21 @@ double Net::Forward() {
       if (blobs_[b]->data.nbytes() != planned_bytes_[b]) planned_ = false;
     }
   }
+  forwarded_ = true;
   return loss;
 }
 
 void Net::Backward(double loss_scale) {
   CORTADO_CHECK(!inference(), "Backward on an inference net (it has no gradients)");
   const bool plan = options_.plan_memory;
-  CORTADO_CHECK(!plan || held_.size() == plan_.group_bytes.size(), "Net::Backward before Forward");
+  // Backward overwrites activations with gradients (in-place layers, planned buffers given back
+  // and reused), so a second one would read gradients as activations and give wrong results
+  // without a word: the caller's bug, stopped here.
+  CORTADO_CHECK(forwarded_, "internal error: net '", name_,
+                "': Backward without a Forward before it (each Backward must follow its own "
+                "Forward: the last Backward has overwritten that Forward's activations)");
+  forwarded_ = false;
+  CORTADO_ASSERT(!plan || held_.size() == plan_.group_bytes.size());
   const int steps = 2 * static_cast<int>(layers_.size());
   const int first_step = static_cast<int>(layers_.size());
   // Activation gradients are taken when their consumer's backward is about to write them (or

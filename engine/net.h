@@ -73,7 +73,9 @@ class Net : public CheckpointState {
 
   // Runs every layer forward; returns the total loss (0 when the net has no loss layer).
   double Forward();
-  // Runs every layer backward, seeding loss gradients with loss_weight * loss_scale.
+  // Runs every layer backward, seeding loss gradients with loss_weight * loss_scale. Each call
+  // needs a Forward of its own before it (backward overwrites activations); a second Backward
+  // after one Forward throws (an internal error: the caller's bug).
   // Activation gradients exist only while backward needs them (grad_bytes_peak() is their
   // footprint without a memory plan; with one they are planned buffers of activation_pool(),
   // and this is 0); afterwards only the net inputs' gradients can be read, until the next call.
@@ -168,6 +170,8 @@ class Net : public CheckpointState {
   ArenaPool activation_pool_;   // activations and their gradients (plan_memory)
   bool profiling_ = false;
   std::vector<LayerTime> layer_times_;
+  std::string name_;        // the spec's, for errors
+  bool forwarded_ = false;  // a Forward has completed and no Backward has run since
 };
 
 }  // namespace cortado

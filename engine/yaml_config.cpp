@@ -179,14 +179,21 @@ YAML::Node YamlSection::Node(const std::string& key) const {
   return n;
 }
 
-void YamlSection::Declare(std::span<const std::string_view> keys) {
+void YamlSection::Declare(std::span<const std::string_view> keys,
+                          std::span<const std::string_view> not_offered) {
   declared_ = true;
   keys_.assign(keys.begin(), keys.end());
   if (!node_.IsMap()) return;
+  std::vector<std::string> offered;
+  for (const std::string& k : keys_) {
+    if (std::find(not_offered.begin(), not_offered.end(), k) == not_offered.end()) {
+      offered.push_back(k);
+    }
+  }
   for (const auto& item : node_) {
     RequireNameKey(*config_, item.first, path_);
     if (std::find(keys_.begin(), keys_.end(), item.first.Scalar()) == keys_.end()) {
-      UnknownKey(item.first, keys_);
+      UnknownKey(item.first, offered);
     }
   }
 }

@@ -52,8 +52,11 @@ class YamlSection {
   // is refused with its place and the closest declared key ("did you mean 'max_iter'?"), or the
   // declared list when none is close. From then on a getter (or Has) on an undeclared key, and
   // a declared key that nothing asked about by Finish(), are internal errors: the list and the
-  // code that reads the section cannot drift apart unnoticed.
-  void Declare(std::span<const std::string_view> keys);
+  // code that reads the section cannot drift apart unnoticed. `not_offered`: declared keys that
+  // this document cannot use (warmup_epochs in an iteration-based run, which the reader refuses
+  // naming the right key), never suggested for a misspelled key nor listed.
+  void Declare(std::span<const std::string_view> keys,
+               std::span<const std::string_view> not_offered = {});
   // Throws on the first key that no getter asked for.
   void Finish() const;
   [[noreturn]] void Error(const std::string& key, const std::string& message) const;

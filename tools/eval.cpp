@@ -1,4 +1,5 @@
-// `cortado eval --checkpoint PATH|auto [--config F] [--set k=v]... [--json] [--threads N]`:
+// `cortado eval --checkpoint PATH|auto [--config F] [--set k=v]... [--json] [--threads N]
+// [--no-progress]`:
 // evaluates a checkpoint on the validation data; `--weights F.safetensors --config F` a
 // weights file (cortado export, or torchvision's names), strictly: every tensor must fit. Without
 // --config the config stored in the checkpoint (the resolved YAML of the run that wrote it) is
@@ -153,7 +154,9 @@ void RunEval(const EvalArgs& a) {
   std::unique_ptr<BatchSource> val =
       MakeEvalSource(in.config.data, ShardSpec{world.rank, world.size});
   std::unique_ptr<Net> net = MakeEvalNet(a, in, *val);
-  EvalResult r = Evaluate(*net, *val, world.comm.get());
+  EvalControl control;
+  if (a.no_progress) control.progress_seconds = 0;  // no "eval  batch" lines
+  EvalResult r = Evaluate(*net, *val, world.comm.get(), control);
   CORTADO_CHECK(r.images > 0, "no record of ", in.config.data.val,
                 " could be read; there is nothing to evaluate");
   if (world.rank == 0) ReportEval(a, in, r, classes_warning);
@@ -181,7 +184,8 @@ void AddEvalCommand(CLI::App& app) {
                   "the ranks on this machine)")
       ->check(IntAtLeast(0, "0: the default budget"));
   cmd->add_flag("--no-progress", args->no_progress,
-                "Accepted for symmetry with train (eval draws no progress bar)");
+                "No progress lines (by default a pass longer than 5 s logs where it stands "
+                "every 5 s)");
   cmd->callback([args] {
     RunEval(*args);
     SetExitCode(0);

@@ -35,12 +35,13 @@ void AddExportCommand(CLI::App& app) {
       UsageFail("--out '" + args->out + "' exists; give --overwrite to replace it");
     }
     const Checkpoint ckpt = LoadCheckpoint(args->checkpoint);
-    // The builder decides the names; a YAML graph keeps Cortado's.
+    // The builder decides the names; a YAML graph keeps Cortado's. The stored config's data
+    // paths are the training machine's: a checkpoint copied elsewhere exports all the same.
     std::string builder;
     if (auto stored = ckpt.meta.find("config"); stored != ckpt.meta.end()) {
       YamlConfig yaml =
           YamlConfig::FromString(stored->second, args->checkpoint + " (stored config)");
-      builder = ParseRunConfig(yaml, /*need_train=*/false).model.builder;
+      builder = ParseRunConfig(yaml, /*need_train=*/false, /*check_data=*/false).model.builder;
     }
     const Safetensors file = ExportWeights(ckpt, builder);
     SaveSafetensors(file, args->out);

@@ -266,6 +266,17 @@ constexpr std::string_view kSolverKeys[] = {
     "max_iter", "lr_policy",     "gamma",        "step_size",     "milestones",       "power",
     "min_lr",   "warmup_epochs", "warmup_iters", "warmup_factor", "eval_interval"};
 
+// The warm-up key of the other schedule (warmup_iters where max_epochs is given alone), which
+// ParseSchedule refuses naming the right one: never offered for a misspelled key. None while the
+// schedule is unclear (ParseSolver then asks for exactly one of max_epochs or max_iter).
+std::span<const std::string_view> OtherSchedulesKeys(const YamlSection& solver) {
+  static constexpr std::string_view kEpochKeys[] = {"warmup_epochs"};
+  static constexpr std::string_view kIterKeys[] = {"warmup_iters"};
+  const bool epochs = solver.Has("max_epochs"), iters = solver.Has("max_iter");
+  if (epochs == iters) return {};
+  return epochs ? std::span<const std::string_view>(kIterKeys) : kEpochKeys;
+}
+
 // The schedule's shape after base_lr: policy, its parameters and the warm-up.
 void ParseSchedule(const YamlSection& s, SolverConfig& sv) {
   LrScheduleOptions& lr = sv.schedule;
@@ -558,7 +569,8 @@ Sections DeclareSections(const YamlConfig& yaml) {
   YamlSection model = declared(root.Section("model"), kModelKeys);
   YamlSection data = declared(root.Section("data"), kDataKeys);
   YamlSection synthetic = declared(data.Section("synthetic"), kSyntheticKeys);
-  YamlSection solver = declared(root.Section("solver"), kSolverKeys);
+  YamlSection solver = root.Section("solver");
+  solver.Declare(kSolverKeys, OtherSchedulesKeys(solver));
   YamlSection checkpoint = declared(root.Section("checkpoint"), kCheckpointKeys);
   YamlSection distributed = declared(root.Section("distributed"), kDistributedKeys);
   YamlSection precision = declared(root.Section("precision"), kPrecisionKeys);

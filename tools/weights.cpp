@@ -145,9 +145,18 @@ WeightsReport LoadWeights(Net& net, const std::string& builder, const Safetensor
   };
   for (Param* p : net.params()) load(p->name, p->value);
   for (Buffer* b : net.buffers()) load(b->name, b->value);
+  // A larger architecture's file (resnet34's into resnet18) fills every tensor of the net; only
+  // its extra blocks, left over here, tell that it is another architecture's.
+  const std::string file_classifier =
+      classifier.empty() ? std::string()
+                         : LayerOf(TorchvisionName(builder, classifier + ".weight"));
   for (const SafetensorsEntry& e : file.entries) {
     const bool counter = EndsWith(e.name, ".num_batches_tracked");  // torchvision's, ignored
-    if (!used.count(e.name) && !counter) report.unused.push_back(e.name);
+    if (used.count(e.name) || counter) continue;
+    report.unused.push_back(e.name);
+    if (LayerOf(e.name) != file_classifier) {
+      report.outside_classifier.push_back(e.name + " (not in the model)");
+    }
   }
   CORTADO_CHECK(!strict || report.unused.empty(), "weights file '", path,
                 "' has tensors the model lacks: ", List(report.unused));

@@ -36,8 +36,9 @@ struct WeightsReport {
   std::vector<std::string> resized;  // in the file with another shape: left at initialization
   std::vector<std::string> missing;  // the net's tensors the file lacks: left at initialization
   std::vector<std::string> unused;   // the file's tensors the net has no place for
-  // Of `resized` and `missing`, those outside the final classifier (the layer of the net's last
-  // parameter): fine-tuning replaces only the classifier, so these mean another architecture.
+  // Of `resized`, `missing` and `unused`, those outside the final classifier (the layer of the
+  // net's last parameter): fine-tuning replaces only the classifier, so these mean another
+  // architecture (an unused one: a larger architecture's file, such as resnet34's in resnet18).
   std::vector<std::string> outside_classifier;
   std::string Summary(const std::string& path) const;  // one line for the log
 };
@@ -50,7 +51,8 @@ WeightsReport LoadWeights(Net& net, const std::string& builder, const Safetensor
                           const std::string& path, bool strict);
 
 // Training's check of a non-strict load: throws, listing the first few, when a tensor outside
-// the final classifier was missing or of another shape, unless `partial` (model.weights_partial,
+// the final classifier was missing, of another shape or unused, unless `partial`
+// (model.weights_partial,
 // --weights-partial) says a partial load is intended.
 void CheckFineTuning(const WeightsReport& report, const std::string& path, bool partial);
 

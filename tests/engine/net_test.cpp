@@ -237,6 +237,45 @@ TEST(Net, GradReadyHookRunsInReverseLayerOrder) {
   EXPECT_EQ(order, (std::vector<std::string>{"fc3", "fc2", "fc1"}));
 }
 
+// Issue 40, item 6: Backward overwrites activations with gradients (ReLU in place, planned
+// buffers reused), so a second Backward after one Forward would compute from gradients; it is
+// refused as the caller's bug, naming the net, and so is a Backward before any Forward.
+TEST(Net, SecondBackwardAfterOneForwardIsRefused) {
+  for (const bool plan : {false, true}) {
+    SCOPED_TRACE(plan ? "planned memory" : "own storage");
+    NetOptions options;
+    options.plan_memory = plan;
+    Net net(ResidualSpec(4), 3, DType::kF64, options);
+    FillInputs(net, 4);
+    auto message = [&] {
+      try {
+        net.Backward();
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    };
+    const std::string before_forward = message();
+    EXPECT_NE(before_forward.find("internal error: net 'residual': Backward without a Forward"),
+              std::string::npos)
+        << before_forward;
+    net.Forward();
+    net.Backward();
+    const std::string second = message();
+    EXPECT_NE(second.find("internal error: net 'residual': Backward without a Forward"),
+              std::string::npos)
+        << second;
+    EXPECT_NE(second.find("each Backward must follow its own Forward"), std::string::npos)
+        << second;
+    // With a Forward of its own, the next Backward runs and gives the first one's gradients.
+    const Tensor first = net.params().front()->grad.Clone();
+    net.Forward();
+    net.Backward();
+    EXPECT_EQ(std::memcmp(first.raw_data(), net.params().front()->grad.raw_data(), first.nbytes()),
+              0);
+  }
+}
+
 TEST(Net, GraphErrorsNameLayerAndBlob) {
   NetSpec spec = ResidualSpec(2);
   spec.layers[2].inputs = {"nope"};

@@ -62,6 +62,25 @@ TEST(YamlConfig, DeclaredKeysAreCheckedAtOnceWithTheClosestName) {
             "max_iter)");
 }
 
+// Issue 40, item 12: a declared key this document cannot use is accepted (its reader refuses it
+// naming the right one) but never offered for a misspelling, nor listed.
+TEST(YamlConfig, KeysNotOfferedAreAcceptedButNeverSuggested) {
+  constexpr std::string_view kKeys[] = {"max_iter", "warmup_epochs", "warmup_iters"};
+  constexpr std::string_view kNotOffered[] = {"warmup_epochs"};
+  YamlConfig c = YamlConfig::FromString("solver:\n  max_iter: 1\n  warmup: 2\n", "x.yaml");
+  YamlSection s = c.Root().Section("solver");
+  EXPECT_EQ(ErrorOf([&] { s.Declare(kKeys, kNotOffered); }),
+            "x.yaml:3:3: unknown key 'solver.warmup' (did you mean 'warmup_iters'?)");
+  YamlConfig far = YamlConfig::FromString("solver:\n  zzzzzz: 1\n", "x.yaml");
+  YamlSection f = far.Root().Section("solver");
+  EXPECT_EQ(ErrorOf([&] { f.Declare(kKeys, kNotOffered); }),
+            "x.yaml:2:3: unknown key 'solver.zzzzzz' (known in solver: max_iter, warmup_iters)");
+  YamlConfig used = YamlConfig::FromString("solver:\n  warmup_epochs: 2\n", "x.yaml");
+  YamlSection u = used.Root().Section("solver");
+  u.Declare(kKeys, kNotOffered);
+  EXPECT_DOUBLE_EQ(u.Float("warmup_epochs", 0), 2);
+}
+
 TEST(YamlConfig, ADeclaredListAndTheGettersCannotDisagree) {
   constexpr std::string_view kKeys[] = {"base_lr", "max_iter"};
   YamlConfig c = YamlConfig::FromString("solver:\n  base_lr: 1\n", "x.yaml");

@@ -83,6 +83,31 @@ TEST_F(ConfigErrorsTest, AMisspelledKeyIsNamedWithTheClosestKnownOneBeforeAnyVal
          "unknown key 'log.zzzzzz' (known in log: interval)");
 }
 
+// Issue 40, item 12: "did you mean" offers only a key this run accepts. warmup_epochs goes with
+// max_epochs and warmup_iters with max_iter; `warmup:` was offered the first declared key it
+// begins, warmup_epochs, which an iteration-based run then refuses.
+TEST_F(ConfigErrorsTest, AMisspelledWarmupIsOfferedTheKeyOfTheRunsSchedule) {
+  const std::string iters = ErrorOf(kBase, "--set solver.warmup=5");
+  EXPECT_NE(iters.find("unknown key 'solver.warmup' (did you mean 'warmup_iters'?)"),
+            std::string::npos)
+      << iters;
+  std::string epochs_base = kBase;
+  epochs_base.replace(epochs_base.find("max_iter: 1"), 11, "max_epochs: 1, warmup: 1");
+  const std::string epochs = ErrorOf(epochs_base);
+  EXPECT_NE(epochs.find("run.yaml:6:25: unknown key 'solver.warmup' (did you mean "
+                        "'warmup_epochs'?)"),
+            std::string::npos)
+      << epochs;
+  // A key one edit from the other schedule's is not offered it, nor does the list name it.
+  std::string iter_typo = kBase;
+  iter_typo.replace(iter_typo.find("max_iter: 1"), 11, "max_epochs: 1, warmup_iter: 1");
+  const std::string typo = ErrorOf(iter_typo);
+  EXPECT_NE(typo.find("unknown key 'solver.warmup_iter' (known in solver: "), std::string::npos)
+      << typo;
+  EXPECT_NE(typo.find("warmup_epochs"), std::string::npos) << typo;
+  EXPECT_EQ(typo.find("warmup_iters"), std::string::npos) << typo;
+}
+
 // Every getter's key must be in its section's list (an undeclared one is an internal error),
 // and every listed key must be read: every shipped config, with either kind of loss scaling,
 // parses to the end.

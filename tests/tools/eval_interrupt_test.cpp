@@ -3,7 +3,8 @@
 // during it stops at the next batch with the training saved and says that only the evaluation
 // is abandoned; an evaluation in the middle of training stops the same way and the run
 // resumes; a resume past --stop-at-iter warns; the one-rank log states the global batch and
-// the learning rate; `cortado eval` shows its progress too.
+// the learning rate; `cortado eval` shows its progress too, unless --no-progress (issue 40,
+// item 7).
 #include <signal.h>
 
 #include <string>
@@ -57,13 +58,23 @@ TEST_F(EvalInterrupt, CtrlCDuringTheFinalEvaluationAbandonsItWithTheTrainingSave
             std::string::npos)
       << err;
 
-  // `cortado eval` of the saved checkpoint shows its progress the same way.
+  // `cortado eval` of the saved checkpoint shows its progress the same way, and with
+  // --no-progress it does not (issue 40, item 7): started first, that one has evaluated at least
+  // as long as the other when the other's line appears, and two seconds more when stopped.
+  const pid_t quiet =
+      StartCortado("eval --threads 1 --no-progress --checkpoint " + ckpt + "/ckpt-00000004.cortado",
+                   "quiet_err.txt");
   const pid_t eval = StartCortado(
       "eval --threads 1 --checkpoint " + ckpt + "/ckpt-00000004.cortado", "eval_err.txt");
   const bool eval_progress = WaitForText("eval_err.txt", "eval  batch", 60);
+  const bool quiet_progress = WaitForText("quiet_err.txt", "eval  batch", 2);
   kill(eval, SIGKILL);
+  kill(quiet, SIGKILL);
   WaitExit(eval, 10);
   EXPECT_TRUE(eval_progress) << Read("eval_err.txt");
+  EXPECT_EQ(WaitExit(quiet, 10), 128 + SIGKILL) << "still evaluating when stopped\n"
+                                                << Read("quiet_err.txt");
+  EXPECT_FALSE(quiet_progress) << Read("quiet_err.txt");
 }
 
 TEST_F(EvalInterrupt, CtrlCDuringAnEvaluationMidTrainingCheckpointsAndTheRunResumes) {

@@ -1,6 +1,7 @@
-// `train --weights` from another architecture (issue 30, item 2): only the final classifier may
-// differ (fine-tuning to another class count); anything else is refused unless
-// --weights-partial says so, and a file exported from another builder is warned about.
+// `train --weights` from another architecture (issue 30, item 2; issue 40, item 3): only the
+// final classifier may differ (fine-tuning to another class count); anything else, a smaller
+// architecture's file or a larger one's, is refused unless --weights-partial says so, and a file
+// exported from another builder is warned about.
 #include <filesystem>
 #include <string>
 
@@ -54,6 +55,35 @@ TEST_F(WeightsFit, AnotherArchitecturesWeightsAreRefusedUnlessPartialIsAsked) {
       0)
       << err;
   EXPECT_NE(err.find("not in the file (left at initialization)"), std::string::npos) << err;
+
+  // The other direction (issue 40, item 3): the larger architecture's file fills every tensor of
+  // the smaller net, so only its extra blocks, unused, tell that it is another architecture's.
+  const std::string weights34 = (dir_ / "r34.safetensors").string();
+  ASSERT_EQ(Cortado("export --checkpoint " + (dir_ / "c" / "ckpt-00000001.cortado").string() +
+                        " --out " + weights34,
+                    &out, &err),
+            0)
+      << err;
+  const std::string r18_d =
+      Write("r18_d.yaml", SyntheticConfig("resnet18", 10, (dir_ / "d").string()));
+  EXPECT_EQ(Cortado("train --config " + r18_d + " --weights " + weights34, &out, &err), 1);
+  EXPECT_NE(
+      err.find(
+          "weights file '" + weights34 +
+          "' does not fit the model outside its final classifier (80 tensor(s): "
+          "layer1.2.conv1.weight (not in the model), layer1.2.bn1.weight (not in the model), "),
+      std::string::npos)
+      << err;
+  EXPECT_NE(err.find("--weights-partial"), std::string::npos) << err;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "d" / "ckpt-00000001.cortado"));
+  ASSERT_EQ(Cortado("train --config " + r18_d + " --weights " + weights34 + " --weights-partial",
+                    &out, &err),
+            0)
+      << err;
+  EXPECT_NE(
+      err.find("102 tensor(s) loaded from '" + weights34 + "'; 80 unused: layer1.2.conv1.weight"),
+      std::string::npos)
+      << err;
 }
 
 }  // namespace

@@ -16,9 +16,12 @@
 #include "engine/error.h"
 #include "engine/net.h"
 #include "models/builders.h"
+#include "tests/support/errors.h"
 
 namespace cortado::tools {
 namespace {
+
+using testing::ErrorOf;
 
 const std::string kGolden = std::string(CORTADO_SOURCE_DIR) + "/tests/testdata/torchvision/";
 
@@ -130,6 +133,7 @@ TEST(Weights, FineTuningLeavesWhatDoesNotFitAndStrictRefusesIt) {
             std::string::npos)
       << r.resized[0];
   EXPECT_TRUE(r.missing.empty());
+  EXPECT_NO_THROW(CheckFineTuning(r, path, /*partial=*/false));  // only the classifier differs
   EXPECT_EQ(std::memcmp(before.raw_data(), net.params().back()->value.raw_data(), before.nbytes()),
             0);
   const std::string line = r.Summary(path);
@@ -155,6 +159,44 @@ TEST(Weights, FineTuningLeavesWhatDoesNotFitAndStrictRefusesIt) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("fits the model"), std::string::npos) << e.what();
   }
+}
+
+// Issue 40, item 3: resnet34's file holds every tensor of resnet18 in the same shape, so only its
+// extra blocks, unused, tell that it is another architecture's; unused outside the classifier is
+// refused unless partial, inside it (fine-tuning) it is not.
+TEST(Weights, ALargerArchitecturesFileIsRefusedUnlessPartial) {
+  Net r34(BuildModel("resnet34", Options(10, 32, 1, 8)), 1);
+  Checkpoint ckpt;
+  r34.SaveState(ckpt);
+  const Safetensors file = ExportWeights(ckpt, "resnet34");
+  Net r18(BuildModel("resnet18", Options(10, 32, 1, 8)), 2);
+  const WeightsReport r = LoadWeights(r18, "resnet18", file, "r34.safetensors", /*strict=*/false);
+  EXPECT_EQ(static_cast<size_t>(r.loaded), r18.params().size() + r18.buffers().size());
+  EXPECT_TRUE(r.missing.empty());
+  EXPECT_TRUE(r.resized.empty());
+  EXPECT_EQ(r.unused.size(), 80u);  // 8 more basic blocks of 2 convolutions and 2 batch norms
+  EXPECT_EQ(r.outside_classifier.size(), 80u);
+  const std::string message = ErrorOf([&] { CheckFineTuning(r, "r34.safetensors", false); });
+  EXPECT_NE(message.find("weights file 'r34.safetensors' does not fit the model outside its final "
+                         "classifier (80 tensor(s): layer1.2.conv1.weight (not in the model)"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("--weights-partial"), std::string::npos) << message;
+  EXPECT_NO_THROW(CheckFineTuning(r, "r34.safetensors", /*partial=*/true));
+
+  // A tensor the net has no place for inside the classifier is fine-tuning's business: allowed.
+  Safetensors extra = file;
+  std::erase_if(extra.entries, [](const SafetensorsEntry& e) {
+    for (const char* block : {"layer1.2.", "layer2.2.", "layer2.3.", "layer3.2.", "layer3.3.",
+                              "layer3.4.", "layer3.5.", "layer4.2."}) {
+      if (e.name.starts_with(block)) return true;
+    }
+    return false;
+  });
+  extra.Add("fc.scale", Tensor({10}, DType::kF32));
+  const WeightsReport fine = LoadWeights(r18, "resnet18", extra, "extra", /*strict=*/false);
+  EXPECT_EQ(fine.unused, std::vector<std::string>{"fc.scale"});
+  EXPECT_NO_THROW(CheckFineTuning(fine, "extra", /*partial=*/false));
 }
 
 TEST(Weights, ExportThenLoadReproducesEveryTensorAndConvertsHalfPrecision) {
