@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs every test (what CI runs), in four stages:
+# Sets up, builds and runs every test (what CI runs), in five stages:
 #   1. format: every C++ file follows .clang-format (scripts/check_format.sh);
 #   2. the whole project (Release, into build/) and the communication library on its own
 #      (build/distributed-alone/, which proves it links alone): every test, including the
 #      bounded runs of the fuzz targets (tests/fuzz/);
-#   3. ASan + UBSan (build/asan/, -O1): every test again, any report fatal;
-#   4. TSan (build/tsan/, -O1): the thread pool, the batch loader and LMDB sources, two
+#   3. forced AVX2 (build/avx2/): the project built for x86-64-v3 (AVX2, FMA, F16C; no AVX-512)
+#      and every test run again with CORTADO_CPU_ISA=avx2, so a machine with AVX-512 also
+#      proves what one without it computes, and one without it runs the same as here;
+#   4. ASan + UBSan (build/asan/, -O1): every test again, any report fatal;
+#   5. TSan (build/tsan/, -O1): the thread pool, the batch loader and LMDB sources, two
 #      data-parallel ranks training as threads (overlap and synchronized batch norm), and the
 #      communication library (its MPI backend aside: Open MPI is not instrumented).
 # Warnings are errors in every build (CORTADO_WERROR).
-#   scripts/test.sh [--no-sanitize]     --no-sanitize: stages 1 and 2 only (a quick local run)
+#   scripts/test.sh [--no-sanitize]     --no-sanitize: stages 1 to 3 only (a quick local run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,7 +20,7 @@ sanitize=1
 for arg in "$@"; do
   case "$arg" in
     --no-sanitize) sanitize=0 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown option '$arg' (known: --no-sanitize)" >&2; exit 2 ;;
   esac
 done
@@ -64,6 +67,16 @@ stage "tests"
 # The distributed suites run once, in the stand-alone build; everything else in build/.
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 600
 ctest --test-dir build/distributed-alone --output-on-failure -j"$jobs" --timeout 600
+
+stage "forced AVX2 build (build/avx2/)"
+# What a CPU without AVX-512 computes, on any machine: the compiler's vectors at AVX2's width
+# (the layers' `omp simd` reductions), and at run time oneDNN's, the codecs' and the bf16
+# products' kernels capped at AVX2 (CORTADO_CPU_ISA), OpenBLAS's too (read when it loads). The
+# CUDA backend is left out: its code does not depend on the host's vector width.
+build build/avx2 . -DCORTADO_DIST_TESTS=OFF -DCORTADO_MARCH=x86-64-v3 -DCORTADO_CUDA=OFF
+stage "forced AVX2 tests"
+CORTADO_CPU_ISA=avx2 OPENBLAS_CORETYPE=Haswell \
+  ctest --test-dir build/avx2 --output-on-failure -j"$jobs" --timeout 600
 
 if ((sanitize)); then
   # Every report stops the test that caused it; the process tests' children inherit these.
