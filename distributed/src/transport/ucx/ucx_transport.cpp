@@ -22,6 +22,7 @@
 #include "transport/tcp/tcp_transport.h"
 #include "transport/transport_internal.h"
 #include "transport/ucx/eager_policy.h"
+#include "transport/ucx/wait_pacer.h"
 
 namespace cortado::dist {
 namespace ucx {
@@ -37,13 +38,6 @@ constexpr uint64_t kFullMask = ~uint64_t{0};
 // The tag of the wire-up message Connect exchanges with every peer (no collective uses step
 // 0xffff with chunk 0xffffff).
 constexpr uint64_t kWireupTag = kTagMask;
-// Busy progress at the start of a wait, before polls start yielding the core.
-constexpr int kBusyPollUs = 10;
-// Idle progress calls in a wait before the first clock read (see Wait).
-constexpr uint64_t kClockFreePolls = 64;
-static_assert(kClockFreePolls % 16 == 0, "Wait reads the clock on every 16th idle poll");
-// The longest sleep on the worker's event fd, so a failure the control plane saw is noticed.
-constexpr int kMaxSleepMs = 50;
 // How long a failed UCX request waits for the control plane to name a root cause (an abort
 // notice arrives just before the aborting process closes its endpoints).
 constexpr auto kRootCauseGrace = std::chrono::milliseconds(200);
@@ -675,50 +669,31 @@ bool UcxTransport::Sleep(int timeout_ms) {
 
 void UcxTransport::Wait(RequestId id, Deadline deadline) {
   Request& r = Find(id);
-  Clock::time_point t_start{};  // read lazily: a message already here costs no clock read
-  int sleep_ms = 1;
-  uint64_t idle = 0;  // progress calls since the last that did something
   // Polling for spin_us before a sleep pays on a fast link and is CPU lost on a slow one
-  // (SpinPolicy); once this wait has slept, the link is slow for it, and it does not poll for
-  // spin_us again after each wake-up (the few clock-free polls stay: a rendezvous moved by
-  // progress calls keeps going).
+  // (SpinPolicy); when and how long to poll or sleep is WaitPacer's (wait_pacer.h).
   const bool spin = spin_us_ > 0 && spin_policy_.ShouldSpin();
-  bool polled = false;
-  bool slept = false;
+  WaitPacer pacer(std::chrono::microseconds(spin ? spin_us_ : 0));
   while (!r.done) {
     if (ProgressAll()) {
-      // Something moved: poll on (a rendezvous transfer is driven by progress calls).
-      idle = 0;
-      sleep_ms = 1;
+      pacer.Moved();  // poll on: a rendezvous transfer is driven by progress calls
       continue;
     }
-    if (r.done) break;
-    // The first idle polls skip the clock (a reply on an idle core comes within a few of them;
-    // a clock read costs as much as a poll), then every 16th reads it.
-    if (++idle < kClockFreePolls || (idle & 15) != 0) continue;
-    auto now = Clock::now();
-    if (idle == kClockFreePolls) t_start = now;
-    if (spin && !slept && now - t_start < std::chrono::microseconds(spin_us_)) {
-      // Poll before sleeping: a reply on an idle core comes in microseconds, far sooner than a
-      // wake-up. After the first few, yield between polls in case the peer shares our core.
-      if (now - t_start > std::chrono::microseconds(kBusyPollUs)) sched_yield();
-      control_->CheckHealthy();  // one atomic load while healthy
-      polled = true;
-      continue;
-    }
-    control_->CheckHealthy();
+    if (r.done || !pacer.ClockDue()) continue;
+    const WaitPacer::Next next = pacer.Decide(Clock::now());
+    control_->CheckHealthy();  // one atomic load while healthy
+    if (next == WaitPacer::Next::kYieldAndPoll) sched_yield();
+    if (next != WaitPacer::Next::kSleep) continue;
     if (deadline.Expired()) {
       throw Error(ErrorKind::kTimeout,
                   StrCat("rank ", rank(), ": deadline passed waiting for rank ", r.peer), r.peer);
     }
-    // Not every UCX transport signals the event fd for every step (a shared-memory rendezvous
-    // is advanced by progress calls, not events), so the sleeps start at 1 ms and double up to
-    // kMaxSleepMs while nothing happens: a missed wake-up costs at most the current sleep.
-    if (Sleep(deadline.RemainingMs(sleep_ms))) wait_sleeps_.fetch_add(1, std::memory_order_relaxed);
-    slept = true;
-    sleep_ms = std::min(2 * sleep_ms, kMaxSleepMs);
+    // The sleep is bounded (at most WaitPacer::kMaxSleepMs) so that a failure the control plane
+    // saw is noticed.
+    const bool waited = Sleep(deadline.RemainingMs(pacer.sleep_ms()));
+    if (waited) wait_sleeps_.fetch_add(1, std::memory_order_relaxed);
+    pacer.Slept(waited);
   }
-  if (polled) spin_policy_.Record(!slept);
+  if (pacer.polled()) spin_policy_.Record(!pacer.slept());
   const bool ok = r.status == UCS_OK && r.received == r.expected;
   Request copy = r;
   Release(r, id);
