@@ -5,8 +5,10 @@
 // A runtime owns, per device: a caching allocator for device memory (engine/caching_allocator.h,
 // every tensor on that device draws from it), a compute stream on which every operation below is
 // queued in order, and a pinned host allocator for the loader's batches. Operations return when
-// queued (the stream keeps their order); Synchronize waits for them, and a copy into pageable host
-// memory waits for its own completion.
+// queued (the stream keeps their order); Synchronize waits for them, and a copy into host memory
+// waits for its own completion. A copy from pinned host memory tells the pinned cache its stream,
+// so the block is not handed out again (and written) before the copy has run; a copy between two
+// GPUs keeps both devices' streams in order around it.
 #pragma once
 
 #include <memory>

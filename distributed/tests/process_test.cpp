@@ -1,7 +1,8 @@
 // Ranks as separate processes over each transport (the dist_test_worker helper, rendezvous through
 // rank 0's TCP store): the collective matrix for 1-5 ranks, Split, a rank killed during a 64 MB
 // all-reduce (an ordinary rank and rank 0, the store's host), and a stalled rank (also on a
-// split child); the UCX transport's eager-send choice as rank 0 logs it.
+// split child); the UCX transport's eager-send choice as rank 0 logs it, and the ranks' choices
+// where they differ.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -209,9 +210,41 @@ TEST(UcxEagerSends, RankZeroSaysWhatTheTransportChose) {
     const size_t at = out0.find(prefix);
     ASSERT_NE(at, std::string::npos) << all;
     EXPECT_EQ(out0.find(prefix, at + 1), std::string::npos) << "logged twice\n" << all;
+    EXPECT_EQ(out0.find("chose differently"), std::string::npos) << all;
     EXPECT_NE(out0.find(c.says, at), std::string::npos) << all;
     EXPECT_EQ(results[1].output.find(prefix), std::string::npos) << all;
   }
+}
+
+// Each rank chooses from its own environment, and the choices travel in the transport addresses:
+// with UCX_RNDV_THRESH set for rank 1 only, rank 0 (eager: tcp only) names both choices once,
+// rank 1 says nothing, and the collectives pass.
+TEST(UcxEagerSends, RankZeroNamesTheRanksWhenTheyChoseDifferently) {
+  CORTADO_SKIP_UNLESS_BUILT(std::string("ucx"));
+  if (std::getenv("UCX_RNDV_THRESH")) GTEST_SKIP() << "UCX_RNDV_THRESH is set around the test";
+  const std::string line =
+      "cortado: ucx transport: the ranks chose differently between eager sends and rendezvous: "
+      "rank(s) 0 force eager sends for every size (peers reachable only over TCP); rank(s) 1 use "
+      "the UCX_RNDV_THRESH set for them";
+  auto results = RunProcesses(
+      2, {"matrix", "0,1,17,300000"},
+      {{"CORTADO_TRANSPORT", "ucx"}, {"UCX_NET_DEVICES", "lo"}, {"UCX_TLS", "tcp,self"}}, 120,
+      [](int rank) {
+        std::map<std::string, std::string> env;
+        if (rank == 1) env["UCX_RNDV_THRESH"] = "8k";
+        return env;
+      });
+  const std::string all = Describe(results);
+  for (const auto& r : results) {
+    EXPECT_EQ(r.code, 0) << all;
+    EXPECT_NE(r.output.find("MATRIX OK"), std::string::npos) << all;
+  }
+  const std::string& out0 = results[0].output;
+  const size_t at = out0.find(line);
+  ASSERT_NE(at, std::string::npos) << all;
+  EXPECT_EQ(out0.find("chose differently", at + line.size()), std::string::npos) << "logged twice\n"
+                                                                                 << all;
+  EXPECT_EQ(results[1].output.find("chose differently"), std::string::npos) << all;
 }
 
 TEST(Rendezvous, MismatchedWorldSizeFailsEveryRankClearly) {

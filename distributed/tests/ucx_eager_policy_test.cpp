@@ -1,15 +1,21 @@
 // The UCX transport's choice between eager sends and UCX's rendezvous (transport/ucx/
 // eager_policy.h), as a table: the user's UCX_RNDV_THRESH, UCX_TLS (lists, aliases and '^'
-// exclusions), the host's RDMA devices and whether every rank is on one host (needs no UCX);
-// and the host names the communicator gathers for the UCX transport before it exists.
+// exclusions), the host's RDMA devices and whether every rank is on one host (needs no UCX); the
+// line rank 0 logs when the ranks chose differently; and the hosts the communicator gathers for
+// the UCX transport before it exists, which are the ones its transport address carries.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "cortado/dist/communicator.h"
+#include "cortado/dist/ucx_transport.h"
 #include "test_util.h"
 #include "transport/ucx/eager_policy.h"
 
@@ -25,6 +31,14 @@ struct Case {
   bool eager;
   const char* reason_has;  // a piece of the log line that says why
 };
+
+// The cause a reason line speaks of.
+EagerCause CauseOfReason(const std::string& reason) {
+  if (reason.starts_with("UCX_RNDV_THRESH=")) return EagerCause::kUserThreshold;
+  if (reason.starts_with("an RDMA device")) return EagerCause::kRdma;
+  if (reason.starts_with("every rank on one host")) return EagerCause::kSharedMemory;
+  return EagerCause::kTcpOnly;
+}
 
 TEST(UcxEagerPolicy, Table) {
   const std::optional<std::string> unset;
@@ -72,6 +86,8 @@ TEST(UcxEagerPolicy, Table) {
   for (const Case& c : cases) {
     const EagerDecision d = DecideEagerSends({c.rndv_thresh, c.tls, c.rdma_devices, c.one_host});
     EXPECT_EQ(d.force_eager, c.eager) << c.name << ": " << d.reason;
+    EXPECT_EQ(d.cause, CauseOfReason(d.reason)) << c.name << ": " << d.reason;
+    EXPECT_EQ(ParseEagerCause(static_cast<char>(d.cause)), d.cause) << c.name;
     EXPECT_NE(d.reason.find(c.reason_has), std::string::npos) << c.name << ": " << d.reason;
     EXPECT_EQ(d.reason.find('\n'), std::string::npos) << c.name;
     // Every line that leaves the choice to UCX or forces it says how to choose otherwise.
@@ -117,12 +133,73 @@ TEST(UcxEagerPolicy, CountRdmaDevicesCountsEntries) {
   std::filesystem::remove_all(dir);
 }
 
-// The policy's one_host comes from every rank's host name, gathered through the rendezvous store
-// before the UCX context exists: over UCX each rank publishes gethostname() under
-// cortado/host/<rank>; over TCP, which needs no such choice, nothing is published.
-TEST(UcxEagerPolicy, TheCommunicatorGathersHostNamesOnlyForUcx) {
-  char host[256] = {};
-  ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
+TEST(UcxEagerPolicy, ParseEagerCauseKnowsTheFourLetters) {
+  EXPECT_EQ(ParseEagerCause('u'), EagerCause::kUserThreshold);
+  EXPECT_EQ(ParseEagerCause('r'), EagerCause::kRdma);
+  EXPECT_EQ(ParseEagerCause('s'), EagerCause::kSharedMemory);
+  EXPECT_EQ(ParseEagerCause('t'), EagerCause::kTcpOnly);
+  EXPECT_EQ(ParseEagerCause('x'), std::nullopt);
+  EXPECT_EQ(ParseEagerCause('\0'), std::nullopt);
+}
+
+// Rank 0's line when the ranks did not all choose alike: each group of ranks with the cause of
+// its choice. RDMA and shared memory both keep UCX's default, so they agree.
+TEST(UcxEagerPolicy, DisagreementNamesTheRanksOfEachChoice) {
+  using C = EagerCause;
+  struct Row {
+    const char* name;
+    std::vector<EagerCause> by_rank;
+    std::vector<const char*> says;  // empty: they agree, nothing to log
+  };
+  const Row rows[] = {
+      {"one rank", {C::kTcpOnly}, {}},
+      {"all eager", {C::kTcpOnly, C::kTcpOnly, C::kTcpOnly}, {}},
+      {"all user", {C::kUserThreshold, C::kUserThreshold}, {}},
+      {"RDMA and shared memory both keep UCX's default",
+       {C::kRdma, C::kSharedMemory, C::kRdma},
+       {}},
+      {"eager on one rank",
+       {C::kSharedMemory, C::kTcpOnly, C::kSharedMemory},
+       {"rank(s) 1 force eager sends for every size (peers reachable only over TCP); rank(s) 0, "
+        "2 keep UCX's default rendezvous threshold (one host with shared memory)"}},
+      {"the user's threshold on some ranks only",
+       {C::kTcpOnly, C::kUserThreshold},
+       {"rank(s) 0 force eager sends", "rank(s) 1 use the UCX_RNDV_THRESH set for them"}},
+      {"RDMA on some hosts only",
+       {C::kRdma, C::kRdma, C::kTcpOnly, C::kTcpOnly},
+       {"rank(s) 2, 3 force eager",
+        "rank(s) 0, 1 keep UCX's default rendezvous threshold (an RDMA "
+        "path)"}},
+  };
+  for (const Row& row : rows) {
+    const std::string line = DescribeDisagreement(row.by_rank);
+    if (row.says.empty()) {
+      EXPECT_EQ(line, "") << row.name;
+      continue;
+    }
+    EXPECT_TRUE(
+        line.starts_with("the ranks chose differently between eager sends and rendezvous: "))
+        << row.name << ": " << line;
+    for (const char* piece : row.says) {
+      EXPECT_NE(line.find(piece), std::string::npos) << row.name << ": " << line;
+    }
+    EXPECT_NE(line.find("set them alike on every rank"), std::string::npos) << line;
+    EXPECT_EQ(line.find('\n'), std::string::npos) << row.name;
+  }
+}
+
+TEST(UcxEagerPolicy, OneHostComparesControlAddresses) {
+  EXPECT_EQ(HostOfControlAddress("10.0.0.5:4000"), "10.0.0.5");
+  EXPECT_EQ(HostOfControlAddress("127.0.0.1:1"), "127.0.0.1");
+  EXPECT_TRUE(AllOnOneHost({}));
+  EXPECT_TRUE(AllOnOneHost({"10.0.0.5", "10.0.0.5"}));
+  EXPECT_FALSE(AllOnOneHost({"10.0.0.5", "10.0.0.6", "10.0.0.5"}));
+}
+
+// One rule for "one host": over UCX each rank publishes, under cortado/host/<rank>, the host its
+// transport address carries (the control mesh's address, which Connect compares), before the UCX
+// context exists; over TCP, which needs no such choice, nothing is published.
+TEST(UcxEagerPolicy, TheCommunicatorGathersTheHostsOfTheTransportAddressesOnlyForUcx) {
   for (const std::string transport : {"ucx", "tcp"}) {
     if (transport == "ucx" && !HasUcxTransport()) continue;
     const int n = 3;
@@ -134,17 +211,63 @@ TEST(UcxEagerPolicy, TheCommunicatorGathersHostNamesOnlyForUcx) {
           comm.AllReduce(x.data(), x.size(), DataType::kF32, ReduceOp::kSum);
         },
         testing::OptionsFor(transport), &store);
+    const Deadline soon = Deadline::After(std::chrono::seconds(1));
     for (int r = 0; r < n; ++r) {
       const std::string key = "cortado/host/" + std::to_string(r);
       EXPECT_EQ(errors[static_cast<size_t>(r)], "") << transport << " rank " << r;
       if (transport == "ucx") {
         ASSERT_TRUE(store.Check({key})) << key;
-        EXPECT_EQ(store.Get(key, Deadline::After(std::chrono::seconds(1))), host) << key;
+        const std::string address = store.Get("cortado/addr/" + std::to_string(r), soon);
+        const std::string control = address.substr(0, address.find('|'));
+        EXPECT_EQ(store.Get(key, soon), HostOfControlAddress(control)) << key << ", " << address;
       } else {
         EXPECT_FALSE(store.Check({key})) << key;
       }
     }
   }
+}
+
+// A transport made without a host exchange takes the ranks to be on one host for its choice;
+// when their control addresses (127.0.0.1 and 127.0.0.2 here) then name two hosts, rank 0 says
+// the choice rested on that assumption, and the ranks still connect (over tcp: endpoints between
+// hosts ask for peer error handling).
+TEST(UcxEagerPolicy, AChoiceMadeForOneHostIsReportedWhenTheAddressesNameTwo) {
+  if (!HasUcxTransport()) GTEST_SKIP() << "the UCX transport is not built";
+  if (std::getenv("UCX_RNDV_THRESH") || std::getenv("UCX_TLS") || CountRdmaDevices() > 0) {
+    GTEST_SKIP() << "the choice here must be the one for shared memory on one host";
+  }
+  const int n = 2;
+  std::vector<std::unique_ptr<Transport>> ts;
+  std::vector<std::string> addresses;
+  ::testing::internal::CaptureStderr();
+  for (int r = 0; r < n; ++r) {
+    UcxTransportOptions o;
+    o.identity = JobIdentity{"tok", n, 42};
+    o.rank = r;
+    o.control_host = r == 0 ? "127.0.0.1" : "127.0.0.2";
+    ts.push_back(CreateUcxTransport(o));
+    addresses.push_back(ts.back()->LocalAddress());
+  }
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ts[static_cast<size_t>(r)]->Connect(addresses, Deadline::After(std::chrono::seconds(20)));
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  const std::string line =
+      "cortado: ucx transport: the eager choice took every rank to be on one host (this transport "
+      "was made without a host exchange), but their control addresses name more than one";
+  const size_t at = err.find(line);
+  EXPECT_NE(at, std::string::npos) << err;
+  EXPECT_EQ(err.find(line, at + 1), std::string::npos) << "logged twice\n" << err;
 }
 
 }  // namespace

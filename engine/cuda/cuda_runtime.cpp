@@ -59,6 +59,77 @@ class PinnedHostMemory final : public RawMemory {
   Device device() const override { return Device::CPU(); }
 };
 
+// CUDA events, from a pool per GPU: an event is created once (a driver call) and used again once
+// its holder is done with it. Timing is off: only completion is asked. Recording an event after a
+// stream has been made to wait on it is safe: the wait is for the record before it.
+class CudaEvents final : public EventSource {
+ public:
+  class Event final : public StreamEvent {
+   public:
+    Event(CudaEvents* pool, int device, cudaEvent_t event)
+        : pool_(pool), device_(device), event_(event) {}
+    ~Event() override { pool_->Give(device_, event_); }
+    bool Reached() override {
+      const cudaError_t status = cudaEventQuery(event_);
+      if (status == cudaErrorNotReady) {
+        (void)cudaGetLastError();  // not an error: clear it so the next call is not blamed
+        return false;
+      }
+      CORTADO_CUDA_CHECK(status);
+      return true;
+    }
+    void Wait() override { CORTADO_CUDA_CHECK(cudaEventSynchronize(event_)); }
+    cudaEvent_t get() const { return event_; }
+
+   private:
+    CudaEvents* pool_;
+    int device_;
+    cudaEvent_t event_;
+  };
+
+  std::unique_ptr<StreamEvent> Record(StreamRef stream) override { return RecordOn(stream); }
+  // An event at the end of the work queued on `stream` so far.
+  std::unique_ptr<Event> RecordOn(StreamRef stream) {
+    auto event = std::make_unique<Event>(this, stream.device, Take(stream.device));
+    CORTADO_CUDA_CHECK(cudaEventRecord(event->get(), static_cast<cudaStream_t>(stream.handle)));
+    return event;
+  }
+
+ private:
+  cudaEvent_t Take(int device) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (static_cast<size_t>(device) < free_.size() && !free_[device].empty()) {
+        const cudaEvent_t event = free_[device].back();
+        free_[device].pop_back();
+        return event;
+      }
+    }
+    // An event belongs to the GPU that is current when it is created, and records only there;
+    // the caller's current GPU is put back (a cache may be freeing from any thread).
+    int current = 0;
+    CORTADO_CUDA_CHECK(cudaGetDevice(&current));
+    cuda::CudaContext::Get(device).MakeCurrent();
+    cudaEvent_t event = nullptr;
+    const cudaError_t status = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    CORTADO_CUDA_CHECK(cudaSetDevice(current));
+    CORTADO_CUDA_CHECK(status);
+    return event;
+  }
+  void Give(int device, cudaEvent_t event) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (static_cast<size_t>(device) >= free_.size()) free_.resize(device + 1);
+    free_[device].push_back(event);
+  }
+
+  std::mutex mu_;
+  std::vector<std::vector<cudaEvent_t>> free_;  // per GPU
+};
+
+StreamRef ComputeStream(const cuda::CudaContext& ctx) {
+  return StreamRef{ctx.index(), ctx.compute_stream()};
+}
+
 class CudaRuntimeImpl final : public DeviceRuntime {
  public:
   DeviceType type() const override { return DeviceType::kCUDA; }
@@ -99,7 +170,9 @@ class CudaRuntimeImpl final : public DeviceRuntime {
   const std::shared_ptr<Allocator>& PinnedHostAllocator() override {
     std::lock_guard<std::mutex> lock(mu_);
     if (!pinned_cache_) {
-      pinned_cache_ = std::make_shared<CachingAllocator>(std::make_unique<PinnedHostMemory>());
+      // With events: the host writes a freed block at once, while a copy from it may be queued.
+      pinned_cache_ =
+          std::make_shared<CachingAllocator>(std::make_unique<PinnedHostMemory>(), events_);
     }
     return pinned_cache_;
   }
@@ -112,14 +185,30 @@ class CudaRuntimeImpl final : public DeviceRuntime {
                   src.ToString(), " on ", src.device().ToString(), " into ", dst.ToString(), " on ",
                   dst.device().ToString(), ": element counts and types differ");
     if (dst.numel() == 0) return;
-    const Device on = dst.device().type == DeviceType::kCUDA ? dst.device() : src.device();
+    const bool dst_on_gpu = dst.device().type == DeviceType::kCUDA;
+    const bool src_on_gpu = src.device().type == DeviceType::kCUDA;
+    const Device on = dst_on_gpu ? dst.device() : src.device();
+    // Between two GPUs the copy is queued on the destination's stream, and both streams keep
+    // their order around it: the copy waits for the work queued on the source's stream (which
+    // may be writing src), and the source's stream waits for the copy (its later work may
+    // overwrite src, or reuse src's block once it is freed, in its own stream order). The
+    // source's context first: creating it makes its GPU current.
+    cuda::CudaContext* src_ctx = dst_on_gpu && src_on_gpu && src.device().index != on.index
+                                     ? &cuda::CudaContext::Get(src.device().index)
+                                     : nullptr;
     cuda::CudaContext& ctx = cuda::CudaContext::Get(on.index);
     ctx.MakeCurrent();
+    if (src_ctx != nullptr) OrderAfter(ctx, *src_ctx);
     CORTADO_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(),
                                        cudaMemcpyDefault, ctx.compute_stream()));
-    // Host memory the caller reads next must hold the result.
-    if (dst.device().type == DeviceType::kCPU) {
+    if (src_ctx != nullptr) OrderAfter(*src_ctx, ctx);
+    if (!dst_on_gpu) {
+      // Host memory the caller reads next must hold the result.
       CORTADO_CUDA_CHECK(cudaStreamSynchronize(ctx.compute_stream()));
+    } else if (!src_on_gpu) {
+      // From pinned host memory the copy runs after this returns: its block must not be handed
+      // out again (and written by the host) before the stream has passed it.
+      RecordPinnedUse(src.raw_data(), ComputeStream(ctx));
     }
   }
 
@@ -144,6 +233,23 @@ class CudaRuntimeImpl final : public DeviceRuntime {
   }
 
  private:
+  // Work queued on waiter's compute stream from now on runs after what is queued on first's.
+  void OrderAfter(const cuda::CudaContext& waiter, const cuda::CudaContext& first) {
+    const auto event = events_->RecordOn(ComputeStream(first));
+    CORTADO_CUDA_CHECK(cudaStreamWaitEvent(waiter.compute_stream(), event->get(), 0));
+  }
+
+  // Memory from another allocator (pageable: its copy is staged before cudaMemcpyAsync returns)
+  // is not the pinned cache's, and RecordUse passes over it.
+  void RecordPinnedUse(const void* ptr, StreamRef stream) {
+    std::shared_ptr<Allocator> pinned;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pinned = pinned_cache_;
+    }
+    if (pinned) static_cast<CachingAllocator&>(*pinned).RecordUse(ptr, stream);
+  }
+
   static cuda::CudaContext& ContextOf(const Tensor& t) {
     CORTADO_CHECK(t.device().type == DeviceType::kCUDA, "tensor ", t.ToString(), " is on ",
                   t.device().ToString(), ", not on a GPU");
@@ -164,6 +270,7 @@ class CudaRuntimeImpl final : public DeviceRuntime {
   mutable std::string no_device_;
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<Allocator>> device_caches_;
+  std::shared_ptr<CudaEvents> events_ = std::make_shared<CudaEvents>();
   std::shared_ptr<Allocator> pinned_cache_;
 };
 

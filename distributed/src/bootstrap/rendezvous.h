@@ -21,7 +21,8 @@ namespace cortado::dist::internal {
 
 // The transport of options.transport for this rank, listening where master_addr is reachable
 // (or on CORTADO_SOCKET_IFNAME). Throws kConfig when UCX is asked for but not built. The UCX
-// transport calls gather_hosts (every rank's host name) before it creates its UCX context.
+// transport calls gather_hosts (every rank's host, its control address) before it creates its
+// UCX context.
 std::unique_ptr<Transport> CreateTransportFor(const CommOptions& options,
                                               const JobIdentity& identity, int rank,
                                               const std::string& master_addr,

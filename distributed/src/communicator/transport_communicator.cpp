@@ -59,7 +59,7 @@ TransportCommunicator::TransportCommunicator(const CommConfig& config, Store* re
       store = client.get();
     }
   }
-  // Host names before the transport's address: the UCX transport decides between eager sends
+  // Hosts before the transport's address: the UCX transport decides between eager sends
   // and rendezvous from them before it creates its context (transport/ucx/eager_policy.h).
   const HostGather gather_hosts = [&](const std::string& mine) {
     return ExchangeAddresses(*store, config.store_prefix + "cortado/host/", rank_, size_, mine,

@@ -13,7 +13,9 @@
 //     Where the ranks can meet only over TCP (no RDMA device or none in UCX_TLS, and other
 //     hosts or no shared memory in UCX_TLS), the transport sets UCX_RNDV_THRESH=inf itself:
 //     there rendezvous handshakes queue behind the data on the link (transport/ucx/
-//     eager_policy.h). A UCX_RNDV_THRESH the user set always wins. Rank 0 logs the choice.
+//     eager_policy.h). A UCX_RNDV_THRESH the user set always wins. Rank 0 logs its choice, and,
+//     since each rank chooses from its own environment, names the ranks when they differ (each
+//     rank's choice travels in its transport address).
 //   - shared memory: Allocate has ucp_mem_map allocate the memory (UCX's default order takes a
 //     sysv, else posix, shared-memory segment) and register it in one call. When every rank is
 //     on one host and a probe allocation maps through a peer's endpoint (ucp_rkey_ptr), every
@@ -54,9 +56,11 @@
 
 namespace cortado::dist {
 
-// Every rank's host name in rank order, given this rank's: an all-gather among the ranks creating
-// their transports (the communicator runs it through its rendezvous store). Throws as the
-// exchange does (kTimeout naming the ranks that never answered).
+// Every rank's host in rank order, given this rank's: an all-gather among the ranks creating their
+// transports (the communicator runs it through its rendezvous store). A host is the address the
+// rank's control mesh listens on (no port), the same one its transport address carries, so the
+// eager choice and Connect agree on which ranks share a host. Throws as the exchange does
+// (kTimeout naming the ranks that never answered).
 using HostGather = std::function<std::vector<std::string>(const std::string& mine)>;
 
 struct UcxTransportOptions {
@@ -64,9 +68,10 @@ struct UcxTransportOptions {
   int rank = 0;
   std::string control_host;  // IPv4 address the control mesh listens on (as TCP's listen_host)
   int spin_us = 50;          // CORTADO_SPIN_US: progress before sleeping on the event fd
-  // Called once, before ucp_init, to learn whether every rank is on this host (gethostname),
-  // which decides between eager sends and UCX's default. Empty: the ranks are taken to be on
-  // one host, so only a UCX_TLS without shared memory (or RDMA) makes the sends eager.
+  // Called once, before ucp_init, to learn whether every rank is on this host, which decides
+  // between eager sends and UCX's default. Empty: the ranks are taken to be on one host, so only
+  // a UCX_TLS without shared memory (or RDMA) makes the sends eager (rank 0 logs it when Connect
+  // then finds them on several).
   HostGather gather_hosts;
 };
 

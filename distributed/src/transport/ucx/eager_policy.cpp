@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 namespace cortado::dist::ucx {
 namespace {
@@ -108,27 +109,82 @@ TlsReach ReachOfTls(const std::optional<std::string>& tls) {
 
 EagerDecision DecideEagerSends(const EagerPolicyInput& in) {
   if (in.rndv_thresh) {
-    return {false, "UCX_RNDV_THRESH=" + *in.rndv_thresh +
-                       " is set; the rendezvous threshold is left as it says"};
+    return {false, EagerCause::kUserThreshold,
+            "UCX_RNDV_THRESH=" + *in.rndv_thresh +
+                " is set; the rendezvous threshold is left as it says"};
   }
   const TlsReach reach = ReachOfTls(in.tls);
   if (in.rdma_devices > 0 && reach.rdma) {
-    return {false, "an RDMA device (" + std::to_string(in.rdma_devices) +
-                       " in /sys/class/infiniband) and " + TlsText(in.tls) +
-                       " allows RDMA; UCX's default rendezvous threshold (" + kOverride + ")"};
+    return {false, EagerCause::kRdma,
+            "an RDMA device (" + std::to_string(in.rdma_devices) +
+                " in /sys/class/infiniband) and " + TlsText(in.tls) +
+                " allows RDMA; UCX's default rendezvous threshold (" + kOverride + ")"};
   }
   if (in.one_host && reach.shared_memory) {
-    return {false, "every rank on one host, and " + TlsText(in.tls) +
-                       " allows shared memory; UCX's default rendezvous threshold (zero-copy "
-                       "cma reads; " +
-                       kOverride + ")"};
+    return {false, EagerCause::kSharedMemory,
+            "every rank on one host, and " + TlsText(in.tls) +
+                " allows shared memory; UCX's default rendezvous threshold (zero-copy "
+                "cma reads; " +
+                kOverride + ")"};
   }
   const std::string no_rdma =
       in.rdma_devices == 0 ? "no RDMA device" : TlsText(in.tls) + " allows no RDMA transport";
   const std::string over_tcp =
       !in.one_host ? "ranks on more than one host" : TlsText(in.tls) + " allows no shared memory";
-  return {true, "peers reachable only over TCP (" + no_rdma + "; " + over_tcp +
-                    "); eager sends for every size (" + kOverride + ")"};
+  return {true, EagerCause::kTcpOnly,
+          "peers reachable only over TCP (" + no_rdma + "; " + over_tcp +
+              "); eager sends for every size (" + kOverride + ")"};
+}
+
+std::optional<EagerCause> ParseEagerCause(char letter) {
+  for (EagerCause c : {EagerCause::kUserThreshold, EagerCause::kRdma, EagerCause::kSharedMemory,
+                       EagerCause::kTcpOnly}) {
+    if (static_cast<char>(c) == letter) return c;
+  }
+  return std::nullopt;
+}
+
+std::string DescribeDisagreement(const std::vector<EagerCause>& by_rank) {
+  // The choice each cause makes: RDMA and shared memory both leave UCX's default in place.
+  auto choice = [](EagerCause c) { return c == EagerCause::kSharedMemory ? EagerCause::kRdma : c; };
+  bool same = true;
+  for (EagerCause c : by_rank) same &= choice(c) == choice(by_rank.front());
+  if (same) return {};
+  // One group per cause, in a fixed order, each naming its ranks.
+  struct Group {
+    EagerCause cause;
+    const char* says;
+  };
+  static constexpr Group kGroups[] = {
+      {EagerCause::kTcpOnly, "force eager sends for every size (peers reachable only over TCP)"},
+      {EagerCause::kRdma, "keep UCX's default rendezvous threshold (an RDMA path)"},
+      {EagerCause::kSharedMemory,
+       "keep UCX's default rendezvous threshold (one host with shared memory)"},
+      {EagerCause::kUserThreshold, "use the UCX_RNDV_THRESH set for them"},
+  };
+  std::string groups;
+  for (const Group& g : kGroups) {
+    std::string ranks;
+    for (size_t r = 0; r < by_rank.size(); ++r) {
+      if (by_rank[r] == g.cause) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (ranks.empty()) continue;
+    groups += (groups.empty() ? "" : "; ") + std::string("rank(s) ") + ranks + " " + g.says;
+  }
+  return "the ranks chose differently between eager sends and rendezvous: " + groups +
+         " (each rank decides from its own UCX_RNDV_THRESH, UCX_TLS and RDMA devices: set them "
+         "alike on every rank for one choice)";
+}
+
+std::string HostOfControlAddress(const std::string& address) {
+  return address.substr(0, address.rfind(':'));
+}
+
+bool AllOnOneHost(const std::vector<std::string>& hosts) {
+  for (const std::string& h : hosts) {
+    if (h != hosts.front()) return false;
+  }
+  return true;
 }
 
 int CountRdmaDevices(const std::string& dir) {

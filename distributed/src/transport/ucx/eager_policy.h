@@ -15,10 +15,23 @@
 //     transport (sm, shm, mm, posix, sysv, xpmem, cma, knem, all).
 // UCX_TLS is UCX's syntax: a comma list of transports and aliases; a leading '^' excludes the
 // listed ones from all; unset or empty means all.
+//
+// "One host" has one rule, used for this choice and by the transport's Connect (which endpoints
+// get UCX's peer error handling, whether the ranks probe for shared memory): two ranks are on
+// one host exactly when their control meshes listen on the same address (HostOfControlAddress).
+// Every rank announces that address through the store, before the UCX context for this choice
+// and in its transport address for Connect. (Host names, used here before, can disagree with the
+// addresses: cloned machines that kept one name, containers with their own.)
+//
+// Each rank decides from its own environment and devices, so ranks can differ (UCX_TLS or
+// UCX_RNDV_THRESH set on some ranks only, an RDMA device on some hosts only). Every rank sends its
+// decision's cause in its transport address, and rank 0 logs once, naming the ranks, when they
+// did not all choose the same (DescribeDisagreement).
 #pragma once
 
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace cortado::dist::ucx {
 
@@ -26,15 +39,38 @@ struct EagerPolicyInput {
   std::optional<std::string> rndv_thresh;  // UCX_RNDV_THRESH, nullopt when unset
   std::optional<std::string> tls;          // UCX_TLS, nullopt when unset
   int rdma_devices = 0;                    // entries in /sys/class/infiniband
-  bool one_host = true;                    // every rank on this host
+  bool one_host = true;                    // every rank on this host (AllOnOneHost)
+};
+
+// Why a rank chose as it did; the letter travels in the UCX transport's address.
+enum class EagerCause : char {
+  kUserThreshold = 'u',  // UCX_RNDV_THRESH is set: left as it says
+  kRdma = 'r',           // RDMA may carry the data: UCX's default threshold
+  kSharedMemory = 's',   // one host with shared memory: UCX's default threshold
+  kTcpOnly = 't',        // the ranks meet only over TCP: eager sends for every size
 };
 
 struct EagerDecision {
   bool force_eager = false;  // set RNDV_THRESH=inf in the UCP config
-  std::string reason;        // one line for the log, saying what was chosen and why
+  EagerCause cause = EagerCause::kUserThreshold;
+  std::string reason;  // one line for the log, saying what was chosen and why
 };
 
 EagerDecision DecideEagerSends(const EagerPolicyInput& input);
+
+// The cause a letter stands for; nullopt when it is none of them.
+std::optional<EagerCause> ParseEagerCause(char letter);
+
+// One line naming which ranks chose what, or "" when every rank made the same choice: eager sends
+// forced, UCX's default threshold (for RDMA or for shared memory alike), or the user's
+// UCX_RNDV_THRESH. by_rank[r] is rank r's cause.
+std::string DescribeDisagreement(const std::vector<EagerCause>& by_rank);
+
+// The host part of a control address ("10.0.0.5:4000" -> "10.0.0.5"; control addresses are IPv4
+// host:port): what "one host" compares.
+std::string HostOfControlAddress(const std::string& address);
+// True when every entry is the same host (and for no entries).
+bool AllOnOneHost(const std::vector<std::string>& hosts);
 
 // What UCX_TLS allows, of the kinds the rule asks about.
 struct TlsReach {

@@ -2,18 +2,14 @@
 // control plane; progress on the calling thread only).
 #include "cortado/dist/ucx_transport.h"
 
-#include <limits.h>
 #include <poll.h>
 #include <sched.h>
 #include <ucp/api/ucp.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -22,6 +18,7 @@
 #include "transport/tcp/tcp_transport.h"
 #include "transport/transport_internal.h"
 #include "transport/ucx/eager_policy.h"
+#include "transport/ucx/wait_pacer.h"
 
 namespace cortado::dist {
 namespace ucx {
@@ -37,13 +34,6 @@ constexpr uint64_t kFullMask = ~uint64_t{0};
 // The tag of the wire-up message Connect exchanges with every peer (no collective uses step
 // 0xffff with chunk 0xffffff).
 constexpr uint64_t kWireupTag = kTagMask;
-// Busy progress at the start of a wait, before polls start yielding the core.
-constexpr int kBusyPollUs = 10;
-// Idle progress calls in a wait before the first clock read (see Wait).
-constexpr uint64_t kClockFreePolls = 64;
-static_assert(kClockFreePolls % 16 == 0, "Wait reads the clock on every 16th idle poll");
-// The longest sleep on the worker's event fd, so a failure the control plane saw is noticed.
-constexpr int kMaxSleepMs = 50;
 // How long a failed UCX request waits for the control plane to name a root cause (an abort
 // notice arrives just before the aborting process closes its endpoints).
 constexpr auto kRootCauseGrace = std::chrono::milliseconds(200);
@@ -78,33 +68,19 @@ std::string Unhex(const std::string& text) {
   return out;
 }
 
-// "10.0.0.5:4000" -> "10.0.0.5" (control addresses are IPv4 host:port).
-std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
-
 std::optional<std::string> EnvValue(const char* name) {
   const char* v = std::getenv(name);
   return v ? std::optional<std::string>(v) : std::nullopt;
 }
 
-std::string HostName() {
-  char name[HOST_NAME_MAX + 1] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) {
-    Fail(ErrorKind::kSystem, "ucx transport: gethostname failed: ", std::strerror(errno));
-  }
-  return name;
-}
-
 // Eager sends or UCX's default (see eager_policy.h), from the UCX_* variables, this host's RDMA
-// devices and every rank's host name.
-EagerDecision ChooseEagerSends(const UcxTransportOptions& options) {
+// devices and whether every rank is on one host.
+EagerDecision ChooseEagerSends(bool one_host) {
   EagerPolicyInput in;
   in.rndv_thresh = EnvValue("UCX_RNDV_THRESH");
   in.tls = EnvValue("UCX_TLS");
   in.rdma_devices = CountRdmaDevices();
-  if (options.gather_hosts) {
-    const std::string mine = HostName();
-    for (const auto& host : options.gather_hosts(mine)) in.one_host &= host == mine;
-  }
+  in.one_host = one_host;
   return DecideEagerSends(in);
 }
 
@@ -195,8 +171,11 @@ class UcxTransport final : public Transport {
   ~UcxTransport() override;
 
   const char* name() const override { return "ucx"; }
+  // "control|worker|cause": the control mesh's address, the UCX worker's (hex) and the letter of
+  // this rank's eager choice (EagerCause), which rank 0 compares across the ranks in Connect.
   std::string LocalAddress() const override {
-    return control_->LocalAddress() + "|" + Hex(address_.data(), address_.size());
+    return control_->LocalAddress() + "|" + Hex(address_.data(), address_.size()) + "|" +
+           static_cast<char>(eager_cause_);
   }
   void Connect(const std::vector<std::string>& addresses, Deadline deadline) override;
   std::unique_ptr<MemoryRegion> Register(void* data, size_t bytes) override {
@@ -244,6 +223,9 @@ class UcxTransport final : public Transport {
   // returns false at once).
   bool Sleep(int timeout_ms);
   [[noreturn]] void ThrowFailed(const Request& r);
+  // Rank 0, once per process: the ranks' eager choices where they differ, and a choice made for
+  // one host where the ranks turned out to be on several (no host exchange).
+  void ReportChoices(const std::vector<EagerCause>& causes, const std::vector<std::string>& hosts);
   std::string Describe(const Request& r) const;
   // Maps `exported` through the endpoint to peer; null (status in *status) when UCX cannot.
   std::unique_ptr<UcxPeerMemory> TryMap(int peer, const std::string& exported, uint64_t remote_data,
@@ -267,6 +249,10 @@ class UcxTransport final : public Transport {
   ucp_worker_h worker_ = nullptr;
   int event_fd_ = -1;
   std::string address_;
+  // Every rank's host (HostOfControlAddress) as gathered before ucp_init for the eager choice;
+  // empty without UcxTransportOptions::gather_hosts (the choice then took one host).
+  std::vector<std::string> gathered_hosts_;
+  EagerCause eager_cause_ = EagerCause::kUserThreshold;
   std::vector<Peer> peers_;
   bool connected_ = false;
   bool shares_memory_ = false;  // decided in Connect, the same on every rank
@@ -300,8 +286,13 @@ UcxTransport::UcxTransport(const UcxTransportOptions& options)
   c.spin_us = 0;  // the control plane is never waited on in a hot loop
   control_ = std::make_unique<tcp::TcpTransport>(c);
 
-  // Before the config is read, so a failed exchange leaks nothing.
-  const EagerDecision eager = ChooseEagerSends(options);
+  // Before the config is read, so a failed exchange leaks nothing. The host each rank announces
+  // is the one its transport address carries, so Connect sees the same hosts (eager_policy.h).
+  if (options.gather_hosts) {
+    gathered_hosts_ = options.gather_hosts(HostOfControlAddress(control_->LocalAddress()));
+  }
+  const EagerDecision eager = ChooseEagerSends(AllOnOneHost(gathered_hosts_));
+  eager_cause_ = eager.cause;
   ucp_config_t* config = nullptr;
   Check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");  // UCX_* variables
   if (eager.force_eager) {
@@ -389,19 +380,38 @@ void UcxTransport::Connect(const std::vector<std::string>& addresses, Deadline d
     Fail(ErrorKind::kInvalidArgument, "Connect: ", addresses.size(), " addresses for ", size(),
          " ranks");
   }
-  std::vector<std::string> control, worker;
+  std::vector<std::string> control, worker, hosts;
+  std::vector<EagerCause> causes;
   for (const auto& a : addresses) {
-    size_t bar = a.find('|');
+    const size_t bar = a.find('|');
     if (bar == std::string::npos) {
       Fail(ErrorKind::kProtocol, "transport address '", a.substr(0, 64),
            "' is not a UCX one (is every rank run with CORTADO_TRANSPORT=ucx?)");
     }
+    const size_t cause_bar = a.rfind('|');
+    const std::optional<EagerCause> cause =
+        cause_bar > bar && cause_bar + 2 == a.size() ? ParseEagerCause(a.back()) : std::nullopt;
+    if (!cause) {
+      Fail(ErrorKind::kProtocol, "UCX transport address '", a.substr(0, 64),
+           "' ends in no eager choice (is every rank the same Cortado build?)");
+    }
     control.push_back(a.substr(0, bar));
-    worker.push_back(Unhex(a.substr(bar + 1)));
+    worker.push_back(Unhex(a.substr(bar + 1, cause_bar - bar - 1)));
+    hosts.push_back(HostOfControlAddress(control.back()));
+    causes.push_back(*cause);
   }
   // Admission first: the handshake on the control mesh checks the job identity.
   control_->Connect(control, deadline);
-  const std::string my_host = HostOf(control[static_cast<size_t>(rank())]);
+  // One rule for "one host" (eager_policy.h): the hosts the eager choice was made from are the
+  // ones the endpoints are made for.
+  for (size_t r = 0; r < gathered_hosts_.size() && r < hosts.size(); ++r) {
+    if (gathered_hosts_[r] != hosts[r]) {
+      Fail(ErrorKind::kProtocol, "rank ", rank(), ": rank ", r, " announced host ",
+           gathered_hosts_[r], " for the eager choice and ", hosts[r], " in its transport address");
+    }
+  }
+  if (rank() == 0) ReportChoices(causes, hosts);
+  const std::string& my_host = hosts[static_cast<size_t>(rank())];
   {
     for (int r = 0; r < size(); ++r) {
       if (r == rank()) continue;
@@ -416,7 +426,7 @@ void UcxTransport::Connect(const std::vector<std::string>& addresses, Deadline d
       // rc/dc/tcp itself). Not within a host: UCX 1.13 has no peer failure detection on its
       // shared-memory transports, so asking for it would leave only tcp over loopback; there
       // the control mesh notices a dead process instead (its sockets close).
-      const bool same_host = HostOf(control[static_cast<size_t>(r)]) == my_host;
+      const bool same_host = hosts[static_cast<size_t>(r)] == my_host;
       ep.err_mode = same_host ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
       ep.err_handler.cb = &UcxTransport::OnEndpointError;
       ep.err_handler.arg = &p;
@@ -432,10 +442,8 @@ void UcxTransport::Connect(const std::vector<std::string>& addresses, Deadline d
   }
   // Can this rank's allocations be mapped by its peers? Only when every rank is on this host,
   // and only if a probe region UCX allocates here exports (comes from shared memory and maps).
-  bool one_host = true;
-  for (const auto& c : control) one_host &= HostOf(c) == my_host;
   bool can_share = false;
-  if (one_host && size() > 1) {
+  if (AllOnOneHost(hosts) && size() > 1) {
     auto probe = Allocate(4096);
     can_share = !ExportRegion(*probe).empty();
   }
@@ -456,6 +464,26 @@ void UcxTransport::Connect(const std::vector<std::string>& addresses, Deadline d
   shares_memory_ = can_share;
   for (int r = 0; r < size(); ++r) {
     if (r != rank()) shares_memory_ &= (in[static_cast<size_t>(r)] & 2) != 0;
+  }
+}
+
+void UcxTransport::ReportChoices(const std::vector<EagerCause>& causes,
+                                 const std::vector<std::string>& hosts) {
+  auto log_once = [](std::atomic<bool>& logged, const std::string& line) {
+    if (!line.empty() && !logged.exchange(true)) {
+      std::fprintf(stderr, "cortado: ucx transport: %s\n", line.c_str());
+    }
+  };
+  static std::atomic<bool> disagreement_logged{false};
+  log_once(disagreement_logged, DescribeDisagreement(causes));
+  // Without a host exchange the choice took one host; only the shared-memory cause relied on it.
+  static std::atomic<bool> assumption_logged{false};
+  if (gathered_hosts_.empty() && eager_cause_ == EagerCause::kSharedMemory &&
+      !AllOnOneHost(hosts)) {
+    log_once(assumption_logged,
+             "the eager choice took every rank to be on one host (this transport was made "
+             "without a host exchange), but their control addresses name more than one; UCX's "
+             "default rendezvous threshold was kept");
   }
 }
 
@@ -675,50 +703,31 @@ bool UcxTransport::Sleep(int timeout_ms) {
 
 void UcxTransport::Wait(RequestId id, Deadline deadline) {
   Request& r = Find(id);
-  Clock::time_point t_start{};  // read lazily: a message already here costs no clock read
-  int sleep_ms = 1;
-  uint64_t idle = 0;  // progress calls since the last that did something
   // Polling for spin_us before a sleep pays on a fast link and is CPU lost on a slow one
-  // (SpinPolicy); once this wait has slept, the link is slow for it, and it does not poll for
-  // spin_us again after each wake-up (the few clock-free polls stay: a rendezvous moved by
-  // progress calls keeps going).
+  // (SpinPolicy); when and how long to poll or sleep is WaitPacer's (wait_pacer.h).
   const bool spin = spin_us_ > 0 && spin_policy_.ShouldSpin();
-  bool polled = false;
-  bool slept = false;
+  WaitPacer pacer(std::chrono::microseconds(spin ? spin_us_ : 0));
   while (!r.done) {
     if (ProgressAll()) {
-      // Something moved: poll on (a rendezvous transfer is driven by progress calls).
-      idle = 0;
-      sleep_ms = 1;
+      pacer.Moved();  // poll on: a rendezvous transfer is driven by progress calls
       continue;
     }
-    if (r.done) break;
-    // The first idle polls skip the clock (a reply on an idle core comes within a few of them;
-    // a clock read costs as much as a poll), then every 16th reads it.
-    if (++idle < kClockFreePolls || (idle & 15) != 0) continue;
-    auto now = Clock::now();
-    if (idle == kClockFreePolls) t_start = now;
-    if (spin && !slept && now - t_start < std::chrono::microseconds(spin_us_)) {
-      // Poll before sleeping: a reply on an idle core comes in microseconds, far sooner than a
-      // wake-up. After the first few, yield between polls in case the peer shares our core.
-      if (now - t_start > std::chrono::microseconds(kBusyPollUs)) sched_yield();
-      control_->CheckHealthy();  // one atomic load while healthy
-      polled = true;
-      continue;
-    }
-    control_->CheckHealthy();
+    if (r.done || !pacer.ClockDue()) continue;
+    const WaitPacer::Next next = pacer.Decide(Clock::now());
+    control_->CheckHealthy();  // one atomic load while healthy
+    if (next == WaitPacer::Next::kYieldAndPoll) sched_yield();
+    if (next != WaitPacer::Next::kSleep) continue;
     if (deadline.Expired()) {
       throw Error(ErrorKind::kTimeout,
                   StrCat("rank ", rank(), ": deadline passed waiting for rank ", r.peer), r.peer);
     }
-    // Not every UCX transport signals the event fd for every step (a shared-memory rendezvous
-    // is advanced by progress calls, not events), so the sleeps start at 1 ms and double up to
-    // kMaxSleepMs while nothing happens: a missed wake-up costs at most the current sleep.
-    if (Sleep(deadline.RemainingMs(sleep_ms))) wait_sleeps_.fetch_add(1, std::memory_order_relaxed);
-    slept = true;
-    sleep_ms = std::min(2 * sleep_ms, kMaxSleepMs);
+    // The sleep is bounded (at most WaitPacer::kMaxSleepMs) so that a failure the control plane
+    // saw is noticed.
+    const bool waited = Sleep(deadline.RemainingMs(pacer.sleep_ms()));
+    if (waited) wait_sleeps_.fetch_add(1, std::memory_order_relaxed);
+    pacer.Slept(waited);
   }
-  if (polled) spin_policy_.Record(!slept);
+  if (pacer.polled()) spin_policy_.Record(!pacer.slept());
   const bool ok = r.status == UCS_OK && r.received == r.expected;
   Request copy = r;
   Release(r, id);
