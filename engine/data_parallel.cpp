@@ -199,6 +199,7 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
     hiding_fraction_ = ac.hiding_fraction;
     ResetSamples();
     measured_transfer_s_.assign(buckets_.size(), 0.0);
+    agreed_ready_s_.assign(buckets_.size(), 0.0);
   }
   // Error feedback: everywhere with distributed.error_feedback; under auto for the sub-16-bit
   // candidates. The residual block exists in either case (options().error_feedback says so).
@@ -637,6 +638,12 @@ void DataParallel::MeasureStep(Trace::Clock::time_point backward_end,
   const auto since_start = [&](Trace::Clock::time_point t) {
     return std::chrono::duration<double>(t - step_start_).count();
   };
+  if (trial_restart_) {
+    // Resumed from a checkpoint taken during a trial: the step just run was in the plan on
+    // trial, the trial's first turn, if rank 0 starts one.
+    trial_restart_ = false;
+    DecideOnRank0([&] { StartTrial(); });
+  }
   if (trial_.on) {
     TrialStep(since_start(step_end));
     return;
@@ -684,21 +691,114 @@ void DataParallel::MeasureStep(Trace::Clock::time_point backward_end,
   }
   if (!planned_) {
     if (samples_.steps < ac.warmup_steps) return;
-    const std::vector<double> m = AgreedMeasurement();
-    const size_t n = buckets_.size();
-    AdoptMeasurement(m);
-    measured_transfer_s_.assign(m.begin() + 3 + 2 * static_cast<int64_t>(n),
-                                m.begin() + 3 + 3 * static_cast<int64_t>(n));
-    CORTADO_CHECK(agreed_link_.bytes_per_s > 0,
-                  "codec auto: the warmup measured no transfer to plan from");
-    planned_ = true;
-    std::vector<dist::CodecKind> codecs;
-    for (const PlannedBucket& p : PlanCodecs(PlanInput())) codecs.push_back(p.codec);
-    ApplyPlan(codecs, "after the warmup");
-    StartTrial();
+    std::vector<double> m = AgreedMeasurement();
+    DecideOnRank0([&] { FirstPlan(m); });
     return;
   }
-  if (ac.interval > 0 && (step_ + 1) % ac.interval == 0) AutoCheck();
+  if (ac.interval > 0 && (step_ + 1) % ac.interval == 0) {
+    std::vector<double> m = AgreedMeasurement();
+    DecideOnRank0([&] { AutoCheck(m); });
+  }
+}
+
+void DataParallel::DecideOnRank0(const std::function<void()>& decide) {
+  // "S" and the state, or "E" and rank 0's error, so that every rank throws it.
+  std::string message;
+  if (rank() == 0) {
+    try {
+      decide();
+      const std::vector<double> state = AutoState();
+      message = "S" + std::string(reinterpret_cast<const char*>(state.data()),
+                                  state.size() * sizeof(double));
+    } catch (const std::exception& e) {
+      message = std::string("E") + e.what();
+    }
+  }
+  if (comm_.size() > 1) BroadcastBytes(comm_, &message);
+  CORTADO_CHECK(!message.empty(), "codec auto: rank 0 sent no decision");
+  if (message[0] == 'E') Fail(message.substr(1));
+  if (rank() == 0) return;
+  std::vector<double> state((message.size() - 1) / sizeof(double));
+  CORTADO_CHECK(state.size() == 7 + 5 * buckets_.size() &&
+                    message.size() == 1 + state.size() * sizeof(double),
+                "codec auto: rank 0's decision has ", message.size() - 1, " bytes, this rank has ",
+                buckets_.size(), " buckets");
+  std::memcpy(state.data(), message.data() + 1, state.size() * sizeof(double));
+  AdoptAutoState(state);
+}
+
+std::vector<double> DataParallel::AutoState() const {
+  const size_t n = buckets_.size();
+  // [planned, plans, hiding fraction, latency, rate, backward end, trial on,
+  //  per bucket: codec, the trial's narrowest, floor, ready time, measured transfer]
+  std::vector<double> v = {planned_ ? 1.0 : 0.0,     static_cast<double>(auto_plans_),
+                           hiding_fraction_,         agreed_link_.latency_s,
+                           agreed_link_.bytes_per_s, agreed_backward_end_s_,
+                           trial_.on ? 1.0 : 0.0};
+  for (size_t b = 0; b < n; ++b) {
+    v.push_back(static_cast<double>(buckets_[b].codec));
+    v.push_back(static_cast<double>(trial_.on ? trial_.narrow[b] : buckets_[b].codec));
+    v.push_back(static_cast<double>(floor_[b]));
+    v.push_back(agreed_ready_s_[b]);
+    v.push_back(measured_transfer_s_[b]);
+  }
+  return v;
+}
+
+void DataParallel::AdoptAutoState(const std::vector<double>& v) {
+  const size_t n = buckets_.size();
+  const int64_t plans_before = auto_plans_;
+  planned_ = v[0] != 0;
+  auto_plans_ = static_cast<int64_t>(v[1]);
+  hiding_fraction_ = v[2];
+  agreed_link_ = LinkModel{v[3], v[4]};
+  agreed_backward_end_s_ = v[5];
+  std::vector<dist::CodecKind> codecs(n), narrow(n);
+  for (size_t b = 0; b < n; ++b) {
+    const double* u = v.data() + 7 + 5 * b;
+    codecs[b] = static_cast<dist::CodecKind>(static_cast<int>(u[0]));
+    narrow[b] = static_cast<dist::CodecKind>(static_cast<int>(u[1]));
+    floor_[b] = static_cast<size_t>(u[2]);
+    agreed_ready_s_[b] = u[3];
+    measured_transfer_s_[b] = u[4];
+  }
+  SetCodecs(codecs);
+  trial_ = Trial{};
+  if (v[6] != 0) {
+    trial_.on = true;
+    trial_.plan = codecs;
+    trial_.narrow = std::move(narrow);
+  }
+  if (auto_plans_ != plans_before) TracePlan();
+}
+
+void DataParallel::FirstPlan(std::vector<double>& m) {
+  const size_t n = buckets_.size();
+  ApplyLinkOverride(m);
+  AdoptMeasurement(m);
+  measured_transfer_s_.assign(m.begin() + 3 + 2 * static_cast<int64_t>(n),
+                              m.begin() + 3 + 3 * static_cast<int64_t>(n));
+  CORTADO_CHECK(agreed_link_.bytes_per_s > 0,
+                "codec auto: the warmup measured no transfer to plan from");
+  planned_ = true;
+  std::vector<dist::CodecKind> codecs;
+  for (const PlannedBucket& p : PlanCodecs(PlanInput())) codecs.push_back(p.codec);
+  ApplyPlan(codecs, "after the warmup");
+  StartTrial();
+}
+
+void DataParallel::ApplyLinkOverride(std::vector<double>& m) const {
+  // Fixed rates replace the measured link (CORTADO_AUTO_LINK, tests): rank 0's.
+  const size_t n = buckets_.size();
+  const auto& over = options_.auto_codec.link_override;
+  for (size_t i = over.size(); i-- > 0;) {
+    if (i == 0 || over[i].first <= step_) {
+      m[0] = 0;
+      m[1] = 1.0 / over[i].second;
+      m[3 + 3 * n] = -1;  // the measured exposure is not the fixed rate's: no exposure check
+      break;
+    }
+  }
 }
 
 std::vector<double> DataParallel::AgreedMeasurement() {
@@ -730,16 +830,6 @@ std::vector<double> DataParallel::AgreedMeasurement() {
     v[3 + n + b] = gg > 0 ? std::sqrt(rr / gg) : (rr > 0 ? INFINITY : 0.0);
   }
   comm_.AllReduce(v.data(), v.size(), dist::DataType::kF64, dist::ReduceOp::kMax);
-  // Fixed rates replace the measured link (CORTADO_AUTO_LINK, tests).
-  const auto& over = options_.auto_codec.link_override;
-  for (size_t i = over.size(); i-- > 0;) {
-    if (i == 0 || over[i].first <= step_) {
-      v[0] = 0;
-      v[1] = 1.0 / over[i].second;
-      v[3 + 3 * n] = -1;  // the measured exposure is not the fixed rate's: no exposure check
-      break;
-    }
-  }
   ResetSamples();
   return v;
 }
@@ -750,10 +840,10 @@ void DataParallel::ResetSamples() {
   samples_.transfer_s.assign(buckets_.size(), {});
 }
 
-void DataParallel::AutoCheck() {
+void DataParallel::AutoCheck(std::vector<double>& m) {
   const AutoCodecOptions& ac = options_.auto_codec;
   const size_t n = buckets_.size();
-  const std::vector<double> m = AgreedMeasurement();
+  ApplyLinkOverride(m);
   measured_transfer_s_.assign(m.begin() + 3 + 2 * static_cast<int64_t>(n),
                               m.begin() + 3 + 3 * static_cast<int64_t>(n));
   std::vector<dist::CodecKind> codecs;
@@ -861,9 +951,14 @@ void DataParallel::TrialStep(double step_s) {
     }
     return;
   }
-  // Both sides ran: agree on every step's time (the slowest rank's) and keep the faster.
+  // Both sides ran: agree on every step's time (the slowest rank's); rank 0 keeps the faster.
   std::vector<double> v = trial_.step_s;
   comm_.AllReduce(v.data(), v.size(), dist::DataType::kF64, dist::ReduceOp::kMax);
+  DecideOnRank0([&] { EndTrial(v); });
+  ResetSamples();  // the next check measures the plan kept, not the trial
+}
+
+void DataParallel::EndTrial(const std::vector<double>& v) {
   std::vector<double> plan_s, narrow_s;
   for (size_t i = 0; i < v.size(); ++i) (i % 2 == 0 ? plan_s : narrow_s).push_back(v[i]);
   const double pace = TrialPace(plan_s, narrow_s);
@@ -875,7 +970,6 @@ void DataParallel::TrialStep(double step_s) {
                    Fixed(TrialStepSeconds(narrow_s), 3), " s in the narrowest (", Fixed(pace, 3),
                    " of the plan's step, pair by pair), so it keeps ",
                    narrow ? "the narrowest" : "the plan"));
-  ResetSamples();  // the next check measures the plan kept, not the trial
 }
 
 void DataParallel::AdoptMeasurement(const std::vector<double>& m) {
@@ -954,6 +1048,10 @@ void DataParallel::ApplyPlan(const std::vector<dist::CodecKind>& codecs, const s
             "; ", runs_.size(), " all-reduces per step; codecs ", codec_plan());
     for (const std::string& line : lines) LogInfo(line);
   }
+  TracePlan();
+}
+
+void DataParallel::TracePlan() {
   if (trace_ != nullptr) {
     const auto now = Trace::Clock::now();
     Trace::Args args = {{"iteration", static_cast<double>(step_ + 1)},
@@ -994,7 +1092,7 @@ void DataParallel::SaveCodecPlan(Checkpoint& ckpt) const {
   const size_t n = buckets_.size();
   // During a trial: the plan on trial, and a mark that starts the trial over on resume.
   ckpt.meta["codec_auto_plan"] = trial_.on ? PlanText(trial_.plan) : codec_plan();
-  if (trial_.on) ckpt.meta["codec_auto_trial"] = "restart";
+  if (trial_.on || trial_restart_) ckpt.meta["codec_auto_trial"] = "restart";
   ckpt.meta["codec_auto_plans"] = std::to_string(auto_plans_);
   char fraction[32];  // %.17g: the double back bitwise, so a resumed run plans alike
   std::snprintf(fraction, sizeof(fraction), "%.17g", hiding_fraction_);
@@ -1067,7 +1165,9 @@ void DataParallel::LoadCodecPlan(const Checkpoint& ckpt, const std::string& path
   planned_ = true;
   ResetSamples();
   trial_ = Trial{};
-  if (ckpt.meta.count("codec_auto_trial")) StartTrial();
+  // Rank 0 starts the trial over at the end of the next step (MeasureStep), which runs in the
+  // plan on trial: its first turn.
+  trial_restart_ = ckpt.meta.count("codec_auto_trial") > 0;
 }
 
 }  // namespace cortado
