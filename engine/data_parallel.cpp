@@ -50,9 +50,11 @@ void BroadcastBytes(dist::Communicator& comm, std::string* bytes) {
 Checkpoint BroadcastState(dist::Communicator& comm, const std::function<Checkpoint()>& make) {
   std::string blob;
   if (comm.rank() == 0) {
+    // Any exception, not only Error (a parser's std::invalid_argument, say): one that escaped
+    // would end rank 0 here, and the others would report a lost connection instead of its cause.
     try {
       blob = "S" + SerializeCheckpoint(make());
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       blob = std::string("E") + e.what();
     }
   }
@@ -473,19 +475,34 @@ void DataParallel::SaveState(Checkpoint& ckpt) const {
 }
 
 void DataParallel::LoadState(const Checkpoint& ckpt, const std::string& path) {
-  LoadCodecPlan(ckpt, path);
-  saved_residuals_.clear();
-  if (!ckpt.meta.count("error_feedback_ranks")) return;
-  const int64_t ranks = ckpt.MetaInt("error_feedback_ranks");
-  for (int64_t r = 0; r < ranks; ++r) {
-    const Tensor* t = ckpt.Find(StrCat("error_feedback/rank", r));
-    CORTADO_CHECK(t != nullptr, "checkpoint '", path, "' lacks error_feedback/rank", r);
-    saved_residuals_.push_back(*t);
+  // Every entry is checked before any is taken (LoadCodecPlan checks all of its own first), so
+  // a checkpoint that is refused leaves this object as it was.
+  const bool has_residuals = ckpt.meta.count("error_feedback_ranks") > 0;
+  int64_t ranks = 0;
+  std::vector<Tensor> residuals;
+  if (has_residuals) {
+    ranks = ckpt.MetaInt("error_feedback_ranks", path);
+    CORTADO_CHECK(ranks >= 1, "checkpoint '", path, "': error_feedback_ranks is ", ranks,
+                  ", not a rank count (1 or more)");
   }
+  for (int64_t r = 0; options_.error_feedback && r < ranks; ++r) {
+    const std::string name = StrCat("error_feedback/rank", r);
+    const Tensor* t = ckpt.Find(name);
+    CORTADO_CHECK(t != nullptr, "checkpoint '", path, "' lacks ", name,
+                  " (error_feedback_ranks is ", ranks, ")");
+    // Every residual has the gradient block's layout: SaveState passes them on as they are.
+    CORTADO_CHECK(t->dtype() == DType::kF32 && t->ndim() == 1 && t->numel() == residual_.numel(),
+                  "checkpoint '", path, "': ", name, " is ", t->ToString(),
+                  ", this model's residual is ", residual_.ToString(),
+                  " (the model or its parameters changed)");
+    residuals.push_back(*t);
+  }
+  LoadCodecPlan(ckpt, path);
+  saved_residuals_ = std::move(residuals);
+  if (!has_residuals) return;
   const bool root = comm_.rank() == 0;
   if (!options_.error_feedback) {
     if (root) LogWarning(ErrorFeedbackDropped(path));
-    saved_residuals_.clear();
     return;
   }
   if (ranks == comm_.size()) {
@@ -494,8 +511,6 @@ void DataParallel::LoadState(const Checkpoint& ckpt, const std::string& path) {
   }
   Tensor sum = saved_residuals_[0].Clone();
   for (size_t r = 1; r < saved_residuals_.size(); ++r) {
-    CORTADO_CHECK(saved_residuals_[r].numel() == sum.numel(), "checkpoint '", path,
-                  "': error-feedback residuals of different sizes");
     const float* add = saved_residuals_[r].data<float>();
     for (int64_t i = 0; i < sum.numel(); ++i) sum.data<float>()[i] += add[i];
   }
@@ -1115,6 +1130,8 @@ void DataParallel::LoadCodecPlan(const Checkpoint& ckpt, const std::string& path
   if (!options_.auto_codec.enabled) return;
   auto plan = ckpt.meta.find("codec_auto_plan");
   if (plan == ckpt.meta.end()) return;  // written before the warmup ended: it starts over
+  // Everything is checked before anything is taken: a checkpoint that fails leaves the warmup's
+  // state as it was. Each error names the file and the entry.
   const size_t n = buckets_.size();
   std::vector<dist::CodecKind> codecs;
   std::istringstream in(plan->second);
@@ -1122,16 +1139,17 @@ void DataParallel::LoadCodecPlan(const Checkpoint& ckpt, const std::string& path
     try {
       codecs.push_back(dist::ParseCodec(name));
     } catch (const std::exception& e) {
-      Fail("checkpoint '", path, "': codec_auto_plan: ", e.what());
+      Fail("checkpoint '", path, "': codec_auto_plan: ", Clip(e.what(), 120));
     }
   }
   const Tensor* t = ckpt.Find("codec_auto/measurements");
   CORTADO_CHECK(t != nullptr, "checkpoint '", path, "' has codec_auto_plan but lacks ",
                 "codec_auto/measurements");
-  CORTADO_CHECK(codecs.size() == n && t->dtype() == DType::kF64 &&
+  CORTADO_CHECK(codecs.size() == n && t->dtype() == DType::kF64 && t->ndim() == 1 &&
                     t->numel() == static_cast<int64_t>(3 + 3 * n),
                 "checkpoint '", path, "': its codec plan has ", codecs.size(),
-                " buckets, this run has ", n, " (the model or distributed.bucket_mb changed)");
+                " buckets and codec_auto/measurements is ", t->ToString(), "; this run has ", n,
+                " buckets, f64[", 3 + 3 * n, "] (the model or distributed.bucket_mb changed)");
   const std::vector<dist::CodecKind>& cand = options_.auto_codec.candidates;
   for (size_t b = 0; b < n; ++b) {
     const bool known = auto_bucket_[b]
@@ -1142,7 +1160,44 @@ void DataParallel::LoadCodecPlan(const Checkpoint& ckpt, const std::string& path
                   ", which this run's codec settings do not allow (distributed.codec_candidates "
                   "or the codec keys changed)");
   }
+  // [latency, rate, backward end, ready per bucket, floor per bucket, measured per bucket]
   const double* v = t->data<double>();
+  const auto check = [&](size_t i, bool ok, const char* what, const char* want) {
+    const std::string which = i < 3 ? std::string(what) : StrCat(what, " of bucket ", (i - 3) % n);
+    CORTADO_CHECK(ok, "checkpoint '", path, "': codec_auto/measurements: the ", which, " is ", v[i],
+                  ", not ", want);
+  };
+  const auto seconds = [&](size_t i, const char* what) {
+    check(i, std::isfinite(v[i]) && v[i] >= 0, what, "a time (finite, 0 or more)");
+  };
+  seconds(0, "latency");
+  check(1, std::isfinite(v[1]) && v[1] > 0, "link rate", "a rate (finite, above 0)");
+  seconds(2, "end of backward");
+  for (size_t b = 0; b < n; ++b) {
+    seconds(3 + b, "ready time");
+    const double f = v[3 + n + b];
+    // An index into the candidates; one past this run's narrowest (fewer candidates now) is
+    // held at its narrowest.
+    check(3 + n + b, f >= 0 && f <= 1e9 && f == std::floor(f), "floor",
+          "a candidate index (a whole number, 0 or more)");
+    seconds(3 + 2 * n + b, "measured transfer");
+  }
+  int64_t plans = 1;
+  if (ckpt.meta.count("codec_auto_plans")) {
+    plans = ckpt.MetaInt("codec_auto_plans", path);
+    CORTADO_CHECK(plans >= 1, "checkpoint '", path, "': codec_auto_plans is ", plans,
+                  ", not a count of plans (1 or more)");
+  }
+  double fraction = hiding_fraction_;
+  auto fraction_entry = ckpt.meta.find("codec_auto_hiding_fraction");
+  if (fraction_entry != ckpt.meta.end()) {
+    char* end = nullptr;
+    fraction = std::strtod(fraction_entry->second.c_str(), &end);
+    CORTADO_CHECK(!fraction_entry->second.empty() && *end == '\0' && fraction > 0 && fraction <= 1,
+                  "checkpoint '", path, "': codec_auto_hiding_fraction '",
+                  Clip(fraction_entry->second, 40), "' is not in (0, 1]");
+  }
+
   agreed_link_ = LinkModel{v[0], v[1]};
   agreed_backward_end_s_ = v[2];
   agreed_ready_s_.assign(v + 3, v + 3 + n);
@@ -1151,16 +1206,8 @@ void DataParallel::LoadCodecPlan(const Checkpoint& ckpt, const std::string& path
     measured_transfer_s_[b] = v[3 + 2 * n + b];
     buckets_[b].codec = codecs[b];
   }
-  auto plans = ckpt.meta.find("codec_auto_plans");
-  auto_plans_ = plans != ckpt.meta.end() ? std::stoll(plans->second) : 1;
-  auto fraction = ckpt.meta.find("codec_auto_hiding_fraction");
-  if (fraction != ckpt.meta.end()) {
-    char* end = nullptr;
-    const double f = std::strtod(fraction->second.c_str(), &end);
-    CORTADO_CHECK(*end == '\0' && f > 0 && f <= 1, "checkpoint '", path,
-                  "': codec_auto_hiding_fraction '", fraction->second, "' is not in (0, 1]");
-    hiding_fraction_ = f;
-  }
+  auto_plans_ = plans;
+  hiding_fraction_ = fraction;
   CutRuns();
   planned_ = true;
   ResetSamples();

@@ -382,8 +382,8 @@ std::string ErrorFeedbackDropped(const std::string& path);
 
 // Puts every rank in rank 0's starting state: rank 0 runs `make` (resume, initialize) and sends
 // the checkpoint it returns; the others return it, parsed (named "rank 0's state" in errors),
-// and rank 0 returns an empty one. An error that `make` throws reaches every rank as the same
-// error instead of a lost connection. Collective.
+// and rank 0 returns an empty one. Any exception that `make` throws reaches every rank as the
+// same Error (its message) instead of a lost connection. Collective.
 Checkpoint BroadcastState(dist::Communicator& comm, const std::function<Checkpoint()>& make);
 
 }  // namespace cortado

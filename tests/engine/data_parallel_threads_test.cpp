@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
 #include <thread>
 
 #include "cortado/dist/store.h"
@@ -144,6 +145,35 @@ TEST(DataParallelThreads, TwoRanksWithOverlapAndSyncBatchNormTrainAsOneProcess) 
   }
   EXPECT_GT(moved, 1e-3);
   EXPECT_LE(diff, 1e-11 * moved) << "largest difference " << diff << ", largest change " << moved;
+}
+
+// Rank 0's starting state fails with an exception that is not an Error (std::stoll's
+// std::invalid_argument on a crafted entry, say): every rank stops with its message, rather than
+// rank 0 dying alone and the others reporting a lost connection (issue 40).
+TEST(DataParallelThreads, AnyErrorInRankZerosStartingStateReachesEveryRank) {
+  dist::InMemoryStore store;
+  std::vector<std::string> errors(kRanks);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kRanks; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        dist::CommConfig config;
+        config.rank = r;
+        config.world_size = kRanks;
+        config.store = &store;
+        config.options.timeout = std::chrono::seconds(5);
+        std::unique_ptr<dist::Communicator> comm = dist::CreateCommunicator(config);
+        BroadcastState(*comm, []() -> Checkpoint { throw std::invalid_argument("stoll"); });
+        errors[static_cast<size_t>(r)] = "no error";
+      } catch (const Error& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = std::string("not an Error: ") + e.what();
+      }
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "stoll") << r;
 }
 
 // distributed.codec: auto over ranks as threads, f32 gradients, the link fixed by the
