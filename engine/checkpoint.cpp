@@ -198,11 +198,13 @@ const std::string& Checkpoint::Meta(const std::string& key) const {
   return it->second;
 }
 
-int64_t Checkpoint::MetaInt(const std::string& key) const {
-  const std::string& v = Meta(key);
+int64_t Checkpoint::MetaInt(const std::string& key, const std::string& path) const {
+  const std::string file = path.empty() ? "checkpoint" : StrCat("checkpoint '", path, "'");
+  auto it = meta.find(key);
+  CORTADO_CHECK(it != meta.end(), file, " has no '", key, "' entry");
   int64_t x = 0;
-  if (ParseInt64(v, &x)) return x;
-  Fail("checkpoint entry '", key, "' is not an integer: '", v, "'");
+  if (ParseInt64(it->second, &x)) return x;
+  Fail(file, ": entry '", key, "' is not an integer: '", it->second.substr(0, 40), "'");
 }
 
 std::string SerializeCheckpoint(const Checkpoint& checkpoint) {

@@ -31,7 +31,9 @@ struct Checkpoint {
   // The tensor named `name`, or nullptr.
   const Tensor* Find(const std::string& name) const;
   const std::string& Meta(const std::string& key) const;  // throws when absent
-  int64_t MetaInt(const std::string& key) const;
+  // The entry as an integer; throws naming the file (`path`, when given) and the key when it is
+  // absent or not an integer.
+  int64_t MetaInt(const std::string& key, const std::string& path = "") const;
 };
 
 void SaveCheckpoint(const Checkpoint& checkpoint, const std::string& path);

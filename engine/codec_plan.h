@@ -1,6 +1,9 @@
 // Which codec each gradient bucket travels in when `distributed.codec: auto` chooses (issue 29's
-// planner): a pure function of what the ranks measured and agreed on, so every rank computes the
-// same plan from the same numbers, and the rules can be tested as a table.
+// planner): a pure function of what the ranks measured and agreed on, so the rules can be tested
+// as a table. Rank 0 plans and sends the outcome to the other ranks (DataParallel), so a plan
+// never differs between ranks; the file is built without contracted multiply-adds
+// (engine/CMakeLists.txt), so the same numbers also give the same plan on another CPU (a run
+// resumed elsewhere, `bench comm --codec auto`).
 //
 // Model. Backward makes bucket b ready at ready_s (seconds from the start of backward) and ends
 // at backward_end_s. The communicator runs the buckets' all-reduces one after another in bucket

@@ -50,9 +50,11 @@ void BroadcastBytes(dist::Communicator& comm, std::string* bytes) {
 Checkpoint BroadcastState(dist::Communicator& comm, const std::function<Checkpoint()>& make) {
   std::string blob;
   if (comm.rank() == 0) {
+    // Any exception, not only Error (a parser's std::invalid_argument, say): one that escaped
+    // would end rank 0 here, and the others would report a lost connection instead of its cause.
     try {
       blob = "S" + SerializeCheckpoint(make());
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       blob = std::string("E") + e.what();
     }
   }
@@ -199,6 +201,7 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
     hiding_fraction_ = ac.hiding_fraction;
     ResetSamples();
     measured_transfer_s_.assign(buckets_.size(), 0.0);
+    agreed_ready_s_.assign(buckets_.size(), 0.0);
   }
   // Error feedback: everywhere with distributed.error_feedback; under auto for the sub-16-bit
   // candidates. The residual block exists in either case (options().error_feedback says so).
@@ -472,19 +475,34 @@ void DataParallel::SaveState(Checkpoint& ckpt) const {
 }
 
 void DataParallel::LoadState(const Checkpoint& ckpt, const std::string& path) {
-  LoadCodecPlan(ckpt, path);
-  saved_residuals_.clear();
-  if (!ckpt.meta.count("error_feedback_ranks")) return;
-  const int64_t ranks = ckpt.MetaInt("error_feedback_ranks");
-  for (int64_t r = 0; r < ranks; ++r) {
-    const Tensor* t = ckpt.Find(StrCat("error_feedback/rank", r));
-    CORTADO_CHECK(t != nullptr, "checkpoint '", path, "' lacks error_feedback/rank", r);
-    saved_residuals_.push_back(*t);
+  // Every entry is checked before any is taken (LoadCodecPlan checks all of its own first), so
+  // a checkpoint that is refused leaves this object as it was.
+  const bool has_residuals = ckpt.meta.count("error_feedback_ranks") > 0;
+  int64_t ranks = 0;
+  std::vector<Tensor> residuals;
+  if (has_residuals) {
+    ranks = ckpt.MetaInt("error_feedback_ranks", path);
+    CORTADO_CHECK(ranks >= 1, "checkpoint '", path, "': error_feedback_ranks is ", ranks,
+                  ", not a rank count (1 or more)");
   }
+  for (int64_t r = 0; options_.error_feedback && r < ranks; ++r) {
+    const std::string name = StrCat("error_feedback/rank", r);
+    const Tensor* t = ckpt.Find(name);
+    CORTADO_CHECK(t != nullptr, "checkpoint '", path, "' lacks ", name,
+                  " (error_feedback_ranks is ", ranks, ")");
+    // Every residual has the gradient block's layout: SaveState passes them on as they are.
+    CORTADO_CHECK(t->dtype() == DType::kF32 && t->ndim() == 1 && t->numel() == residual_.numel(),
+                  "checkpoint '", path, "': ", name, " is ", t->ToString(),
+                  ", this model's residual is ", residual_.ToString(),
+                  " (the model or its parameters changed)");
+    residuals.push_back(*t);
+  }
+  LoadCodecPlan(ckpt, path);
+  saved_residuals_ = std::move(residuals);
+  if (!has_residuals) return;
   const bool root = comm_.rank() == 0;
   if (!options_.error_feedback) {
     if (root) LogWarning(ErrorFeedbackDropped(path));
-    saved_residuals_.clear();
     return;
   }
   if (ranks == comm_.size()) {
@@ -493,8 +511,6 @@ void DataParallel::LoadState(const Checkpoint& ckpt, const std::string& path) {
   }
   Tensor sum = saved_residuals_[0].Clone();
   for (size_t r = 1; r < saved_residuals_.size(); ++r) {
-    CORTADO_CHECK(saved_residuals_[r].numel() == sum.numel(), "checkpoint '", path,
-                  "': error-feedback residuals of different sizes");
     const float* add = saved_residuals_[r].data<float>();
     for (int64_t i = 0; i < sum.numel(); ++i) sum.data<float>()[i] += add[i];
   }
@@ -637,6 +653,12 @@ void DataParallel::MeasureStep(Trace::Clock::time_point backward_end,
   const auto since_start = [&](Trace::Clock::time_point t) {
     return std::chrono::duration<double>(t - step_start_).count();
   };
+  if (trial_restart_) {
+    // Resumed from a checkpoint taken during a trial: the step just run was in the plan on
+    // trial, the trial's first turn, if rank 0 starts one.
+    trial_restart_ = false;
+    DecideOnRank0([&] { StartTrial(); });
+  }
   if (trial_.on) {
     TrialStep(since_start(step_end));
     return;
@@ -684,21 +706,114 @@ void DataParallel::MeasureStep(Trace::Clock::time_point backward_end,
   }
   if (!planned_) {
     if (samples_.steps < ac.warmup_steps) return;
-    const std::vector<double> m = AgreedMeasurement();
-    const size_t n = buckets_.size();
-    AdoptMeasurement(m);
-    measured_transfer_s_.assign(m.begin() + 3 + 2 * static_cast<int64_t>(n),
-                                m.begin() + 3 + 3 * static_cast<int64_t>(n));
-    CORTADO_CHECK(agreed_link_.bytes_per_s > 0,
-                  "codec auto: the warmup measured no transfer to plan from");
-    planned_ = true;
-    std::vector<dist::CodecKind> codecs;
-    for (const PlannedBucket& p : PlanCodecs(PlanInput())) codecs.push_back(p.codec);
-    ApplyPlan(codecs, "after the warmup");
-    StartTrial();
+    std::vector<double> m = AgreedMeasurement();
+    DecideOnRank0([&] { FirstPlan(m); });
     return;
   }
-  if (ac.interval > 0 && (step_ + 1) % ac.interval == 0) AutoCheck();
+  if (ac.interval > 0 && (step_ + 1) % ac.interval == 0) {
+    std::vector<double> m = AgreedMeasurement();
+    DecideOnRank0([&] { AutoCheck(m); });
+  }
+}
+
+void DataParallel::DecideOnRank0(const std::function<void()>& decide) {
+  // "S" and the state, or "E" and rank 0's error, so that every rank throws it.
+  std::string message;
+  if (rank() == 0) {
+    try {
+      decide();
+      const std::vector<double> state = AutoState();
+      message = "S" + std::string(reinterpret_cast<const char*>(state.data()),
+                                  state.size() * sizeof(double));
+    } catch (const std::exception& e) {
+      message = std::string("E") + e.what();
+    }
+  }
+  if (comm_.size() > 1) BroadcastBytes(comm_, &message);
+  CORTADO_CHECK(!message.empty(), "codec auto: rank 0 sent no decision");
+  if (message[0] == 'E') Fail(message.substr(1));
+  if (rank() == 0) return;
+  std::vector<double> state((message.size() - 1) / sizeof(double));
+  CORTADO_CHECK(state.size() == 7 + 5 * buckets_.size() &&
+                    message.size() == 1 + state.size() * sizeof(double),
+                "codec auto: rank 0's decision has ", message.size() - 1, " bytes, this rank has ",
+                buckets_.size(), " buckets");
+  std::memcpy(state.data(), message.data() + 1, state.size() * sizeof(double));
+  AdoptAutoState(state);
+}
+
+std::vector<double> DataParallel::AutoState() const {
+  const size_t n = buckets_.size();
+  // [planned, plans, hiding fraction, latency, rate, backward end, trial on,
+  //  per bucket: codec, the trial's narrowest, floor, ready time, measured transfer]
+  std::vector<double> v = {planned_ ? 1.0 : 0.0,     static_cast<double>(auto_plans_),
+                           hiding_fraction_,         agreed_link_.latency_s,
+                           agreed_link_.bytes_per_s, agreed_backward_end_s_,
+                           trial_.on ? 1.0 : 0.0};
+  for (size_t b = 0; b < n; ++b) {
+    v.push_back(static_cast<double>(buckets_[b].codec));
+    v.push_back(static_cast<double>(trial_.on ? trial_.narrow[b] : buckets_[b].codec));
+    v.push_back(static_cast<double>(floor_[b]));
+    v.push_back(agreed_ready_s_[b]);
+    v.push_back(measured_transfer_s_[b]);
+  }
+  return v;
+}
+
+void DataParallel::AdoptAutoState(const std::vector<double>& v) {
+  const size_t n = buckets_.size();
+  const int64_t plans_before = auto_plans_;
+  planned_ = v[0] != 0;
+  auto_plans_ = static_cast<int64_t>(v[1]);
+  hiding_fraction_ = v[2];
+  agreed_link_ = LinkModel{v[3], v[4]};
+  agreed_backward_end_s_ = v[5];
+  std::vector<dist::CodecKind> codecs(n), narrow(n);
+  for (size_t b = 0; b < n; ++b) {
+    const double* u = v.data() + 7 + 5 * b;
+    codecs[b] = static_cast<dist::CodecKind>(static_cast<int>(u[0]));
+    narrow[b] = static_cast<dist::CodecKind>(static_cast<int>(u[1]));
+    floor_[b] = static_cast<size_t>(u[2]);
+    agreed_ready_s_[b] = u[3];
+    measured_transfer_s_[b] = u[4];
+  }
+  SetCodecs(codecs);
+  trial_ = Trial{};
+  if (v[6] != 0) {
+    trial_.on = true;
+    trial_.plan = codecs;
+    trial_.narrow = std::move(narrow);
+  }
+  if (auto_plans_ != plans_before) TracePlan();
+}
+
+void DataParallel::FirstPlan(std::vector<double>& m) {
+  const size_t n = buckets_.size();
+  ApplyLinkOverride(m);
+  AdoptMeasurement(m);
+  measured_transfer_s_.assign(m.begin() + 3 + 2 * static_cast<int64_t>(n),
+                              m.begin() + 3 + 3 * static_cast<int64_t>(n));
+  CORTADO_CHECK(agreed_link_.bytes_per_s > 0,
+                "codec auto: the warmup measured no transfer to plan from");
+  planned_ = true;
+  std::vector<dist::CodecKind> codecs;
+  for (const PlannedBucket& p : PlanCodecs(PlanInput())) codecs.push_back(p.codec);
+  ApplyPlan(codecs, "after the warmup");
+  StartTrial();
+}
+
+void DataParallel::ApplyLinkOverride(std::vector<double>& m) const {
+  // Fixed rates replace the measured link (CORTADO_AUTO_LINK, tests): rank 0's.
+  const size_t n = buckets_.size();
+  const auto& over = options_.auto_codec.link_override;
+  for (size_t i = over.size(); i-- > 0;) {
+    if (i == 0 || over[i].first <= step_) {
+      m[0] = 0;
+      m[1] = 1.0 / over[i].second;
+      m[3 + 3 * n] = -1;  // the measured exposure is not the fixed rate's: no exposure check
+      break;
+    }
+  }
 }
 
 std::vector<double> DataParallel::AgreedMeasurement() {
@@ -730,16 +845,6 @@ std::vector<double> DataParallel::AgreedMeasurement() {
     v[3 + n + b] = gg > 0 ? std::sqrt(rr / gg) : (rr > 0 ? INFINITY : 0.0);
   }
   comm_.AllReduce(v.data(), v.size(), dist::DataType::kF64, dist::ReduceOp::kMax);
-  // Fixed rates replace the measured link (CORTADO_AUTO_LINK, tests).
-  const auto& over = options_.auto_codec.link_override;
-  for (size_t i = over.size(); i-- > 0;) {
-    if (i == 0 || over[i].first <= step_) {
-      v[0] = 0;
-      v[1] = 1.0 / over[i].second;
-      v[3 + 3 * n] = -1;  // the measured exposure is not the fixed rate's: no exposure check
-      break;
-    }
-  }
   ResetSamples();
   return v;
 }
@@ -750,10 +855,10 @@ void DataParallel::ResetSamples() {
   samples_.transfer_s.assign(buckets_.size(), {});
 }
 
-void DataParallel::AutoCheck() {
+void DataParallel::AutoCheck(std::vector<double>& m) {
   const AutoCodecOptions& ac = options_.auto_codec;
   const size_t n = buckets_.size();
-  const std::vector<double> m = AgreedMeasurement();
+  ApplyLinkOverride(m);
   measured_transfer_s_.assign(m.begin() + 3 + 2 * static_cast<int64_t>(n),
                               m.begin() + 3 + 3 * static_cast<int64_t>(n));
   std::vector<dist::CodecKind> codecs;
@@ -861,9 +966,14 @@ void DataParallel::TrialStep(double step_s) {
     }
     return;
   }
-  // Both sides ran: agree on every step's time (the slowest rank's) and keep the faster.
+  // Both sides ran: agree on every step's time (the slowest rank's); rank 0 keeps the faster.
   std::vector<double> v = trial_.step_s;
   comm_.AllReduce(v.data(), v.size(), dist::DataType::kF64, dist::ReduceOp::kMax);
+  DecideOnRank0([&] { EndTrial(v); });
+  ResetSamples();  // the next check measures the plan kept, not the trial
+}
+
+void DataParallel::EndTrial(const std::vector<double>& v) {
   std::vector<double> plan_s, narrow_s;
   for (size_t i = 0; i < v.size(); ++i) (i % 2 == 0 ? plan_s : narrow_s).push_back(v[i]);
   const double pace = TrialPace(plan_s, narrow_s);
@@ -875,7 +985,6 @@ void DataParallel::TrialStep(double step_s) {
                    Fixed(TrialStepSeconds(narrow_s), 3), " s in the narrowest (", Fixed(pace, 3),
                    " of the plan's step, pair by pair), so it keeps ",
                    narrow ? "the narrowest" : "the plan"));
-  ResetSamples();  // the next check measures the plan kept, not the trial
 }
 
 void DataParallel::AdoptMeasurement(const std::vector<double>& m) {
@@ -954,6 +1063,10 @@ void DataParallel::ApplyPlan(const std::vector<dist::CodecKind>& codecs, const s
             "; ", runs_.size(), " all-reduces per step; codecs ", codec_plan());
     for (const std::string& line : lines) LogInfo(line);
   }
+  TracePlan();
+}
+
+void DataParallel::TracePlan() {
   if (trace_ != nullptr) {
     const auto now = Trace::Clock::now();
     Trace::Args args = {{"iteration", static_cast<double>(step_ + 1)},
@@ -994,7 +1107,7 @@ void DataParallel::SaveCodecPlan(Checkpoint& ckpt) const {
   const size_t n = buckets_.size();
   // During a trial: the plan on trial, and a mark that starts the trial over on resume.
   ckpt.meta["codec_auto_plan"] = trial_.on ? PlanText(trial_.plan) : codec_plan();
-  if (trial_.on) ckpt.meta["codec_auto_trial"] = "restart";
+  if (trial_.on || trial_restart_) ckpt.meta["codec_auto_trial"] = "restart";
   ckpt.meta["codec_auto_plans"] = std::to_string(auto_plans_);
   char fraction[32];  // %.17g: the double back bitwise, so a resumed run plans alike
   std::snprintf(fraction, sizeof(fraction), "%.17g", hiding_fraction_);
@@ -1017,6 +1130,8 @@ void DataParallel::LoadCodecPlan(const Checkpoint& ckpt, const std::string& path
   if (!options_.auto_codec.enabled) return;
   auto plan = ckpt.meta.find("codec_auto_plan");
   if (plan == ckpt.meta.end()) return;  // written before the warmup ended: it starts over
+  // Everything is checked before anything is taken: a checkpoint that fails leaves the warmup's
+  // state as it was. Each error names the file and the entry.
   const size_t n = buckets_.size();
   std::vector<dist::CodecKind> codecs;
   std::istringstream in(plan->second);
@@ -1024,16 +1139,17 @@ void DataParallel::LoadCodecPlan(const Checkpoint& ckpt, const std::string& path
     try {
       codecs.push_back(dist::ParseCodec(name));
     } catch (const std::exception& e) {
-      Fail("checkpoint '", path, "': codec_auto_plan: ", e.what());
+      Fail("checkpoint '", path, "': codec_auto_plan: ", Clip(e.what(), 120));
     }
   }
   const Tensor* t = ckpt.Find("codec_auto/measurements");
   CORTADO_CHECK(t != nullptr, "checkpoint '", path, "' has codec_auto_plan but lacks ",
                 "codec_auto/measurements");
-  CORTADO_CHECK(codecs.size() == n && t->dtype() == DType::kF64 &&
+  CORTADO_CHECK(codecs.size() == n && t->dtype() == DType::kF64 && t->ndim() == 1 &&
                     t->numel() == static_cast<int64_t>(3 + 3 * n),
                 "checkpoint '", path, "': its codec plan has ", codecs.size(),
-                " buckets, this run has ", n, " (the model or distributed.bucket_mb changed)");
+                " buckets and codec_auto/measurements is ", t->ToString(), "; this run has ", n,
+                " buckets, f64[", 3 + 3 * n, "] (the model or distributed.bucket_mb changed)");
   const std::vector<dist::CodecKind>& cand = options_.auto_codec.candidates;
   for (size_t b = 0; b < n; ++b) {
     const bool known = auto_bucket_[b]
@@ -1044,7 +1160,44 @@ void DataParallel::LoadCodecPlan(const Checkpoint& ckpt, const std::string& path
                   ", which this run's codec settings do not allow (distributed.codec_candidates "
                   "or the codec keys changed)");
   }
+  // [latency, rate, backward end, ready per bucket, floor per bucket, measured per bucket]
   const double* v = t->data<double>();
+  const auto check = [&](size_t i, bool ok, const char* what, const char* want) {
+    const std::string which = i < 3 ? std::string(what) : StrCat(what, " of bucket ", (i - 3) % n);
+    CORTADO_CHECK(ok, "checkpoint '", path, "': codec_auto/measurements: the ", which, " is ", v[i],
+                  ", not ", want);
+  };
+  const auto seconds = [&](size_t i, const char* what) {
+    check(i, std::isfinite(v[i]) && v[i] >= 0, what, "a time (finite, 0 or more)");
+  };
+  seconds(0, "latency");
+  check(1, std::isfinite(v[1]) && v[1] > 0, "link rate", "a rate (finite, above 0)");
+  seconds(2, "end of backward");
+  for (size_t b = 0; b < n; ++b) {
+    seconds(3 + b, "ready time");
+    const double f = v[3 + n + b];
+    // An index into the candidates; one past this run's narrowest (fewer candidates now) is
+    // held at its narrowest.
+    check(3 + n + b, f >= 0 && f <= 1e9 && f == std::floor(f), "floor",
+          "a candidate index (a whole number, 0 or more)");
+    seconds(3 + 2 * n + b, "measured transfer");
+  }
+  int64_t plans = 1;
+  if (ckpt.meta.count("codec_auto_plans")) {
+    plans = ckpt.MetaInt("codec_auto_plans", path);
+    CORTADO_CHECK(plans >= 1, "checkpoint '", path, "': codec_auto_plans is ", plans,
+                  ", not a count of plans (1 or more)");
+  }
+  double fraction = hiding_fraction_;
+  auto fraction_entry = ckpt.meta.find("codec_auto_hiding_fraction");
+  if (fraction_entry != ckpt.meta.end()) {
+    char* end = nullptr;
+    fraction = std::strtod(fraction_entry->second.c_str(), &end);
+    CORTADO_CHECK(!fraction_entry->second.empty() && *end == '\0' && fraction > 0 && fraction <= 1,
+                  "checkpoint '", path, "': codec_auto_hiding_fraction '",
+                  Clip(fraction_entry->second, 40), "' is not in (0, 1]");
+  }
+
   agreed_link_ = LinkModel{v[0], v[1]};
   agreed_backward_end_s_ = v[2];
   agreed_ready_s_.assign(v + 3, v + 3 + n);
@@ -1053,21 +1206,15 @@ void DataParallel::LoadCodecPlan(const Checkpoint& ckpt, const std::string& path
     measured_transfer_s_[b] = v[3 + 2 * n + b];
     buckets_[b].codec = codecs[b];
   }
-  auto plans = ckpt.meta.find("codec_auto_plans");
-  auto_plans_ = plans != ckpt.meta.end() ? std::stoll(plans->second) : 1;
-  auto fraction = ckpt.meta.find("codec_auto_hiding_fraction");
-  if (fraction != ckpt.meta.end()) {
-    char* end = nullptr;
-    const double f = std::strtod(fraction->second.c_str(), &end);
-    CORTADO_CHECK(*end == '\0' && f > 0 && f <= 1, "checkpoint '", path,
-                  "': codec_auto_hiding_fraction '", fraction->second, "' is not in (0, 1]");
-    hiding_fraction_ = f;
-  }
+  auto_plans_ = plans;
+  hiding_fraction_ = fraction;
   CutRuns();
   planned_ = true;
   ResetSamples();
   trial_ = Trial{};
-  if (ckpt.meta.count("codec_auto_trial")) StartTrial();
+  // Rank 0 starts the trial over at the end of the next step (MeasureStep), which runs in the
+  // plan on trial: its first turn.
+  trial_restart_ = ckpt.meta.count("codec_auto_trial") > 0;
 }
 
 }  // namespace cortado

@@ -42,27 +42,29 @@
 // its all-reduce took for how many bytes; the first step is left out when there are two or
 // more (allocation and connection set-up). Then the ranks agree on one set of numbers (a max
 // all-reduce of the medians of the ready times and backward's end, and of the link model fitted
-// to the transfers: latency and seconds per byte), and every rank computes the same plan from
-// them. Every `interval` iterations the same numbers are measured again since the last check
-// and agreed: when the link's rate moved by more than replan_factor, or the exposed time
-// measured exceeds what the plan predicts from those numbers (the hiding fraction then drops,
-// NextHidingFraction), the buckets are planned again, and the accuracy guard runs: per bucket with
-// error feedback the ratio of the residual's norm to the reduced gradient's norm (max over ranks);
-// above max_residual_ratio the bucket is held one candidate wider than it travels in, from then on.
-// Every decision comes from agreed numbers at an iteration every rank reaches, so codecs change on
-// every rank at the same step boundary (at the end of FinishStep, after the step's transfers). A
-// bucket whose codec changes between one with error feedback and one without starts from a zero
-// residual (what the last step lost in it is dropped). Rank 0 logs every plan and change; the trace
-// gets a "codec plan" event; SaveState/LoadState keep the plan, the agreed numbers, the hiding
-// fraction and the guard's floors (timing samples since the last check are not kept: a resumed run
-// measures afresh).
+// to the transfers: latency and seconds per byte), rank 0 plans from them and sends the plan. Every
+// `interval` iterations the same numbers are measured again since the last check and agreed: when
+// the link's rate moved by more than replan_factor, or the exposed time measured exceeds what the
+// plan predicts from those numbers (the hiding fraction then drops, NextHidingFraction), the
+// buckets are planned again, and the accuracy guard runs: per bucket with error feedback the ratio
+// of the residual's norm to the reduced gradient's norm (max over ranks); above max_residual_ratio
+// the bucket is held one candidate wider than it travels in, from then on. Every decision comes
+// from agreed numbers at an iteration every rank reaches, and rank 0 makes it and sends its outcome
+// (the codecs, whether a trial runs, the numbers a later decision starts from) in one broadcast: no
+// setting that only one rank has (link_override, CORTADO_AUTO_LINK) and no rounding that differs
+// between CPUs can make ranks choose differently. So codecs change on every rank at the same step
+// boundary (at the end of FinishStep, after the step's transfers). A bucket whose codec changes
+// between one with error feedback and one without starts from a zero residual (what the last step
+// lost in it is dropped). Rank 0 logs every plan and change; the trace gets a "codec plan" event;
+// SaveState/LoadState keep the plan, the agreed numbers, the hiding fraction and the guard's floors
+// (timing samples since the last check are not kept: a resumed run measures afresh).
 //
 // Trial. The plan's model prices bytes in link time only, but moving them also costs CPU that
 // backward may need. After a plan made from measurements (the first, and a re-plan for a moved
 // rate or more exposure than predicted) the plan and every auto bucket in its narrowest allowed
 // codec take turns, a step each, trial_steps steps each; the ranks agree on every step's time
-// (BeginStep to the end of FinishStep, max over ranks) and keep the all-narrowest plan when its
-// steps ran faster than the plan's neighbouring ones (TrialPace, NarrowWinsTrial). A bucket
+// (BeginStep to the end of FinishStep, max over ranks) and rank 0 keeps the all-narrowest plan when
+// its steps ran faster than the plan's neighbouring ones (TrialPace, NarrowWinsTrial). A bucket
 // that changes between a codec with error feedback and one without starts each turn from a zero
 // residual, so the trial's lossy steps run without feedback. No check runs during a
 // trial, and the timing samples start afresh after it. A checkpoint taken during a trial keeps
@@ -124,7 +126,8 @@ struct AutoCodecOptions {
   bool trial_under_link_override = false;
   // Replaces the agreed link model by a fixed rate (bytes/s, no latency) from each given
   // iteration on, (iteration, rate) in increasing iteration order: for tests, and to see the
-  // plans a link would get (CORTADO_AUTO_LINK, see AutoLinkFromEnv). Empty: measured.
+  // plans a link would get (CORTADO_AUTO_LINK, see AutoLinkFromEnv). Empty: measured. Rank 0's
+  // decides for every rank, like trial_steps and trial_under_link_override.
   std::vector<std::pair<int64_t, double>> link_override;
   // Ranks the plan is made for; 0: the communicator's (at least 2). `bench comm --codec auto`
   // plans on one rank for a job of several.
@@ -263,9 +266,22 @@ class DataParallel : public CheckpointState {
   // Auto codecs: the step's timing goes into the samples; at the end of the warmup and at
   // every check the ranks agree and the plan may change.
   void MeasureStep(Trace::Clock::time_point backward_end, Trace::Clock::time_point step_end);
-  void AutoCheck();
   std::vector<double> AgreedMeasurement();  // collective
+  // Collective: rank 0 runs `decide` (it plans, logs and applies) and sends the outcome
+  // (AutoState); every other rank adopts it, so no rank-local setting or rounding can make
+  // the ranks' codecs or later collectives differ. An error rank 0 throws reaches every rank.
+  void DecideOnRank0(const std::function<void()>& decide);
+  // What rank 0 decides: the plan after the warmup, a check (the link override applied to the
+  // agreed measurement `m` first), and a trial's verdict from the agreed step times.
+  void FirstPlan(std::vector<double>& m);
+  void AutoCheck(std::vector<double>& m);
+  void EndTrial(const std::vector<double>& step_s);
+  void ApplyLinkOverride(std::vector<double>& m) const;
+  // The state decisions change, as numbers, and back (DecideOnRank0's message).
+  std::vector<double> AutoState() const;
+  void AdoptAutoState(const std::vector<double>& state);
   void ApplyPlan(const std::vector<dist::CodecKind>& codecs, const std::string& why);
+  void TracePlan();                  // the "codec plan" trace event
   CodecPlanInput PlanInput() const;  // from the agreed numbers
   CodecPlanInput PlanInputFrom(const LinkModel& link, double backward_end_s,
                                const std::vector<double>& ready_s) const;
@@ -333,6 +349,7 @@ class DataParallel : public CheckpointState {
     std::vector<dist::CodecKind> plan, narrow;  // the two sides
     std::vector<double> step_s;                 // every step's time, in turn
   } trial_;
+  bool trial_restart_ = false;  // resumed during a trial: rank 0 may start it over (MeasureStep)
 };
 
 // Which codec each parameter's gradient travels in (the `distributed:` codec keys): `codec` for
@@ -365,8 +382,8 @@ std::string ErrorFeedbackDropped(const std::string& path);
 
 // Puts every rank in rank 0's starting state: rank 0 runs `make` (resume, initialize) and sends
 // the checkpoint it returns; the others return it, parsed (named "rank 0's state" in errors),
-// and rank 0 returns an empty one. An error that `make` throws reaches every rank as the same
-// error instead of a lost connection. Collective.
+// and rank 0 returns an empty one. Any exception that `make` throws reaches every rank as the
+// same Error (its message) instead of a lost connection. Collective.
 Checkpoint BroadcastState(dist::Communicator& comm, const std::function<Checkpoint()>& make);
 
 }  // namespace cortado

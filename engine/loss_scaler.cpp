@@ -84,9 +84,11 @@ void LossScaler::LoadState(const Checkpoint& checkpoint, const std::string& path
   CORTADO_CHECK(t->dtype() == DType::kF64 && t->numel() == 3, "checkpoint '", path,
                 "': loss_scaler/state is ", t->ToString(), ", expected f64[3]");
   const double* s = t->data<double>();
-  CORTADO_CHECK(std::isfinite(s[0]) && s[0] > 0 && s[1] >= 0 && s[2] >= 0, "checkpoint '", path,
+  // The counts become integers: whole numbers within what a double holds exactly.
+  const auto count = [](double c) { return c >= 0 && c <= 0x1p53 && c == std::floor(c); };
+  CORTADO_CHECK(std::isfinite(s[0]) && s[0] > 0 && count(s[1]) && count(s[2]), "checkpoint '", path,
                 "': loss_scaler/state holds scale ", s[0], ", clean steps ", s[1], ", skipped ",
-                s[2]);
+                s[2], " (a positive scale and two whole counts expected)");
   scale_ = s[0];
   clean_ = static_cast<int64_t>(s[1]);
   skipped_ = static_cast<int64_t>(s[2]);

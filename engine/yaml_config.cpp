@@ -179,6 +179,11 @@ YAML::Node YamlSection::Node(const std::string& key) const {
   return n;
 }
 
+void YamlSection::Resolve(const std::string& key, const YAML::Node& value) const {
+  Ask(key);
+  config_->Record(path_, key, value);
+}
+
 void YamlSection::Declare(std::span<const std::string_view> keys,
                           std::span<const std::string_view> not_offered) {
   declared_ = true;
@@ -368,6 +373,8 @@ void Flatten(const YAML::Node& node, const std::string& path,
       const std::string key = kv.first.as<std::string>();
       Flatten(kv.second, path.empty() ? key : path + "." + key, out);
     }
+    // An empty mapping is a value too (codec_overrides: {}), as an empty list is.
+    if (node.size() == 0 && !path.empty()) out[path] = "{}";
   } else if (node.IsSequence()) {
     for (size_t i = 0; i < node.size(); ++i) {
       Flatten(node[i], path + "[" + std::to_string(i) + "]", out);

@@ -42,8 +42,13 @@ class YamlSection {
   std::vector<int64_t> Ints(const std::string& key, const std::vector<int64_t>& fallback) const;
   // A nested mapping; an absent key gives an empty section.
   YamlSection Section(const std::string& key) const;
-  // The raw node (marks the key as read); for structures such as a layer list.
+  // The raw node (marks the key as read); for structures such as a layer list. Resolved() gets
+  // the node as written, and nothing when the key is absent: a caller that has a default, or a
+  // canonical form, records the effective value with Resolve.
   YAML::Node Node(const std::string& key) const;
+  // Records `value` as the effective value of `key` (YamlConfig::Resolved), replacing what Node
+  // recorded: for structures read through Has and Node, whose defaults no getter sees.
+  void Resolve(const std::string& key, const YAML::Node& value) const;
 
   // "file.yaml:line:col" or "--set k=v" for the key (or the section when key is empty).
   std::string Where(const std::string& key = "") const;

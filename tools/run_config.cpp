@@ -361,29 +361,50 @@ constexpr std::string_view kDistributedKeys[] = {"backend",
                                                  "auto_hiding_fraction",
                                                  "auto_trial_steps"};
 
-// distributed.codec_keep_f32: the parameter kinds every codec leaves in f32.
-void ParseKeepF32(const YamlSection& dd, CodecPolicy& codec) {
-  if (!dd.Has("codec_keep_f32")) return;
-  YAML::Node kinds = dd.Node("codec_keep_f32");
-  if (!kinds.IsSequence()) dd.Error("codec_keep_f32", "must be a list of batch_norm, bias, weight");
-  codec.keep_f32.clear();
-  for (const auto& k : kinds) {
-    const std::string kind = k.IsScalar() ? k.as<std::string>() : "";
-    if (kind == "batch_norm") {
-      codec.keep_f32.push_back(ParamKind::kNorm);
-    } else if (kind == "bias") {
-      codec.keep_f32.push_back(ParamKind::kBias);
-    } else if (kind == "weight") {
-      codec.keep_f32.push_back(ParamKind::kWeight);
-    } else {
-      dd.Error("codec_keep_f32",
-               "unknown parameter kind '" + kind + "' (known: batch_norm, bias, weight)");
-    }
-  }
+// The YAML flow list of `items` (a structure's effective value, for the resolved config).
+template <typename T, typename Name>
+YAML::Node FlowList(const std::vector<T>& items, Name name) {
+  YAML::Node list(YAML::NodeType::Sequence);
+  for (const T& item : items) list.push_back(std::string(name(item)));
+  list.SetStyle(YAML::EmitterStyle::Flow);
+  return list;
 }
 
-// distributed.codec_overrides: parameter-name patterns mapped to codecs.
-void ParseCodecOverrides(const YamlSection& dd, CodecPolicy& codec) {
+constexpr std::pair<ParamKind, const char*> kParamKinds[] = {
+    {ParamKind::kNorm, "batch_norm"}, {ParamKind::kBias, "bias"}, {ParamKind::kWeight, "weight"}};
+
+const char* ParamKindName(ParamKind kind) {
+  for (const auto& [k, name] : kParamKinds) {
+    if (k == kind) return name;
+  }
+  return "?";
+}
+
+// distributed.codec_keep_f32: the parameter kinds every codec leaves in f32.
+void ParseKeepF32(const YamlSection& dd, CodecPolicy& codec) {
+  if (dd.Has("codec_keep_f32")) {
+    YAML::Node kinds = dd.Node("codec_keep_f32");
+    if (!kinds.IsSequence()) {
+      dd.Error("codec_keep_f32", "must be a list of batch_norm, bias, weight");
+    }
+    codec.keep_f32.clear();
+    for (const auto& k : kinds) {
+      const std::string kind = k.IsScalar() ? k.as<std::string>() : "";
+      const auto* known = std::find_if(std::begin(kParamKinds), std::end(kParamKinds),
+                                       [&](const auto& p) { return kind == p.second; });
+      if (known == std::end(kParamKinds)) {
+        dd.Error("codec_keep_f32",
+                 "unknown parameter kind '" + kind + "' (known: batch_norm, bias, weight)");
+      }
+      codec.keep_f32.push_back(known->first);
+    }
+  }
+  // Resolved with the default too: read through Has and Node, no getter records it.
+  dd.Resolve("codec_keep_f32", FlowList(codec.keep_f32, ParamKindName));
+}
+
+// distributed.codec_overrides as written: parameter-name patterns mapped to codecs.
+void ReadCodecOverrides(const YamlSection& dd, CodecPolicy& codec) {
   if (!dd.Has("codec_overrides")) return;
   YAML::Node overrides = dd.Node("codec_overrides");
   if (!overrides.IsMap()) {
@@ -402,6 +423,17 @@ void ParseCodecOverrides(const YamlSection& dd, CodecPolicy& codec) {
       dd.Error("codec_overrides", "'" + pattern + "': " + e.what());
     }
   }
+}
+
+// distributed.codec_overrides, and its effective value in the resolved config.
+void ParseCodecOverrides(const YamlSection& dd, CodecPolicy& codec) {
+  // Resolved as read, codecs by their canonical names, in the written order (every entry, as
+  // the policy keeps them); {} by default.
+  ReadCodecOverrides(dd, codec);
+  YAML::Node resolved(YAML::NodeType::Map);
+  resolved.SetStyle(YAML::EmitterStyle::Flow);
+  for (const auto& [pattern, name] : codec.overrides) resolved.force_insert(pattern, name);
+  dd.Resolve("codec_overrides", resolved);
 }
 
 // distributed.codec, rounding and error_feedback: gradient compression.
@@ -440,6 +472,7 @@ void ParseCodec(const YamlSection& dd, DistributedConfig& dc) {
         }
       }
     }
+    dd.Resolve("codec_candidates", FlowList(ac.candidates, dist::CodecName));
     ac.warmup_steps = dd.Int("auto_warmup_steps", ac.warmup_steps);
     Require(ac.warmup_steps >= 1, dd, "auto_warmup_steps", "must be >= 1");
     ac.interval = dd.Int("auto_interval", ac.interval);

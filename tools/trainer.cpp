@@ -84,7 +84,11 @@ void Trainer::JoinRanks() {
   options.discardable_steps = scaler_ != nullptr && scaler_->options().dynamic;
   options.seed = config_.seed;
   options.auto_codec = d.auto_codec;
-  if (options.auto_codec.enabled) options.auto_codec.link_override = AutoLinkFromEnv();
+  // Rank 0 makes every codec decision for all ranks (DataParallel), so only its
+  // CORTADO_AUTO_LINK counts; the other ranks' environment is not read.
+  if (options.auto_codec.enabled && world_.rank == 0) {
+    options.auto_codec.link_override = AutoLinkFromEnv();
+  }
   ApplyCodecPolicy(*net_, d.codec);
   dp_ = std::make_unique<DataParallel>(*net_, *world_.comm, options);
   dp_->VerifySameJob(JobDescription());

@@ -43,26 +43,26 @@ void Trainer::SaveState(Checkpoint& ckpt) const {
 }
 
 void Trainer::LoadState(const Checkpoint& ckpt, const std::string& path) {
-  const int64_t iteration = ckpt.MetaInt("iteration");
+  const int64_t iteration = ckpt.MetaInt("iteration", path);
   CORTADO_CHECK(iteration >= 0 && iteration <= max_iter_, "checkpoint '", path,
                 "' is at iteration ", iteration, ", beyond this run's ", max_iter_);
   if (ckpt.meta.count("global_batch")) {
     // The data order and the schedule follow the global batch, not the rank count.
-    const int64_t saved = ckpt.MetaInt("global_batch");
+    const int64_t saved = ckpt.MetaInt("global_batch", path);
     if (saved != global_batch()) {
-      const int64_t ranks = ckpt.MetaInt("world_size");
+      const int64_t ranks = ckpt.MetaInt("world_size", path);
       std::string fix = saved % world_.size == 0
                             ? StrCat("resume with --set data.batch_size=", saved / world_.size,
                                      " on ", world_.size, " rank(s)")
                             : StrCat("no per-rank batch gives ", saved, " on ", world_.size,
                                      " rank(s); resume on a rank count that divides it");
       Fail("checkpoint '", path, "' was written with a global batch of ", saved, " (", ranks,
-           " rank(s) x ", ckpt.MetaInt("batch_per_rank"), "), this run's is ", global_batch(), " (",
-           world_.size, " x ", config_.data.batch_size, "); ", fix,
+           " rank(s) x ", ckpt.MetaInt("batch_per_rank", path), "), this run's is ", global_batch(),
+           " (", world_.size, " x ", config_.data.batch_size, "); ", fix,
            ", or start a new run in another checkpoint.dir");
     }
   }
-  const int64_t saved_bpe = ckpt.MetaInt("batches_per_epoch");
+  const int64_t saved_bpe = ckpt.MetaInt("batches_per_epoch", path);
   CORTADO_CHECK(saved_bpe == batches_per_epoch_, "checkpoint '", path, "' was written with ",
                 saved_bpe, " batches per epoch, this run has ", batches_per_epoch_,
                 " (batch size or data changed)");

@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <set>
 
@@ -353,6 +355,108 @@ TEST(DataParallel, AutoCodecsPlanAfterTheWarmupAndComeBackFromACheckpoint) {
     EXPECT_NE(std::string(e.what()).find("checkpoint 'ckpt': bucket 0 travels in epgc8"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// Every entry DataParallel reads from a checkpoint is checked before it is used, and a crafted
+// one is refused with one line naming the file and the entry (issue 40): error_feedback_ranks
+// of 0 left no residual and the first was read out of bounds, a negative or NaN floor was cast to
+// size_t, and a codec_auto_plans that is not a number threw std::invalid_argument (which the
+// start-up broadcast did not pass on). A refused checkpoint leaves the run's state as it was.
+TEST(DataParallel, ACraftedCheckpointIsRefusedNamingTheFileAndTheEntry) {
+  auto comm = OneRank();
+  Net net(Model("resnet20", 8, 1, 2), 7);
+  UseCodec(net, "auto");
+  DataParallelOptions o;
+  o.bucket_mb = 0.05;
+  o.first_bucket_mb = o.last_bucket_mb = 0.01;
+  o.auto_codec.enabled = true;
+  o.auto_codec.warmup_steps = 1;
+  o.auto_codec.link_override = {{0, 1e3}};
+  Checkpoint good;
+  size_t n = 0;
+  {
+    DataParallel dp(net, *comm, o);
+    ASSERT_TRUE(dp.options().error_feedback);
+    Rng data(3);
+    Tensor& x = net.input("data");
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      x.data<float>()[i] = static_cast<float>(data.Normal(0, 1));
+    }
+    dp.BeginStep(0);
+    dp.SetControl(net.Forward(), false);
+    net.Backward();
+    dp.FinishStep();  // the warmup's one step: the plan
+    ASSERT_EQ(dp.codec_plans(), 1);
+    dp.GatherForCheckpoint();
+    dp.SaveState(good);
+    for (auto& [name, t] : good.tensors) t = t.Clone();
+    n = dp.buckets().size();
+  }
+  ASSERT_EQ(good.meta.count("error_feedback_ranks"), 1u);
+  ASSERT_EQ(good.meta.count("codec_auto_plan"), 1u);
+  {
+    DataParallel dp(net, *comm, o);
+    dp.LoadState(good, "good");
+    EXPECT_EQ(dp.codec_plans(), 1);
+  }
+  using Craft = std::function<void(Checkpoint&)>;
+  const auto meta = [](const std::string& key, const std::string& value) -> Craft {
+    return [=](Checkpoint& c) { c.meta[key] = value; };
+  };
+  // [latency, rate, backward end, ready per bucket, floor per bucket, measured per bucket]
+  const auto measured = [](size_t i, double value) -> Craft {
+    return [=](Checkpoint& c) {
+      for (auto& [name, t] : c.tensors) {
+        if (name != "codec_auto/measurements") continue;
+        t = t.Clone();
+        t.data<double>()[i] = value;
+      }
+    };
+  };
+  const std::vector<std::pair<Craft, std::string>> cases = {
+      {meta("error_feedback_ranks", "0"), "error_feedback_ranks is 0"},
+      {meta("error_feedback_ranks", "-3"), "error_feedback_ranks is -3"},
+      {meta("error_feedback_ranks", "two"), "entry 'error_feedback_ranks' is not an integer"},
+      {meta("error_feedback_ranks", "2"), "lacks error_feedback/rank1"},
+      {[](Checkpoint& c) {
+         for (auto& [name, t] : c.tensors) {
+           if (name == "error_feedback/rank0") t = Tensor({t.numel()}, DType::kF64);
+         }
+       },
+       "error_feedback/rank0 is f64"},
+      {meta("codec_auto_plans", "x"), "entry 'codec_auto_plans' is not an integer"},
+      {meta("codec_auto_plans", "0"), "codec_auto_plans is 0"},
+      {meta("codec_auto_plan", "epgc8,bogus"), "codec_auto_plan: "},
+      {meta("codec_auto_hiding_fraction", "nan"), "codec_auto_hiding_fraction 'nan'"},
+      {meta("codec_auto_hiding_fraction", ""), "codec_auto_hiding_fraction ''"},
+      {measured(0, -1), "the latency is -1"},
+      {measured(1, 0), "the link rate is 0"},
+      {measured(1, NAN), "the link rate is nan"},
+      {measured(2, INFINITY), "the end of backward is inf"},
+      {measured(3 + 1, NAN), "the ready time of bucket 1 is nan"},
+      {measured(3 + n, -1), "the floor of bucket 0 is -1"},
+      {measured(3 + n + 2, NAN), "the floor of bucket 2 is nan"},
+      {measured(3 + n, 0.5), "the floor of bucket 0 is 0.5"},
+      {measured(3 + 2 * n, -INFINITY), "the measured transfer of bucket 0 is -inf"},
+  };
+  for (const auto& [craft, want] : cases) {
+    SCOPED_TRACE(want);
+    Checkpoint c = good;
+    craft(c);
+    DataParallel dp(net, *comm, o);
+    const std::string warmup = dp.codec_plan();
+    try {
+      dp.LoadState(c, "crafted.cortado");
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("checkpoint 'crafted.cortado'"), std::string::npos) << what;
+      EXPECT_NE(what.find(want), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+    EXPECT_EQ(dp.codec_plans(), 0);
+    EXPECT_EQ(dp.codec_plan(), warmup);
   }
 }
 

@@ -8,8 +8,11 @@
 // threads, which the process tests of tests/tools hide from TSan.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <stdexcept>
 #include <thread>
 
 #include "cortado/dist/store.h"
@@ -144,6 +147,35 @@ TEST(DataParallelThreads, TwoRanksWithOverlapAndSyncBatchNormTrainAsOneProcess) 
   EXPECT_LE(diff, 1e-11 * moved) << "largest difference " << diff << ", largest change " << moved;
 }
 
+// Rank 0's starting state fails with an exception that is not an Error (std::stoll's
+// std::invalid_argument on a crafted entry, say): every rank stops with its message, rather than
+// rank 0 dying alone and the others reporting a lost connection (issue 40).
+TEST(DataParallelThreads, AnyErrorInRankZerosStartingStateReachesEveryRank) {
+  dist::InMemoryStore store;
+  std::vector<std::string> errors(kRanks);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kRanks; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        dist::CommConfig config;
+        config.rank = r;
+        config.world_size = kRanks;
+        config.store = &store;
+        config.options.timeout = std::chrono::seconds(5);
+        std::unique_ptr<dist::Communicator> comm = dist::CreateCommunicator(config);
+        BroadcastState(*comm, []() -> Checkpoint { throw std::invalid_argument("stoll"); });
+        errors[static_cast<size_t>(r)] = "no error";
+      } catch (const Error& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = std::string("not an Error: ") + e.what();
+      }
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "stoll") << r;
+}
+
 // distributed.codec: auto over ranks as threads, f32 gradients, the link fixed by the
 // options (CORTADO_AUTO_LINK's): every rank's codec plan after each step, and its final state.
 struct AutoRun {
@@ -156,8 +188,11 @@ struct AutoRun {
 
 // `codec`: the policy's (a fixed codec runs with auto_codec.enabled false).
 // `resume`: every rank's DataParallel loads it first.
+// `per_rank`: changes a rank's options (what one node's environment would change).
+using PerRank = std::function<void(int rank, AutoCodecOptions& options)>;
 AutoRun TrainAuto(int world, int steps, const AutoCodecOptions& auto_codec,
-                  const std::string& codec = "auto", const Checkpoint* resume = nullptr) {
+                  const std::string& codec = "auto", const Checkpoint* resume = nullptr,
+                  const PerRank& per_rank = {}) {
   SgdOptions sgd;
   sgd.momentum = 0.9;
   dist::InMemoryStore store;
@@ -173,6 +208,8 @@ AutoRun TrainAuto(int world, int steps, const AutoCodecOptions& auto_codec,
         config.rank = r;
         config.world_size = world;
         config.store = &store;
+        // Ranks that call different collectives fail in seconds rather than at the default 300.
+        config.options.timeout = std::chrono::seconds(20);
         std::unique_ptr<dist::Communicator> comm = dist::CreateCommunicator(config);
         Net net(Spec(kBatch), 11, DType::kF32);
         CodecPolicy policy;
@@ -182,6 +219,7 @@ AutoRun TrainAuto(int world, int steps, const AutoCodecOptions& auto_codec,
         options.bucket_mb = 0.05;
         options.first_bucket_mb = options.last_bucket_mb = 0.01;
         options.auto_codec = auto_codec;
+        if (per_rank) per_rank(r, options.auto_codec);
         DataParallel dp(net, *comm, options);
         if (resume != nullptr) dp.LoadState(*resume, "resume");
         SgdSolver solver(net.params(), sgd);
@@ -340,9 +378,14 @@ TEST(DataParallelThreads, AutoCodecsTryThePlanAgainstTheNarrowestAndKeepTheFaste
     EXPECT_EQ(run.saved[5].meta.at("codec_auto_plan"), p[5]);
     EXPECT_EQ(run.saved[5].meta.count("codec_auto_trial"), 0u);
     if (world == 2) {
-      const AutoRun resumed = TrainAuto(world, 3, a, "auto", &run.saved[2]);
+      // Rank 1 alone would not restart it (no trial under its link override): rank 0 decides.
+      const AutoRun resumed =
+          TrainAuto(world, 3, a, "auto", &run.saved[2], [](int r, AutoCodecOptions& o) {
+            if (r == 1) o.trial_under_link_override = false;
+          });
       ExpectRanksAlike(resumed);
       const std::vector<std::string>& q = resumed.plans[0];
+      ASSERT_EQ(q.size(), 3u);
       // The trial over: the plan's turn first (the step before q[0]), then the other side's.
       EXPECT_EQ(q[0], p[2]);
       EXPECT_EQ(q[1], p[1]);
@@ -353,6 +396,39 @@ TEST(DataParallelThreads, AutoCodecsTryThePlanAgainstTheNarrowestAndKeepTheFaste
   a.trial_steps = 0;
   const AutoRun plain = TrainAuto(2, 5, a);
   EXPECT_EQ(plain.plans[0][4], plain.plans[0][1]);
+}
+
+// Rank 0 decides for every rank: the plan, whether a trial runs and its verdict (issue 40). What
+// a rank sees alone (CORTADO_AUTO_LINK set on one node only; measurements that round otherwise on
+// another CPU) must not make it plan otherwise: the ranks would call different collectives (a
+// trial's all-reduce that the other never calls) and fail, or hang until the deadline. Here one
+// rank has a fixed slow link and the other measures the real one: with rank 0's fixed link every
+// rank plans epgc8 and none runs a trial; with rank 0 measuring, every rank follows its plan and
+// its trial. Either way the ranks end with the same plans at every step and bitwise the same
+// state.
+TEST(DataParallelThreads, AutoCodecsFollowRankZeroWhereRanksSeeDifferentLinks) {
+  SetNumThreads(2);
+  AutoCodecOptions a = AutoOn(2);
+  a.max_residual_ratio = 1e9;
+  a.trial_steps = 2;
+  a.link_override = {{0, 1e4}};
+  const AutoRun fixed = TrainAuto(2, 6, a, "auto", nullptr, [](int r, AutoCodecOptions& o) {
+    if (r != 0) o.link_override.clear();
+  });
+  ASSERT_EQ(fixed.plans[0].size(), 6u);
+  ExpectRanksAlike(fixed);
+  EXPECT_EQ(First(fixed.plans[0][1]), "epgc8");
+  EXPECT_EQ(fixed.plans[0][5], fixed.plans[0][1]) << "no trial, no re-plan under the fixed link";
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(world);
+    const AutoRun measured =
+        TrainAuto(world, 8, a, "auto", nullptr, [](int r, AutoCodecOptions& o) {
+          if (r == 0) o.link_override.clear();
+        });
+    ASSERT_EQ(measured.plans[0].size(), 8u);
+    ExpectRanksAlike(measured);
+    EXPECT_EQ(First(measured.plans[0][0]), "f32");  // the warmup
+  }
 }
 
 // A plan that keeps neighbouring buckets in f32 issues them as one all-reduce, as plain f32

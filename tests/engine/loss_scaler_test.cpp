@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "engine/error.h"
 
@@ -120,15 +123,22 @@ TEST(LossScaler, CheckpointRoundTripAndChecks) {
   b.Update(true);
   EXPECT_EQ(a.Update(true), b.Update(true));
   EXPECT_EQ(a.scale(), b.scale());
-  // A damaged entry is refused naming the file.
-  c.tensors[0].second.data<double>()[0] = -1;
-  try {
-    b.LoadState(c, "x.cortado");
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("checkpoint 'x.cortado': loss_scaler/state"),
-              std::string::npos)
-        << e.what();
+  // A damaged entry is refused naming the file: a scale that is not positive, and counts that
+  // are not whole numbers an int64 holds (an infinite one was cast to int64: undefined).
+  double* state = c.tensors[0].second.data<double>();
+  const double good[3] = {state[0], state[1], state[2]};
+  for (const auto& [i, bad] : std::vector<std::pair<int, double>>{
+           {0, -1}, {1, INFINITY}, {2, INFINITY}, {1, NAN}, {2, 1e300}, {1, 2.5}, {2, -1}}) {
+    std::copy(good, good + 3, state);
+    state[i] = bad;
+    try {
+      b.LoadState(c, "x.cortado");
+      ADD_FAILURE() << "state[" << i << "] = " << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("checkpoint 'x.cortado': loss_scaler/state"),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 

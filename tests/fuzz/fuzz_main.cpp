@@ -7,6 +7,7 @@
 //   fuzz_cortado TARGET --corpus DIR [--corpus DIR]... [--runs N] [--seed S] [--max-len B]
 //                [--crash-dir DIR]
 //   fuzz_cortado TARGET FILE...      replays files (a saved finding, a regression input)
+//   fuzz_cortado TARGET --write-seeds DIR   writes the seeds code makes (GeneratedSeeds)
 //   fuzz_cortado --list
 //
 // A finding (an exception that is not cortado::Error, or a crash signal) saves the input to
@@ -251,7 +252,8 @@ bool RunOne(const cortado::fuzz::Target& target, const Bytes& input, const std::
 [[noreturn]] void Usage(const char* message) {
   std::fprintf(stderr,
                "fuzz_cortado: %s\nusage: fuzz_cortado TARGET --corpus DIR [--runs N] "
-               "[--seed S] [--max-len BYTES] [--crash-dir DIR] | TARGET FILE... | --list\n",
+               "[--seed S] [--max-len BYTES] [--crash-dir DIR] | TARGET FILE... | "
+               "TARGET --write-seeds DIR | --list\n",
                message);
   std::exit(2);
 }
@@ -304,6 +306,18 @@ int main(int argc, char** argv) {
       max_len = Number("--max-len", value());
     } else if (a == "--crash-dir") {
       crash_dir = value();
+    } else if (a == "--write-seeds") {
+      const fs::path dir = value();
+      const auto seeds = cortado::fuzz::GeneratedSeeds(target->name);
+      if (seeds.empty())
+        Usage((std::string("target ") + target->name + " has no generated seeds").c_str());
+      for (const auto& [name, bytes] : seeds) {
+        std::ofstream out(dir / name, std::ios::binary);
+        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+        if (!out) Usage(("cannot write '" + (dir / name).string() + "'").c_str());
+        std::printf("%s: %zu bytes\n", (dir / name).c_str(), bytes.size());
+      }
+      return 0;
     } else if (a.rfind("--", 0) == 0) {
       Usage(("unknown option " + a).c_str());
     } else {

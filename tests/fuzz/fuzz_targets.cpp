@@ -3,10 +3,14 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "bootstrap/store_wire.h"
@@ -14,9 +18,13 @@
 #include "data/idx_source.h"
 #include "data/record_decoder.h"
 #include "engine/checkpoint.h"
+#include "engine/data_parallel.h"
 #include "engine/error.h"
+#include "engine/log.h"
+#include "engine/loss_scaler.h"
 #include "engine/net.h"
 #include "engine/safetensors.h"
+#include "engine/solver.h"
 #include "engine/yaml_config.h"
 #include "models/builders.h"
 #include "tools/run_config.h"
@@ -39,11 +47,80 @@ void Config(const uint8_t* data, size_t size) {
   }
 }
 
+// What a checkpoint is resumed into: a net of two fully connected layers (4 -> 3 -> 2) with
+// SGD momentum, a dynamic loss scale, and DataParallel on one rank under distributed.codec: auto
+// with error feedback (a fixed link: one rank cannot measure one). Built once; a DataParallel and
+// a loss scaler are made per input.
+struct ResumeState {
+  std::unique_ptr<dist::Communicator> comm = dist::CreateCommunicator(dist::CommConfig{});
+  Net net{Spec(), 1};
+  SgdSolver solver{net.params(), SgdOptions{}};
+
+  static NetSpec Spec() {
+    NetSpec spec;
+    spec.name = "fuzz";
+    spec.inputs = {{"data", {2, 4}, DType::kF32}, {"label", {2}, DType::kI32}};
+    for (const auto& [name, from, outputs] :
+         {std::tuple<const char*, const char*, int>{"fc1", "data", 3}, {"fc2", "fc1", 2}}) {
+      LayerSpec fc{name, "InnerProduct", {from}, {name}, {}, ""};
+      fc.settings.Set("num_output", outputs);
+      spec.layers.push_back(fc);
+    }
+    spec.layers.push_back(LayerSpec{"loss", "SoftmaxWithLoss", {"fc2", "label"}, {"loss"}, {}, ""});
+    return spec;
+  }
+  static DataParallelOptions Options() {
+    DataParallelOptions o;
+    o.bucket_mb = o.first_bucket_mb = o.last_bucket_mb = 1e-5;
+    o.discardable_steps = true;
+    o.auto_codec.enabled = true;
+    o.auto_codec.warmup_steps = 1;
+    o.auto_codec.interval = 1;
+    o.auto_codec.link_override = {{0, 1e4}};
+    return o;
+  }
+  ResumeState() {
+    SetLogLevel(LogLevel::kError);  // a plan's lines for every input would drown the findings
+    CodecPolicy policy;
+    policy.codec = "auto";
+    ApplyCodecPolicy(net, policy);
+  }
+};
+
+ResumeState& Resume() {
+  static ResumeState* state = new ResumeState();  // never destroyed: no order at exit
+  return *state;
+}
+
+// Steps of the resumed run: the first after a resume, and a check (interval 1).
+void TwoSteps(ResumeState& s, DataParallel& dp) {
+  for (int64_t step = 0; step < 2; ++step) {
+    dp.BeginStep(step);
+    dp.SetControl(s.net.Forward(), false);
+    s.net.Backward();
+    dp.FinishStep();
+  }
+}
+
+// Every part loads its own state from the checkpoint, as a resumed run does, then two steps run
+// from it: an entry that passed its part's checks must not break the steps.
+void ResumeFrom(const Checkpoint& ckpt) {
+  ResumeState& s = Resume();
+  DataParallel dp(s.net, *s.comm, ResumeState::Options());
+  LossScaler scaler(LossScalerOptions{});
+  s.net.LoadState(ckpt, "fuzz.cortado");
+  s.solver.LoadState(ckpt, "fuzz.cortado");
+  scaler.LoadState(ckpt, "fuzz.cortado");
+  dp.LoadState(ckpt, "fuzz.cortado");
+  TwoSteps(s, dp);
+}
+
 // A checkpoint file as it is on disk (header, CRC, payload), and the same bytes as a payload
-// behind a valid header, so that mutations get past the CRC into the record parser.
+// behind a valid header, so that mutations get past the CRC into the record parser; what parses
+// is resumed from (ResumeFrom), so that mutations reach every part's checks of its entries.
 void CheckpointFile(const uint8_t* data, size_t size) {
   try {
-    ParseCheckpoint(Text(data, size), "fuzz.cortado");
+    ResumeFrom(ParseCheckpoint(Text(data, size), "fuzz.cortado"));
   } catch (const Error&) {
   }
   std::string file("CRTDCKPT", 8);
@@ -55,9 +132,54 @@ void CheckpointFile(const uint8_t* data, size_t size) {
   file.append(reinterpret_cast<const char*>(&length), 8);
   file.append(reinterpret_cast<const char*>(data), size);
   try {
-    ParseCheckpoint(file, "fuzz.cortado");
+    ResumeFrom(ParseCheckpoint(file, "fuzz.cortado"));
   } catch (const Error&) {
   }
+}
+
+// The payload of a checkpoint (what CheckpointFile puts behind a valid header).
+std::string Payload(const Checkpoint& ckpt) {
+  constexpr size_t kHeader = 8 + 4 + 4 + 8;
+  return SerializeCheckpoint(ckpt).substr(kHeader);
+}
+
+// Seeds of the checkpoint target: a whole resumable state after a plan, as a payload, and that
+// state with each entry that a crafted file once got past the checks with (issue 40).
+std::vector<std::pair<std::string, std::string>> CheckpointSeeds() {
+  ResumeState& s = Resume();
+  Checkpoint ckpt;
+  {
+    DataParallel dp(s.net, *s.comm, ResumeState::Options());
+    TwoSteps(s, dp);
+    dp.GatherForCheckpoint();
+    s.net.SaveState(ckpt);
+    s.solver.SaveState(ckpt);
+    LossScaler(LossScalerOptions{}).SaveState(ckpt);
+    dp.SaveState(ckpt);
+    for (auto& [name, t] : ckpt.tensors) t = t.Clone();
+  }
+  std::vector<std::pair<std::string, std::string>> seeds = {{"resume.bin", Payload(ckpt)}};
+  const auto crafted = [&](const std::string& name, const std::function<void(Checkpoint&)>& f) {
+    Checkpoint c = ckpt;
+    for (auto& [n, t] : c.tensors) t = t.Clone();
+    f(c);
+    seeds.emplace_back(name, Payload(c));
+  };
+  const auto floor = [](double value) {
+    return [=](Checkpoint& c) {
+      for (auto& [name, t] : c.tensors) {
+        // [latency, rate, backward end, ready per bucket, floor per bucket, measured per bucket]
+        if (name == "codec_auto/measurements") t.data<double>()[3 + (t.numel() - 3) / 3] = value;
+      }
+    };
+  };
+  crafted("regress-error-feedback-ranks-0.bin",
+          [](Checkpoint& c) { c.meta["error_feedback_ranks"] = "0"; });
+  crafted("regress-codec-auto-plans-not-a-number.bin",
+          [](Checkpoint& c) { c.meta["codec_auto_plans"] = "one"; });
+  crafted("regress-codec-auto-floor-negative.bin", floor(-1));
+  crafted("regress-codec-auto-floor-nan.bin", floor(NAN));
+  return seeds;
 }
 
 // A database record as the LMDB loader decodes it: Datum, then JPEG (or another format
@@ -216,9 +338,19 @@ void Store(const uint8_t* data, size_t size) {
   }
 }
 
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> GeneratedSeeds(const std::string& target) {
+  if (target == "checkpoint") return CheckpointSeeds();
+  return {};
+}
+
+namespace {
+
 const Target kTargets[] = {
     {"config", "YAML training config: YamlConfig + ParseRunConfig", Config},
-    {"checkpoint", "checkpoint file and payload: ParseCheckpoint", CheckpointFile},
+    {"checkpoint", "checkpoint file and payload: ParseCheckpoint, then resumed from",
+     CheckpointFile},
     {"record", "LMDB record: Datum parser, image decode, transforms (RecordDecoder)", Record},
     {"weights", "weights file: ParseSafetensors + LoadWeights into a ResNet-18", Weights},
     {"idx", "IDX images and labels files (MNIST's format): ParseIdxDataset", Idx},

@@ -4,6 +4,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace cortado::fuzz {
 
@@ -15,5 +18,10 @@ struct Target {
 
 // All targets, ending with {nullptr, nullptr, nullptr}.
 const Target* Targets();
+
+// Seeds that code makes, by file name, for a target whose seeds depend on code (the checkpoint
+// target's resumable state, which follows its net and DataParallel's layout); empty for the
+// others. `fuzz_cortado TARGET --write-seeds DIR` writes them (into corpus/TARGET/).
+std::vector<std::pair<std::string, std::string>> GeneratedSeeds(const std::string& target);
 
 }  // namespace cortado::fuzz
