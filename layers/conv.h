@@ -37,7 +37,7 @@
 #include <array>
 #include <vector>
 
-#include "engine/typed_layer.h"
+#include "engine/graph/typed_layer.h"
 #include "layers/im2col.h"
 
 namespace cortado {

@@ -9,7 +9,7 @@
 // the pool; each result element is computed by one thread, so results are deterministic).
 #pragma once
 
-#include "engine/typed_layer.h"
+#include "engine/graph/typed_layer.h"
 
 namespace cortado {
 

@@ -17,11 +17,11 @@
 
 #include "cortado/dist/codec.h"
 #include "cortado/dist/types.h"
-#include "engine/gemm_lowp.h"
-#include "engine/layer.h"
-#include "engine/math.h"
-#include "engine/random.h"
-#include "engine/tensor.h"
+#include "engine/base/random.h"
+#include "engine/graph/gemm_lowp.h"
+#include "engine/graph/layer.h"
+#include "engine/graph/math.h"
+#include "engine/tensor/tensor.h"
 
 namespace cortado {
 

@@ -14,10 +14,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "engine/cpu_isa.h"
-#include "engine/log.h"
-#include "engine/math.h"
-#include "engine/thread_pool.h"
+#include "engine/base/cpu_isa.h"
+#include "engine/base/log.h"
+#include "engine/base/thread_pool.h"
+#include "engine/graph/math.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
 #include "tools/trainer.h"

@@ -12,10 +12,10 @@
 #include <nlohmann/json.hpp>
 
 #include "data/class_names.h"
-#include "engine/checkpoint.h"
-#include "engine/log.h"
-#include "engine/safetensors.h"
-#include "engine/thread_pool.h"
+#include "engine/base/log.h"
+#include "engine/base/thread_pool.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/safetensors.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
 #include "tools/file_kind.h"

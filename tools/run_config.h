@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "data/data_options.h"
-#include "engine/data_parallel.h"
-#include "engine/loss_scaler.h"
-#include "engine/net.h"
-#include "engine/solver.h"
-#include "engine/yaml_config.h"
+#include "engine/graph/loss_scaler.h"
+#include "engine/graph/net.h"
+#include "engine/graph/solver.h"
+#include "engine/io/yaml_config.h"
+#include "engine/parallel/data_parallel.h"
 
 namespace cortado {
 

@@ -7,9 +7,9 @@
 #include <sstream>
 
 #include "data/class_names.h"
-#include "engine/error.h"
-#include "engine/log.h"
-#include "engine/yaml_config.h"
+#include "engine/base/error.h"
+#include "engine/base/log.h"
+#include "engine/io/yaml_config.h"
 #include "tools/command_line.h"
 #include "tools/train_reporter.h"
 

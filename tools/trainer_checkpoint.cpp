@@ -4,10 +4,10 @@
 // weights, and rank 0's starting state sent to the others.
 #include <filesystem>
 
-#include "engine/error.h"
-#include "engine/log.h"
-#include "engine/safetensors.h"
-#include "engine/yaml_config.h"
+#include "engine/base/error.h"
+#include "engine/base/log.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/yaml_config.h"
 #include "tools/command_line.h"
 #include "tools/trainer.h"
 #include "tools/weights.h"

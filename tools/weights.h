@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint.h"
-#include "engine/net.h"
-#include "engine/safetensors.h"
+#include "engine/graph/net.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/safetensors.h"
 
 namespace cortado::tools {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "cortado/dist/half.h"
-#include "engine/device_runtime.h"
+#include "engine/tensor/device_runtime.h"
 
 namespace cortado {
 namespace {

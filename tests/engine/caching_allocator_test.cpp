@@ -1,5 +1,5 @@
 // The caching allocator over plain host memory: what a GPU's cudaMalloc would be asked for.
-#include "engine/caching_allocator.h"
+#include "engine/tensor/caching_allocator.h"
 
 #include <gtest/gtest.h>
 

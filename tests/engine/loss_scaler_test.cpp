@@ -1,12 +1,12 @@
 // LossScaler: growth after the interval, backoff on overflow, static scales, the finiteness
 // check over f32 gradients, option checks and the checkpoint round trip.
-#include "engine/loss_scaler.h"
+#include "engine/graph/loss_scaler.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 namespace cortado {
 namespace {

@@ -4,8 +4,8 @@
 #include <filesystem>
 #include <string>
 
-#include "engine/checkpoint.h"
-#include "engine/error.h"
+#include "engine/base/error.h"
+#include "engine/io/checkpoint.h"
 #include "tests/tools/user_run.h"
 
 namespace cortado::tooltest {
