@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test (what CI runs), in four stages:
-#   1. format: every C++ file follows .clang-format (scripts/check_format.sh);
+#   1. format: every C++ file follows .clang-format (scripts/check_format.sh), and engine/'s
+#      rooms include one way (scripts/check_rooms.sh);
 #   2. the whole project (Release, into build/) and the communication library on its own
 #      (build/distributed-alone/, which proves it links alone): every test, including the
 #      bounded runs of the fuzz targets (tests/fuzz/);
@@ -53,6 +54,7 @@ build() {
 
 stage "format"
 scripts/check_format.sh
+scripts/check_rooms.sh
 
 stage "build (build/, build/distributed-alone/)"
 build build . -DCORTADO_DIST_TESTS=OFF  # the distributed suites build and run stand-alone
