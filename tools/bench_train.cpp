@@ -1,6 +1,7 @@
 // `cortado bench train --config F [--iters N] [--warmup W] [--json] [--profile] [--infer]`:
 // training throughput of the config's model and data, without evaluation or checkpoints, and
-// the run's peak memory (and the activations' planned and measured peak, engine/memory_plan.h).
+// the run's peak memory (and the activations' planned and measured peak,
+// engine/tensor/memory_plan.h).
 // --profile adds the per-layer forward/backward time and GFLOP/s, to see where a step goes;
 // --infer measures forward passes of an inference net instead (test phase, no gradients, no
 // solver, no training step first). Under `cortado launch`

@@ -6,7 +6,7 @@
 // used, and --set overrides it (a data.val path on another machine); --config replaces it.
 // `--checkpoint auto` takes the newest loadable checkpoint in the config's checkpoint.dir, so it
 // needs --config. Under `cortado launch`, mpirun or srun the ranks split the validation set and
-// rank 0 prints the totals. The net is built for inference (engine/net.h: no gradients, no
+// rank 0 prints the totals. The net is built for inference (engine/graph/net.h: no gradients, no
 // solver state, each activation's buffer reused once the next layer has read it).
 #include <cstdio>
 #include <nlohmann/json.hpp>

@@ -1,6 +1,6 @@
 // Trainer, its checkpoints: the run's own state (position, seed, config, world shape), the
 // whole state collected from its parts (net, solver, loss scaler, data-parallel glue: each saves
-// and loads its own, engine/checkpoint.h's CheckpointState), resuming, initializing from
+// and loads its own, engine/io/checkpoint.h's CheckpointState), resuming, initializing from
 // weights, and rank 0's starting state sent to the others.
 #include <filesystem>
 

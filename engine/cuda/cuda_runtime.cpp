@@ -1,4 +1,4 @@
-// The CUDA implementation of DeviceRuntime (engine/device_runtime.h).
+// The CUDA implementation of DeviceRuntime (engine/tensor/device_runtime.h).
 #include <cuda_runtime_api.h>
 
 #include <memory>

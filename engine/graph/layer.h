@@ -20,7 +20,7 @@
 // they check the device and call the implementation for that dtype (ForwardF32, ForwardF64,
 // ForwardBF16, ForwardF16 and the Backward ones), so a new type or device slots in per layer
 // and an unsupported combination fails naming the layer. The f32 and f64 kernels are the
-// reference (usually one template, instantiated by both; engine/typed_layer.h writes these
+// reference (usually one template, instantiated by both; engine/graph/typed_layer.h writes these
 // overrides from a layer's ForwardT/BackwardT templates). A layer without its own
 // bf16 or f16 kernel computes those in f32: its low-precision inputs are widened into f32
 // staging buffers, the f32 kernel runs, and its outputs are rounded back (to nearest even), so

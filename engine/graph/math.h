@@ -25,7 +25,7 @@ void ParallelGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T
 
 // How ParallelGemm splits C[M,N] across the pool: part(r0, r1, c0, c1) computes rows [r0, r1)
 // and columns [c0, c1), the rows when M is large, else the columns; inline when the product is
-// too small to share. Shared with the 16-bit products (engine/gemm_lowp.h).
+// too small to share. Shared with the 16-bit products (engine/graph/gemm_lowp.h).
 void SplitGemm(int64_t m, int64_t n, int64_t k,
                const std::function<void(int64_t, int64_t, int64_t, int64_t)>& part);
 

@@ -14,8 +14,8 @@
 // precision, 1 otherwise).
 //
 // Memory (NetOptions): with plan_memory the activations come from a pool following a memory
-// plan (engine/memory_plan.h), computed from the graph once per set of shapes: each buffer is
-// taken just before the forward of the layer that writes it and given back after the last
+// plan (engine/tensor/memory_plan.h), computed from the graph once per set of shapes: each buffer
+// is taken just before the forward of the layer that writes it and given back after the last
 // forward or backward that reads it, and each activation gradient lives from the backward that
 // writes it to the backward of the layer that made the activation, all in one arena at planned
 // offsets, so a pass holds the largest live set of activations and gradients, not the sum. A blob

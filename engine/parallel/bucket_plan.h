@@ -1,7 +1,7 @@
-// How the data-parallel glue cuts the flat gradient block into buckets (engine/data_parallel.h
-// says why buckets exist and how they are used): a pure function of the parameters in the order
-// backward finishes them, the bucket sizes and the element size, so a plan can be computed and
-// tested without a net or a communicator.
+// How the data-parallel glue cuts the flat gradient block into buckets
+// (engine/parallel/data_parallel.h says why buckets exist and how they are used): a pure function
+// of the parameters in the order backward finishes them, the bucket sizes and the element size, so
+// a plan can be computed and tested without a net or a communicator.
 //
 // Rules: buckets hold whole parameters. Bucket 0 (the net's last layers, ready first) takes
 // parameters until it passes first_bucket_mb, so communication starts early; the last bucket

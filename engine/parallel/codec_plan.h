@@ -27,7 +27,7 @@
 // use the measured times as they are.
 //
 // Runs. Under `codec: auto` consecutive f32 buckets are issued as one all-reduce (MergeRuns,
-// engine/bucket_plan.h); with merge_f32 the queue is one of runs: a run starts when its last
+// engine/parallel/bucket_plan.h); with merge_f32 the queue is one of runs: a run starts as its last
 // bucket is ready and carries the bytes of all of them.
 //
 // Trial. The model prices bytes in link time only; moving them also costs CPU (the kernel's

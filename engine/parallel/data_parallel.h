@@ -7,7 +7,7 @@
 // after it, and a small last bucket (last_bucket_mb): the net's first layers finish backward
 // last, so nothing hides their all-reduce, and the less it carries the less is exposed.
 // A bucket is a contiguous range of the block: it is all-reduced in place, with no packing copy.
-// The cut itself is PlanBuckets (engine/bucket_plan.h), a pure function tested on its own.
+// The cut itself is PlanBuckets (engine/parallel/bucket_plan.h), a pure function tested on its own.
 // The block is the communicator's registered memory (RegisteredAllocator), registered once when
 // it is allocated; over UCX with every rank on one host it is shared memory, and the buckets'
 // all-reduces run the direct algorithm. Block and bucket table are allocated once, not per step.
@@ -35,7 +35,7 @@
 // Auto codecs (distributed.codec: auto). Parameters whose Param::codec is "auto" are cut into
 // buckets as a compressed codec's would be (batch norm and biases kept in f32 get buckets of
 // their own), and each such bucket's codec is chosen from auto_codec.candidates by PlanCodecs
-// (engine/codec_plan.h). Consecutive f32 buckets are issued as one all-reduce (runs_, cut by
+// (engine/parallel/codec_plan.h). Consecutive f32 buckets go out as one all-reduce (runs_, cut by
 // MergeRuns with the bucket sizes), so a plan that keeps them in f32 pays no more all-reduces
 // than plain f32. During the first warmup_steps steps the auto buckets travel in the
 // widest candidate, and every rank records per bucket when backward made it ready and how long
@@ -152,7 +152,7 @@ struct DataParallelOptions {
 
 class DataParallel : public CheckpointState {
  public:
-  using Bucket = GradientBucket;  // engine/bucket_plan.h plans them
+  using Bucket = GradientBucket;  // engine/parallel/bucket_plan.h plans them
 
   // Seats the net's gradients in the flat block and attaches to its gradient-ready hook.
   // The net and communicator must outlive this object.

@@ -1,6 +1,6 @@
 // A pool of tensor storage for memory whose lifetime is shorter than a step: the net's
 // activation gradients, each alive from the backward pass of the layer that writes it to that
-// of the layer that produced the activation, and (with a memory plan, engine/memory_plan.h)
+// of the layer that produced the activation, and (with a memory plan, engine/tensor/memory_plan.h)
 // the activations themselves. Released storage is kept and handed out again
 // (best fit by size), so a steady state allocates nothing and memory is bounded by the most
 // gradients alive at once, not by their sum.
@@ -45,7 +45,7 @@ class BufferPool {
 
 namespace cortado {
 
-// The storage of a memory plan (engine/memory_plan.h): one block of the plan's arena_bytes,
+// The storage of a memory plan (engine/tensor/memory_plan.h): one block of the plan's arena_bytes,
 // each group a view at its planned offset, so buffers given back in any order leave no holes
 // that a larger buffer cannot use. Counts what is lent as BufferPool does: the measured
 // high-water mark that the plan's peak predicts.

@@ -2,11 +2,11 @@
 // CPU source includes a CUDA header. The CUDA backend (engine/cuda/) implements it; a build
 // without CUDA has none, and asking for a CUDA device there says so.
 //
-// A runtime owns, per device: a caching allocator for device memory (engine/caching_allocator.h,
-// every tensor on that device draws from it), a compute stream on which every operation below is
-// queued in order, and a pinned host allocator for the loader's batches. Operations return when
-// queued (the stream keeps their order); Synchronize waits for them, and a copy into pageable host
-// memory waits for its own completion.
+// A runtime owns, per device: a caching allocator for device memory
+// (engine/tensor/caching_allocator.h, every tensor on that device draws from it), a compute stream
+// on which every operation below is queued in order, and a pinned host allocator for the loader's
+// batches. Operations return when queued (the stream keeps their order); Synchronize waits for
+// them, and a copy into pageable host memory waits for its own completion.
 #pragma once
 
 #include <memory>

@@ -7,7 +7,7 @@
 // tensor is a device pointer, for device kernels only. Storage comes from a pluggable Allocator,
 // held by shared ownership (each Storage keeps its allocator alive, so memory can be freed after
 // the code that allocated it is gone): the data-parallel glue allocates its gradient block from the
-// communicator (engine/registered_allocator.h), registered with the transport once.
+// communicator (engine/tensor/registered_allocator.h), registered with the transport once.
 //
 // Layout is dense row-major (NCHW for images). Resize keeps the storage when it is big enough,
 // so per-batch reshapes do not reallocate.
