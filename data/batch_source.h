@@ -19,7 +19,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/tensor.h"
+#include "engine/tensor/tensor.h"
 
 namespace cortado {
 

@@ -27,10 +27,10 @@
 #include "data/jpeg.h"
 #include "data/lmdb.h"
 #include "data/transforms.h"
-#include "engine/error.h"
-#include "engine/log.h"
-#include "engine/random.h"
-#include "engine/thread_pool.h"
+#include "engine/base/error.h"
+#include "engine/base/log.h"
+#include "engine/base/random.h"
+#include "engine/base/thread_pool.h"
 
 namespace cortado {
 namespace fs = std::filesystem;

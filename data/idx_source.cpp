@@ -7,8 +7,8 @@
 #include <filesystem>
 
 #include "data/sharding.h"
-#include "engine/error.h"
-#include "engine/random.h"
+#include "engine/base/error.h"
+#include "engine/base/random.h"
 
 namespace cortado {
 namespace {

@@ -10,7 +10,7 @@
 // jpeglib.h needs size_t and FILE declared first.
 #include <jpeglib.h>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 namespace cortado {
 

@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "engine/error.h"
-#include "engine/file_io.h"
+#include "engine/base/error.h"
+#include "engine/base/file_io.h"
 
 namespace cortado {
 namespace {

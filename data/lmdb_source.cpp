@@ -13,10 +13,10 @@
 #include "data/loader.h"
 #include "data/record_decoder.h"
 #include "data/sharding.h"
-#include "engine/error.h"
-#include "engine/log.h"
-#include "engine/random.h"
-#include "engine/thread_pool.h"
+#include "engine/base/error.h"
+#include "engine/base/log.h"
+#include "engine/base/random.h"
+#include "engine/base/thread_pool.h"
 
 namespace cortado {
 

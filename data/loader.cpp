@@ -6,7 +6,7 @@
 #include <chrono>
 #include <limits>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 namespace cortado {
 namespace {

@@ -2,8 +2,8 @@
 
 #include <numeric>
 
-#include "engine/error.h"
-#include "engine/random.h"
+#include "engine/base/error.h"
+#include "engine/base/random.h"
 
 namespace cortado {
 

@@ -2,7 +2,7 @@
 #include "data/idx_source.h"
 #include "data/lmdb_source.h"
 #include "data/synthetic_source.h"
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 namespace cortado {
 

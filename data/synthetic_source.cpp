@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "engine/error.h"
-#include "engine/random.h"
+#include "engine/base/error.h"
+#include "engine/base/random.h"
 
 namespace cortado {
 namespace {

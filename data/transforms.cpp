@@ -7,8 +7,8 @@
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
-#include "engine/error.h"
-#include "engine/random.h"
+#include "engine/base/error.h"
+#include "engine/base/random.h"
 
 namespace cortado {
 namespace {

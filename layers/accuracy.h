@@ -10,7 +10,7 @@
 // No backward: CanBackpropTo is false for every input.
 #pragma once
 
-#include "engine/typed_layer.h"
+#include "engine/graph/typed_layer.h"
 
 namespace cortado {
 

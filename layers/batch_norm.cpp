@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/thread_pool.h"
+#include "engine/base/thread_pool.h"
 #include "layers/layer_util.h"
 
 namespace cortado {

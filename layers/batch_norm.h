@@ -32,7 +32,7 @@
 
 #include <vector>
 
-#include "engine/typed_layer.h"
+#include "engine/graph/typed_layer.h"
 
 namespace cortado {
 

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "engine/thread_pool.h"
+#include "engine/base/thread_pool.h"
 #include "layers/layer_util.h"
 
 namespace cortado {

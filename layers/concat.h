@@ -6,7 +6,7 @@
 // Threads: ParallelFor over the outer dimension (the product of dimensions before `axis`).
 #pragma once
 
-#include "engine/typed_layer.h"
+#include "engine/graph/typed_layer.h"
 
 namespace cortado {
 

@@ -4,9 +4,9 @@
 #include <atomic>
 #include <cstring>
 
-#include "engine/math.h"
-#include "engine/random.h"
-#include "engine/thread_pool.h"
+#include "engine/base/random.h"
+#include "engine/base/thread_pool.h"
+#include "engine/graph/math.h"
 #include "layers/layer_util.h"
 
 namespace cortado {

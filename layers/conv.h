@@ -37,7 +37,7 @@
 #include <array>
 #include <vector>
 
-#include "engine/typed_layer.h"
+#include "engine/graph/typed_layer.h"
 #include "layers/im2col.h"
 
 namespace cortado {
@@ -46,7 +46,7 @@ class ConvolutionLayer;
 extern template class TypedLayer<ConvolutionLayer, AllFloatTypes, KernelArgs::kOneInput>;
 
 // bf16 and f16: 16-bit activations and columns, products accumulated in f32 (native bf16 GEMM
-// where the CPU has it, engine/gemm_lowp.h), f32 parameters and gradients.
+// where the CPU has it, engine/graph/gemm_lowp.h), f32 parameters and gradients.
 class ConvolutionLayer : public TypedLayer<ConvolutionLayer, AllFloatTypes, KernelArgs::kOneInput> {
   friend TypedLayer;  // calls ForwardT and BackwardT
 

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "engine/random.h"
-#include "engine/thread_pool.h"
+#include "engine/base/random.h"
+#include "engine/base/thread_pool.h"
 #include "layers/layer_util.h"
 
 namespace cortado {

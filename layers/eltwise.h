@@ -9,7 +9,7 @@
 // Threads: ParallelFor over contiguous element ranges.
 #pragma once
 
-#include "engine/typed_layer.h"
+#include "engine/graph/typed_layer.h"
 
 namespace cortado {
 

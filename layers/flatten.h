@@ -6,7 +6,7 @@
 // bottom grad (the net owns that buffer). Any dtype.
 #pragma once
 
-#include "engine/typed_layer.h"
+#include "engine/graph/typed_layer.h"
 
 namespace cortado {
 

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 
-#include "engine/math.h"
-#include "engine/random.h"
-#include "engine/thread_pool.h"
+#include "engine/base/random.h"
+#include "engine/base/thread_pool.h"
+#include "engine/graph/math.h"
 #include "layers/layer_util.h"
 
 namespace cortado {

@@ -9,7 +9,7 @@
 // the pool; each result element is computed by one thread, so results are deterministic).
 #pragma once
 
-#include "engine/typed_layer.h"
+#include "engine/graph/typed_layer.h"
 
 namespace cortado {
 
@@ -28,7 +28,7 @@ class InnerProductLayer
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
 
  private:
-  // bf16 and f16: 16-bit operands, products accumulated in f32 (engine/gemm_lowp.h).
+  // bf16 and f16: 16-bit operands, products accumulated in f32 (engine/graph/gemm_lowp.h).
   CORTADO_TYPED_LAYER_ONE_INPUT_KERNELS();
 
   int64_t num_output_ = 0;

@@ -17,11 +17,11 @@
 
 #include "cortado/dist/codec.h"
 #include "cortado/dist/types.h"
-#include "engine/gemm_lowp.h"
-#include "engine/layer.h"
-#include "engine/math.h"
-#include "engine/random.h"
-#include "engine/tensor.h"
+#include "engine/base/random.h"
+#include "engine/graph/gemm_lowp.h"
+#include "engine/graph/layer.h"
+#include "engine/graph/math.h"
+#include "engine/tensor/tensor.h"
 
 namespace cortado {
 
@@ -98,7 +98,7 @@ void WidenSpan(const S* src, int64_t n, Compute<S>* dst) {
 }
 
 // C (Compute<S>) = op(A) op(B) + beta C for operands stored as S: the f32/f64 GEMM, or the
-// 16-bit product that accumulates in f32 (engine/gemm_lowp.h). Single-threaded.
+// 16-bit product that accumulates in f32 (engine/graph/gemm_lowp.h). Single-threaded.
 template <typename S>
 void LayerGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const S* a, int64_t lda,
                const S* b, int64_t ldb, Compute<S> beta, Compute<S>* c, int64_t ldc) {

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "engine/thread_pool.h"
+#include "engine/base/thread_pool.h"
 #include "layers/layer_util.h"
 
 namespace cortado {

@@ -14,7 +14,7 @@
 // Threads: ParallelFor over the N * C planes.
 #pragma once
 
-#include "engine/typed_layer.h"
+#include "engine/graph/typed_layer.h"
 
 namespace cortado {
 

@@ -1,6 +1,6 @@
 #include "layers/relu.h"
 
-#include "engine/thread_pool.h"
+#include "engine/base/thread_pool.h"
 #include "layers/layer_util.h"
 
 namespace cortado {

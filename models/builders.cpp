@@ -4,7 +4,7 @@
 #include <functional>
 #include <map>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 namespace cortado {
 namespace {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/net.h"
+#include "engine/graph/net.h"
 
 namespace cortado {
 

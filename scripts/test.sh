@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test (what CI runs), in five stages:
-#   1. format: every C++ file follows .clang-format (scripts/check_format.sh);
+#   1. format: every C++ file follows .clang-format (scripts/check_format.sh), and engine/'s
+#      rooms include one way (scripts/check_rooms.sh);
 #   2. the whole project (Release, into build/) and the communication library on its own
 #      (build/distributed-alone/, which proves it links alone): every test, including the
 #      bounded runs of the fuzz targets (tests/fuzz/);
@@ -20,7 +21,7 @@ sanitize=1
 for arg in "$@"; do
   case "$arg" in
     --no-sanitize) sanitize=0 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown option '$arg' (known: --no-sanitize)" >&2; exit 2 ;;
   esac
 done
@@ -56,6 +57,7 @@ build() {
 
 stage "format"
 scripts/check_format.sh
+scripts/check_rooms.sh
 
 stage "build (build/, build/distributed-alone/)"
 build build . -DCORTADO_DIST_TESTS=OFF  # the distributed suites build and run stand-alone

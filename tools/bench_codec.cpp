@@ -28,7 +28,7 @@
 #include "cortado/dist/codec.h"
 #include "cortado/dist/env.h"
 #include "cortado/dist/types.h"
-#include "engine/error.h"
+#include "engine/base/error.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
 

@@ -32,10 +32,10 @@
 #include <vector>
 
 #include "cortado/dist/communicator.h"
-#include "engine/data_parallel.h"
-#include "engine/error.h"
-#include "engine/random.h"
-#include "engine/thread_pool.h"
+#include "engine/base/error.h"
+#include "engine/base/random.h"
+#include "engine/base/thread_pool.h"
+#include "engine/parallel/data_parallel.h"
 #include "models/builders.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"

@@ -12,8 +12,8 @@
 
 #include "data/data_options.h"
 #include "data/lmdb_source.h"
-#include "engine/error.h"
-#include "engine/thread_pool.h"
+#include "engine/base/error.h"
+#include "engine/base/thread_pool.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
 

@@ -1,6 +1,7 @@
 // `cortado bench train --config F [--iters N] [--warmup W] [--json] [--profile] [--infer]`:
 // training throughput of the config's model and data, without evaluation or checkpoints, and
-// the run's peak memory (and the activations' planned and measured peak, engine/memory_plan.h).
+// the run's peak memory (and the activations' planned and measured peak,
+// engine/tensor/memory_plan.h).
 // --profile adds the per-layer forward/backward time and GFLOP/s, to see where a step goes;
 // --infer measures forward passes of an inference net instead (test phase, no gradients, no
 // solver, no training step first). Under `cortado launch`
@@ -14,10 +15,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "engine/cpu_isa.h"
-#include "engine/log.h"
-#include "engine/math.h"
-#include "engine/thread_pool.h"
+#include "engine/base/cpu_isa.h"
+#include "engine/base/log.h"
+#include "engine/base/thread_pool.h"
+#include "engine/graph/math.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
 #include "tools/trainer.h"

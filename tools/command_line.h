@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 namespace cortado::tools {
 

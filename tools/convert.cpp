@@ -13,7 +13,7 @@
 #include <string>
 
 #include "data/converter.h"
-#include "engine/error.h"
+#include "engine/base/error.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
 #include "tools/stop_signals.h"

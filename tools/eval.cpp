@@ -6,16 +6,16 @@
 // used, and --set overrides it (a data.val path on another machine); --config replaces it.
 // `--checkpoint auto` takes the newest loadable checkpoint in the config's checkpoint.dir, so it
 // needs --config. Under `cortado launch`, mpirun or srun the ranks split the validation set and
-// rank 0 prints the totals. The net is built for inference (engine/net.h: no gradients, no
+// rank 0 prints the totals. The net is built for inference (engine/graph/net.h: no gradients, no
 // solver state, each activation's buffer reused once the next layer has read it).
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "data/class_names.h"
-#include "engine/checkpoint.h"
-#include "engine/log.h"
-#include "engine/safetensors.h"
-#include "engine/thread_pool.h"
+#include "engine/base/log.h"
+#include "engine/base/thread_pool.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/safetensors.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
 #include "tools/file_kind.h"

@@ -4,8 +4,8 @@
 #include <chrono>
 #include <cmath>
 
-#include "engine/error.h"
-#include "engine/log.h"
+#include "engine/base/error.h"
+#include "engine/base/log.h"
 #include "tools/metrics.h"
 
 namespace cortado {

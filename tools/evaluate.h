@@ -14,7 +14,7 @@
 
 #include "cortado/dist/communicator.h"
 #include "data/batch_source.h"
-#include "engine/net.h"
+#include "engine/graph/net.h"
 
 namespace cortado {
 

@@ -7,9 +7,9 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "engine/checkpoint.h"
-#include "engine/safetensors.h"
-#include "engine/yaml_config.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/yaml_config.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
 #include "tools/run_config.h"

@@ -16,9 +16,9 @@
 #include "data/jpeg.h"
 #include "data/lmdb.h"
 #include "data/lmdb_source.h"
-#include "engine/checkpoint.h"
-#include "engine/log.h"
-#include "engine/safetensors.h"
+#include "engine/base/log.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/safetensors.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
 #include "tools/file_kind.h"
@@ -205,8 +205,8 @@ void PrintDb(const std::string& path) {
 
 std::string Megabytes(size_t bytes) { return StrCat(Fixed(static_cast<double>(bytes) / 1e6, 2)); }
 
-// The activation memory plan of the config's net (engine/memory_plan.h): bytes alive while each
-// layer's forward and backward run in training, and in inference, and the peaks.
+// The activation memory plan of the config's net (engine/tensor/memory_plan.h): bytes alive while
+// each layer's forward and backward run in training, and in inference, and the peaks.
 std::string MemoryPlanTable(const NetSpec& spec, const RunConfig& config) {
   NetOptions train_options, infer_options;
   train_options.plan_memory = true;

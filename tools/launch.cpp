@@ -15,8 +15,8 @@
 #include "cortado/dist/env.h"
 #include "cortado/dist/error.h"
 #include "cortado/dist/launcher.h"
-#include "engine/env.h"
-#include "engine/error.h"
+#include "engine/base/env.h"
+#include "engine/base/error.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
 

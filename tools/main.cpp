@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine/closest_name.h"
-#include "engine/error.h"
-#include "engine/log.h"
+#include "engine/base/closest_name.h"
+#include "engine/base/error.h"
+#include "engine/base/log.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
 

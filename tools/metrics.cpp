@@ -8,7 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 namespace cortado {
 

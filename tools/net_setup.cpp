@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "data/lmdb_source.h"
-#include "engine/error.h"
+#include "engine/base/error.h"
 #include "models/builders.h"
 
 namespace cortado {

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "data/batch_source.h"
-#include "engine/net.h"
+#include "engine/graph/net.h"
 #include "tools/run_config.h"
 
 namespace cortado {

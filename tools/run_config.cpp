@@ -8,8 +8,8 @@
 #include <sstream>
 #include <string_view>
 
-#include "engine/error.h"
-#include "engine/numbers.h"
+#include "engine/base/error.h"
+#include "engine/base/numbers.h"
 #include "models/builders.h"
 
 namespace cortado {

@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "data/data_options.h"
-#include "engine/data_parallel.h"
-#include "engine/loss_scaler.h"
-#include "engine/net.h"
-#include "engine/solver.h"
-#include "engine/yaml_config.h"
+#include "engine/graph/loss_scaler.h"
+#include "engine/graph/net.h"
+#include "engine/graph/solver.h"
+#include "engine/io/yaml_config.h"
+#include "engine/parallel/data_parallel.h"
 
 namespace cortado {
 
@@ -56,7 +56,7 @@ struct DistributedConfig {
   double connect_timeout_s = 0;  // rendezvous deadline; 0: CORTADO_CONNECT_TIMEOUT_S or timeout
   bool sync_bn = false;          // synchronized batch norm, net-wide (a layer's `sync` wins)
   int sync_bn_group = 0;         // ranks per batch-norm group; 0: all ranks
-  // Gradient compression (see engine/data_parallel.h, CodecPolicy).
+  // Gradient compression (see engine/parallel/data_parallel.h, CodecPolicy).
   CodecPolicy codec;  // codec, codec_keep_f32, codec_overrides
   dist::Rounding rounding = dist::Rounding::kNearest;
   bool error_feedback = false;
@@ -69,8 +69,8 @@ struct DistributedConfig {
 // 2-4x slower, for numerical reference runs (the data-parallel equivalence tests compare in it,
 // where f32 rounding would flip single ReLUs between runs and hide what is being compared).
 // bf16 and fp16 store activations and their gradients in 16 bits, with f32 master weights,
-// momentum, batch-norm statistics, softmax and loss (engine/layer.h); loss_scale is `dynamic`
-// (engine/loss_scaler.h), a number (a static scale) or 1 (none). Its default: dynamic for
+// momentum, batch-norm statistics, softmax and loss (engine/graph/layer.h); loss_scale is `dynamic`
+// (engine/graph/loss_scaler.h), a number (a static scale) or 1 (none). Its default: dynamic for
 // fp16, whose gradients underflow without it, and none otherwise (bf16 has f32's range).
 struct PrecisionConfig {
   DType compute = DType::kF32;  // fp32 | fp64 | bf16 | fp16

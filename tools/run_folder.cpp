@@ -10,9 +10,9 @@
 #include <fstream>
 #include <random>
 
-#include "engine/checkpoint.h"
-#include "engine/error.h"
-#include "engine/yaml_config.h"
+#include "engine/base/error.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/yaml_config.h"
 
 namespace cortado::tools {
 namespace fs = std::filesystem;

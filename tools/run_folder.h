@@ -3,7 +3,7 @@
 // or a metrics file with records in it, unless told to start over (--overwrite), so a second
 // run cannot replace or prune the first one's work; a resumed run refuses a folder shared with
 // another run's checkpoints; and `checkpoint.keep` prunes only the run's own files
-// (engine/checkpoint.h).
+// (engine/io/checkpoint.h).
 #pragma once
 
 #include <filesystem>

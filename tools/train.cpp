@@ -13,8 +13,8 @@
 #include <fstream>
 #include <thread>
 
-#include "engine/log.h"
-#include "engine/thread_pool.h"
+#include "engine/base/log.h"
+#include "engine/base/thread_pool.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
 #include "tools/file_kind.h"

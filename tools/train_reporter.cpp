@@ -4,11 +4,11 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "engine/cpu_isa.h"
-#include "engine/error.h"
-#include "engine/gemm_lowp.h"
-#include "engine/log.h"
-#include "engine/thread_pool.h"
+#include "engine/base/cpu_isa.h"
+#include "engine/base/error.h"
+#include "engine/base/log.h"
+#include "engine/base/thread_pool.h"
+#include "engine/graph/gemm_lowp.h"
 #include "tools/command_line.h"
 #include "tools/trainer.h"
 

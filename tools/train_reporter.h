@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/trace.h"
+#include "engine/base/trace.h"
 #include "tools/evaluate.h"
 #include "tools/metrics.h"
 

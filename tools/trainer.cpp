@@ -7,9 +7,9 @@
 #include <sstream>
 
 #include "data/class_names.h"
-#include "engine/error.h"
-#include "engine/log.h"
-#include "engine/yaml_config.h"
+#include "engine/base/error.h"
+#include "engine/base/log.h"
+#include "engine/io/yaml_config.h"
 #include "tools/command_line.h"
 #include "tools/train_reporter.h"
 
@@ -39,7 +39,7 @@ Trainer::Trainer(RunConfig config, World world)
   NetSpec spec = MakeNetSpec(config_, train_source_->sample_shape(), train_source_->num_classes(),
                              config_.data.batch_size);
   // Activations follow the net's memory plan: each goes back to the pool after the last
-  // backward that reads it (engine/memory_plan.h).
+  // backward that reads it (engine/tensor/memory_plan.h).
   NetOptions net_options;
   net_options.plan_memory = true;
   net_ = std::make_unique<Net>(spec, seed, config_.precision.compute, net_options);

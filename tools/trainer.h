@@ -5,8 +5,8 @@
 // collected from the parts that own them (tools/trainer_checkpoint.cpp).
 //
 // Data parallelism: with W ranks (tools/world.h) each rank reads its shard of every epoch
-// (rank r of W), the DataParallel glue (engine/data_parallel.h) averages gradients in buckets
-// overlapped with backward, synchronized batch norm combines statistics over its group, and
+// (rank r of W), the DataParallel glue (engine/parallel/data_parallel.h) averages gradients in
+// buckets overlapped with backward, synchronized batch norm combines statistics over its group, and
 // evaluation sums every rank's counts. Rank 0 is the only one that reads a checkpoint to
 // resume (everyone else receives rank 0's state), writes checkpoints, metrics and the progress
 // bar; all ranks stop together (Ctrl-C, --stop-at-iter) at the same step, or during an
@@ -20,13 +20,13 @@
 #include <vector>
 
 #include "data/batch_source.h"
-#include "engine/checkpoint.h"
-#include "engine/data_parallel.h"
-#include "engine/loss_scaler.h"
-#include "engine/net.h"
-#include "engine/solver.h"
-#include "engine/sync_batch_norm.h"
-#include "engine/trace.h"
+#include "engine/base/trace.h"
+#include "engine/graph/loss_scaler.h"
+#include "engine/graph/net.h"
+#include "engine/graph/solver.h"
+#include "engine/io/checkpoint.h"
+#include "engine/parallel/data_parallel.h"
+#include "engine/parallel/sync_batch_norm.h"
 #include "tools/evaluate.h"
 #include "tools/metrics.h"
 #include "tools/net_setup.h"

@@ -1,13 +1,13 @@
 // Trainer, its checkpoints: the run's own state (position, seed, config, world shape), the
 // whole state collected from its parts (net, solver, loss scaler, data-parallel glue: each saves
-// and loads its own, engine/checkpoint.h's CheckpointState), resuming, initializing from
+// and loads its own, engine/io/checkpoint.h's CheckpointState), resuming, initializing from
 // weights, and rank 0's starting state sent to the others.
 #include <filesystem>
 
-#include "engine/error.h"
-#include "engine/log.h"
-#include "engine/safetensors.h"
-#include "engine/yaml_config.h"
+#include "engine/base/error.h"
+#include "engine/base/log.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/yaml_config.h"
 #include "tools/command_line.h"
 #include "tools/trainer.h"
 #include "tools/weights.h"

@@ -3,7 +3,7 @@
 #include <map>
 #include <set>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 #include "models/builders.h"
 
 namespace cortado::tools {

@@ -1,5 +1,5 @@
 // Weights files: a model's parameters and batch-norm statistics as safetensors
-// (engine/safetensors.h), under torchvision's state-dict names where the model is a
+// (engine/io/safetensors.h), under torchvision's state-dict names where the model is a
 // torchvision architecture, so weights move between Cortado and PyTorch both ways.
 //
 //   cortado export --checkpoint C --out model.safetensors     (ExportWeights)
@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint.h"
-#include "engine/net.h"
-#include "engine/safetensors.h"
+#include "engine/graph/net.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/safetensors.h"
 
 namespace cortado::tools {
 

@@ -4,8 +4,8 @@
 
 #include "cortado/dist/env.h"
 #include "cortado/dist/error.h"
-#include "engine/env.h"
-#include "engine/error.h"
+#include "engine/base/env.h"
+#include "engine/base/error.h"
 
 namespace cortado {
 

@@ -17,7 +17,7 @@
 #include "data/idx_source.h"
 #include "data/jpeg.h"
 #include "data/transforms.h"
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 namespace fs = std::filesystem;
 using namespace cortado;

@@ -2,8 +2,8 @@
 
 #include <cstring>
 
+#include "engine/base/error.h"
 #include "engine/cuda/cuda_libraries.h"
-#include "engine/error.h"
 
 namespace cortado::cuda {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 namespace cortado::cuda {
 namespace {

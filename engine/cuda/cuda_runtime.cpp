@@ -1,16 +1,16 @@
-// The CUDA implementation of DeviceRuntime (engine/device_runtime.h).
+// The CUDA implementation of DeviceRuntime (engine/tensor/device_runtime.h).
 #include <cuda_runtime_api.h>
 
 #include <memory>
 #include <mutex>
 #include <vector>
 
-#include "engine/caching_allocator.h"
+#include "engine/base/error.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/cuda_context.h"
 #include "engine/cuda/tensor_kernels.h"
-#include "engine/device_runtime.h"
-#include "engine/error.h"
+#include "engine/tensor/caching_allocator.h"
+#include "engine/tensor/device_runtime.h"
 
 namespace cortado {
 namespace {

@@ -1,7 +1,7 @@
 #include "cortado/dist/half.h"
+#include "engine/base/error.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/tensor_kernels.h"
-#include "engine/error.h"
 
 namespace cortado::cuda {
 namespace {

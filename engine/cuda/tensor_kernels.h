@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "engine/dtype.h"
+#include "engine/tensor/dtype.h"
 
 namespace cortado::cuda {
 

@@ -10,9 +10,9 @@
 #include <memory>
 #include <string>
 
-#include "engine/layer.h"
-#include "engine/random.h"
-#include "engine/thread_pool.h"
+#include "engine/base/random.h"
+#include "engine/base/thread_pool.h"
+#include "engine/graph/layer.h"
 
 using namespace cortado;
 

@@ -10,9 +10,9 @@
 #include <map>
 #include <string>
 
-#include "engine/net.h"
-#include "engine/random.h"
-#include "engine/thread_pool.h"
+#include "engine/base/random.h"
+#include "engine/base/thread_pool.h"
+#include "engine/graph/net.h"
 #include "models/builders.h"
 
 using namespace cortado;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "cortado/dist/half.h"
-#include "engine/device_runtime.h"
+#include "engine/tensor/device_runtime.h"
 
 namespace cortado {
 namespace {

@@ -14,7 +14,7 @@
 #include "data/converter.h"
 #include "data/datum.h"
 #include "data/lmdb.h"
-#include "engine/thread_pool.h"
+#include "engine/base/thread_pool.h"
 #include "tests/data/test_images.h"
 #include "tests/data/wire_format.h"
 

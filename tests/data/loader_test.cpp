@@ -9,8 +9,8 @@
 #include <chrono>
 #include <thread>
 
-#include "engine/error.h"
-#include "engine/random.h"
+#include "engine/base/error.h"
+#include "engine/base/random.h"
 
 namespace cortado {
 namespace {

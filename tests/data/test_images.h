@@ -25,7 +25,7 @@
 
 #include "data/image.h"
 #include "data/jpeg.h"
-#include "engine/error.h"
+#include "engine/base/error.h"
 #include "tests/support/files.h"
 
 namespace cortado::testing {

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 namespace cortado::testing {
 

@@ -1,9 +1,9 @@
 // The bucket planner alone: no net, no communicator.
-#include "engine/bucket_plan.h"
+#include "engine/parallel/bucket_plan.h"
 
 #include <gtest/gtest.h>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 namespace cortado {
 namespace {

@@ -1,7 +1,7 @@
 // The caching allocator over plain host memory: what a GPU's cudaMalloc would be asked for; and
 // blocks used on other streams (RecordUse), with events the test reaches itself: such a block is
 // not handed out again until the work queued on those streams has run.
-#include "engine/caching_allocator.h"
+#include "engine/tensor/caching_allocator.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "engine/checkpoint.h"
+#include "engine/io/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>

@@ -1,6 +1,6 @@
 // "Did you mean" (issue 40, item 12): the nearest known name by edit distance; a known name that
 // the misspelling begins is a candidate, but does not beat one fewer edits away.
-#include "engine/closest_name.h"
+#include "engine/base/closest_name.h"
 
 #include <gtest/gtest.h>
 

@@ -21,13 +21,13 @@
 #include <vector>
 
 #include "cortado/dist/store.h"
-#include "engine/checkpoint.h"
-#include "engine/data_parallel.h"
-#include "engine/error.h"
-#include "engine/layer.h"
-#include "engine/net.h"
-#include "engine/solver.h"
-#include "engine/thread_pool.h"
+#include "engine/base/error.h"
+#include "engine/base/thread_pool.h"
+#include "engine/graph/layer.h"
+#include "engine/graph/net.h"
+#include "engine/graph/solver.h"
+#include "engine/io/checkpoint.h"
+#include "engine/parallel/data_parallel.h"
 
 namespace cortado {
 namespace {

@@ -1,9 +1,9 @@
 // The `codec: auto` planner as a table: link speed and hiding time in, codecs out.
-#include "engine/codec_plan.h"
+#include "engine/parallel/codec_plan.h"
 
 #include <gtest/gtest.h>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 namespace cortado {
 namespace {

@@ -1,7 +1,7 @@
 // CORTADO_CPU_ISA caps every kernel set chosen at run time. The cap is applied once per
 // process (oneDNN takes it only before its first use), so each case runs in a child process
 // (a death test that exits 0 when its checks hold, or 1 printing what failed).
-#include "engine/cpu_isa.h"
+#include "engine/base/cpu_isa.h"
 
 #include <gtest/gtest.h>
 
@@ -10,9 +10,9 @@
 #include <string>
 
 #include "cortado/dist/codec.h"
-#include "engine/error.h"
-#include "engine/gemm_lowp.h"
-#include "engine/math.h"
+#include "engine/base/error.h"
+#include "engine/graph/gemm_lowp.h"
+#include "engine/graph/math.h"
 
 namespace cortado {
 namespace {

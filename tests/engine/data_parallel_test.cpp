@@ -3,7 +3,7 @@
 // step with one rank that leaves the gradients exactly as backward wrote them. (Several ranks:
 // tests/tools/data_parallel_test.cpp, as processes.) A discarded step leaves the error-feedback
 // residual as it was.
-#include "engine/data_parallel.h"
+#include "engine/parallel/data_parallel.h"
 
 #include <gtest/gtest.h>
 
@@ -15,7 +15,7 @@
 #include <memory>
 #include <set>
 
-#include "engine/random.h"
+#include "engine/base/random.h"
 #include "models/builders.h"
 
 namespace cortado {

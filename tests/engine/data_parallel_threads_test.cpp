@@ -16,12 +16,12 @@
 #include <thread>
 
 #include "cortado/dist/store.h"
-#include "engine/checkpoint.h"
-#include "engine/data_parallel.h"
-#include "engine/random.h"
-#include "engine/solver.h"
-#include "engine/sync_batch_norm.h"
-#include "engine/thread_pool.h"
+#include "engine/base/random.h"
+#include "engine/base/thread_pool.h"
+#include "engine/graph/solver.h"
+#include "engine/io/checkpoint.h"
+#include "engine/parallel/data_parallel.h"
+#include "engine/parallel/sync_batch_norm.h"
 #include "models/builders.h"
 
 namespace cortado {

@@ -1,5 +1,5 @@
 // Device names and what the engine says where a device cannot be used; runs on every machine.
-#include "engine/device_runtime.h"
+#include "engine/tensor/device_runtime.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // Environment variables and number parsing: one way to read them, bad values refused naming
 // the variable.
-#include "engine/env.h"
+#include "engine/base/env.h"
 
 #include <gtest/gtest.h>
 
@@ -8,8 +8,8 @@
 #include <functional>
 #include <string>
 
-#include "engine/error.h"
-#include "engine/numbers.h"
+#include "engine/base/error.h"
+#include "engine/base/numbers.h"
 #include "tests/support/errors.h"
 
 namespace cortado {

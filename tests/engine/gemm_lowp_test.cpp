@@ -2,16 +2,16 @@
 // on both paths: oneDNN's native bf16 kernels (where the CPU has AVX512_BF16) and the widened
 // f32 fallback every other CPU runs. Products of 16-bit values are exact in f32, so the only
 // error is the f32 accumulation's: a few units of 2^-24 times the sum of |terms|.
-#include "engine/gemm_lowp.h"
+#include "engine/graph/gemm_lowp.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
-#include "engine/error.h"
-#include "engine/random.h"
-#include "engine/thread_pool.h"
+#include "engine/base/error.h"
+#include "engine/base/random.h"
+#include "engine/base/thread_pool.h"
 
 namespace cortado {
 namespace {

@@ -1,6 +1,6 @@
 // LossScaler: growth after the interval, backoff on overflow, static scales, the finiteness
 // check over f32 gradients, option checks and the checkpoint round trip.
-#include "engine/loss_scaler.h"
+#include "engine/graph/loss_scaler.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 namespace cortado {
 namespace {

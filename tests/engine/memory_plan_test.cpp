@@ -1,4 +1,4 @@
-#include "engine/memory_plan.h"
+#include "engine/tensor/memory_plan.h"
 
 #include <gtest/gtest.h>
 
@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint.h"
-#include "engine/net.h"
-#include "engine/random.h"
-#include "engine/solver.h"
-#include "engine/thread_pool.h"
+#include "engine/base/random.h"
+#include "engine/base/thread_pool.h"
+#include "engine/graph/net.h"
+#include "engine/graph/solver.h"
+#include "engine/io/checkpoint.h"
 #include "models/builders.h"
 #include "tests/support/files.h"
 

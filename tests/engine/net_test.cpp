@@ -1,4 +1,4 @@
-#include "engine/net.h"
+#include "engine/graph/net.h"
 
 #include <gtest/gtest.h>
 
@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/buffer_pool.h"
-#include "engine/error.h"
-#include "engine/random.h"
-#include "engine/thread_pool.h"
+#include "engine/base/error.h"
+#include "engine/base/random.h"
+#include "engine/base/thread_pool.h"
+#include "engine/tensor/buffer_pool.h"
 #include "models/builders.h"
 
 namespace cortado {

@@ -1,7 +1,7 @@
 // RegisteredAllocator and the allocator ownership of tensors: storage keeps its allocator alive,
 // reallocations and clones use it, blocks come from the communicator's registered memory and
 // may be freed after the communicator and after Detach; the data-parallel gradient block is one.
-#include "engine/registered_allocator.h"
+#include "engine/tensor/registered_allocator.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 
 #include "cortado/dist/store.h"
 #include "cortado/dist/ucx_transport.h"
-#include "engine/data_parallel.h"
+#include "engine/parallel/data_parallel.h"
 #include "models/builders.h"
 
 namespace cortado {

@@ -1,4 +1,4 @@
-#include "engine/safetensors.h"
+#include "engine/io/safetensors.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 #include <functional>
 #include <string>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 #include "tests/support/errors.h"
 
 namespace cortado {

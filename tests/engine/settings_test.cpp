@@ -1,8 +1,8 @@
-#include "engine/settings.h"
+#include "engine/io/settings.h"
 
 #include <gtest/gtest.h>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 namespace cortado {
 namespace {

@@ -1,4 +1,4 @@
-#include "engine/solver.h"
+#include "engine/graph/solver.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "engine/tensor.h"
+#include "engine/tensor/tensor.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "cortado/dist/types.h"
-#include "engine/dtype.h"
+#include "engine/tensor/dtype.h"
 
 namespace cortado {
 namespace {

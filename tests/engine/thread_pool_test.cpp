@@ -1,4 +1,4 @@
-#include "engine/thread_pool.h"
+#include "engine/base/thread_pool.h"
 
 #include <gtest/gtest.h>
 
@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "engine/error.h"
-#include "engine/math.h"
+#include "engine/base/error.h"
+#include "engine/graph/math.h"
 
 namespace cortado {
 namespace {

@@ -1,7 +1,7 @@
 // TypedLayer sends each dtype named in its KernelTypes to the layer's kernel template and keeps
 // Layer's default for the others: f32/f64 fail naming the layer, bf16/f16 compute in f32,
 // other dtypes fail unless OtherDTypes is named.
-#include "engine/typed_layer.h"
+#include "engine/graph/typed_layer.h"
 
 #include <gtest/gtest.h>
 

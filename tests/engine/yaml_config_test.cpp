@@ -1,8 +1,8 @@
-#include "engine/yaml_config.h"
+#include "engine/io/yaml_config.h"
 
 #include <gtest/gtest.h>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 #include "tests/support/errors.h"
 
 namespace cortado {

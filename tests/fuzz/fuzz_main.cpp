@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 #include "tests/fuzz/fuzz_targets.h"
 
 namespace fs = std::filesystem;

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "engine/thread_pool.h"
+#include "engine/base/thread_pool.h"
 #include "layers/conv.h"
 #include "tests/layers/layer_harness.h"
 

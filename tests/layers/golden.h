@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/layer.h"
-#include "engine/tensor.h"
+#include "engine/graph/layer.h"
+#include "engine/tensor/tensor.h"
 
 namespace cortado::testing {
 

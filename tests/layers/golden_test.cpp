@@ -11,7 +11,7 @@
 #include <set>
 #include <sstream>
 
-#include "engine/thread_pool.h"
+#include "engine/base/thread_pool.h"
 #include "tests/layers/layer_harness.h"
 
 namespace cortado::testing {

@@ -4,7 +4,7 @@
 #include <limits>
 #include <sstream>
 
-#include "engine/random.h"
+#include "engine/base/random.h"
 
 namespace cortado::testing {
 namespace {

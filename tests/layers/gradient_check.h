@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/layer.h"
+#include "engine/graph/layer.h"
 
 namespace cortado::testing {
 

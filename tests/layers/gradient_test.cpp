@@ -3,7 +3,7 @@
 // ceil_mode variants, batch norm in both phases and label smoothing.
 #include <gtest/gtest.h>
 
-#include "engine/thread_pool.h"
+#include "engine/base/thread_pool.h"
 #include "tests/layers/gradient_check.h"
 #include "tests/layers/layer_harness.h"
 

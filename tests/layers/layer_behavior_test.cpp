@@ -9,8 +9,8 @@
 #include <numeric>
 #include <thread>
 
-#include "engine/net.h"
-#include "engine/thread_pool.h"
+#include "engine/base/thread_pool.h"
+#include "engine/graph/net.h"
 #include "tests/layers/gradient_check.h"
 #include "tests/layers/layer_harness.h"
 #include "tests/support/errors.h"

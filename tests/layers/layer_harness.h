@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/layer.h"
-#include "engine/random.h"
-#include "engine/tensor.h"
+#include "engine/base/random.h"
+#include "engine/graph/layer.h"
+#include "engine/tensor/tensor.h"
 
 namespace cortado::testing {
 

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "engine/gemm_lowp.h"
+#include "engine/graph/gemm_lowp.h"
 #include "layers/conv.h"
 #include "tests/layers/layer_harness.h"
 

@@ -28,7 +28,7 @@
 #include "data/datum.h"
 #include "data/jpeg.h"
 #include "data/lmdb.h"
-#include "engine/checkpoint.h"
+#include "engine/io/checkpoint.h"
 #include "tests/support/files.h"
 #include "tests/tools/fashion_slice.h"
 #include "tools/metrics.h"

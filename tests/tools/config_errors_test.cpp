@@ -3,7 +3,7 @@
 #include <filesystem>
 #include <string>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 #include "tests/tools/user_run.h"
 
 namespace cortado::tooltest {

@@ -43,8 +43,8 @@
 #include <thread>
 
 #include "cortado/dist/ucx_transport.h"
-#include "engine/checkpoint.h"
-#include "engine/yaml_config.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/yaml_config.h"
 #include "tests/support/files.h"
 #include "tests/tools/fashion_slice.h"
 #include "tools/trainer.h"

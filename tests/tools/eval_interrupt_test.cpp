@@ -9,8 +9,8 @@
 
 #include <string>
 
-#include "engine/checkpoint.h"
-#include "engine/error.h"
+#include "engine/base/error.h"
+#include "engine/io/checkpoint.h"
 #include "tests/tools/user_run.h"
 
 namespace cortado::tooltest {

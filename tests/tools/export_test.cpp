@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <string>
 
-#include "engine/safetensors.h"
+#include "engine/io/safetensors.h"
 #include "tests/tools/user_run.h"
 
 namespace cortado::tooltest {

@@ -3,7 +3,7 @@
 #include <regex>
 #include <string>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 #include "tests/tools/user_run.h"
 
 namespace cortado::tooltest {

@@ -3,7 +3,7 @@
 // file that `cortado train --weights` takes whole. Skipped where /usr/bin/python3 has no torch.
 #include <string>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 #include "tests/support/files.h"
 #include "tests/tools/fashion_slice.h"
 #include "tests/tools/user_run.h"

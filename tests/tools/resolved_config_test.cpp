@@ -5,9 +5,9 @@
 #include <map>
 #include <string>
 
-#include "engine/checkpoint.h"
-#include "engine/error.h"
-#include "engine/yaml_config.h"
+#include "engine/base/error.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/yaml_config.h"
 #include "tests/tools/user_run.h"
 #include "tools/run_config.h"
 

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <string>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 #include "tests/support/files.h"
 #include "tests/tools/fashion_slice.h"
 #include "tests/tools/user_run.h"

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/math.h"
+#include "engine/graph/math.h"
 
 namespace cortado::tools {
 namespace {

@@ -2,7 +2,7 @@
 // data.synthetic.val_samples ends without a validation pass nobody asked for.
 #include <string>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 #include "tests/tools/user_run.h"
 
 namespace cortado::tooltest {

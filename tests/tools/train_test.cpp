@@ -13,8 +13,8 @@
 #include <regex>
 #include <sstream>
 
-#include "engine/checkpoint.h"
-#include "engine/error.h"
+#include "engine/base/error.h"
+#include "engine/io/checkpoint.h"
 #include "tests/support/errors.h"
 #include "tests/support/files.h"
 #include "tests/tools/fashion_slice.h"

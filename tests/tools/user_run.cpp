@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "data/jpeg.h"
-#include "engine/error.h"
+#include "engine/base/error.h"
 #include "tests/support/files.h"
 #include "tests/tools/fashion_slice.h"
 

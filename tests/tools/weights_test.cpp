@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
-#include "engine/net.h"
+#include "engine/base/error.h"
+#include "engine/graph/net.h"
 #include "models/builders.h"
 #include "tests/support/errors.h"
 

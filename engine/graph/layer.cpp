@@ -1,0 +1,261 @@
+#include "engine/graph/layer.h"
+
+#include <map>
+#include <mutex>
+
+#include "engine/base/random.h"
+
+namespace cortado {
+
+Layer::Layer(const LayerSpec& spec) : spec_(spec) {
+  spec_.settings.set_owner(Describe() + (spec_.where.empty() ? "" : " at " + spec_.where));
+}
+
+std::string Layer::Describe() const {
+  return StrCat("layer '", spec_.name, "' (", spec_.type, ")");
+}
+
+const LayerContext& Layer::context() const {
+  static const LayerContext kDefault;
+  return context_ != nullptr ? *context_ : kDefault;
+}
+
+void Layer::SetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  const int n_in = static_cast<int>(bottom.size());
+  const int n_out = static_cast<int>(top.size());
+  if (MinInputs() >= 0 && n_in < MinInputs()) {
+    Fail(Describe(), ": needs at least ", MinInputs(), " input(s), got ", n_in);
+  }
+  if (MaxInputs() >= 0 && n_in > MaxInputs()) {
+    Fail(Describe(), ": takes at most ", MaxInputs(), " input(s), got ", n_in);
+  }
+  if (NumOutputs() >= 0 && n_out != NumOutputs()) {
+    Fail(Describe(), ": has ", NumOutputs(), " output(s), got ", n_out);
+  }
+  if (IsLoss()) loss_weight_ = static_cast<float>(settings().GetFloat("loss_weight", 1.0));
+  LayerSetUp(bottom, top);
+  Reshape(bottom, top);
+}
+
+namespace {
+
+// Staging tensor `index` of `pool` as f32 of `shape` (reused across calls; grows as needed).
+Tensor& Staged(std::vector<Tensor>& pool, size_t index, const Shape& shape) {
+  if (pool.size() <= index) pool.resize(index + 1);
+  pool[index].Resize(shape, DType::kF32);
+  return pool[index];
+}
+
+}  // namespace
+
+void Layer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
+  CORTADO_CHECK(!bottom.empty(), Describe(), ": Forward without inputs");
+  const Tensor& x = bottom[0]->data;
+  if (x.device().type != DeviceType::kCPU) {
+    Fail(Describe(), ": input '", bottom[0]->name,
+         "' is on a device this build has no kernels for");
+  }
+  switch (x.dtype()) {
+    case DType::kF32:
+      return ForwardF32(bottom, top);
+    case DType::kF64:
+      return ForwardF64(bottom, top);
+    case DType::kBF16:
+      return ForwardBF16(bottom, top);
+    case DType::kF16:
+      return ForwardF16(bottom, top);
+    default:
+      return ForwardOtherDType(bottom, top);
+  }
+}
+
+void Layer::Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
+                     const std::vector<Blob*>& bottom) {
+  CORTADO_CHECK(!bottom.empty(), Describe(), ": Backward without inputs");
+  switch (bottom[0]->data.dtype()) {
+    case DType::kF32:
+      return BackwardF32(top, propagate_down, bottom);
+    case DType::kF64:
+      return BackwardF64(top, propagate_down, bottom);
+    case DType::kBF16:
+      return BackwardBF16(top, propagate_down, bottom);
+    case DType::kF16:
+      return BackwardF16(top, propagate_down, bottom);
+    default:
+      return BackwardOtherDType(top, propagate_down, bottom);
+  }
+}
+
+void Layer::ForwardOtherDType(const Blobs& bottom, const Blobs&) {
+  Fail(Describe(), ": input '", bottom[0]->name, "' is ", bottom[0]->data.ToString(),
+       "; layers compute in f32, f64, bf16 or f16");
+}
+
+void Layer::BackwardOtherDType(const Blobs&, const std::vector<bool>&, const Blobs& bottom) {
+  Fail(Describe(), ": input '", bottom[0]->name, "' is ", bottom[0]->data.ToString(),
+       "; layers compute in f32, f64, bf16 or f16");
+}
+
+void Layer::ForwardF32(const Blobs&, const Blobs&) { Fail(Describe(), ": has no f32 kernel"); }
+void Layer::ForwardF64(const Blobs&, const Blobs&) { Fail(Describe(), ": has no f64 kernel"); }
+void Layer::ForwardBF16(const Blobs& bottom, const Blobs& top) { ForwardInF32(bottom, top); }
+void Layer::ForwardF16(const Blobs& bottom, const Blobs& top) { ForwardInF32(bottom, top); }
+void Layer::BackwardF32(const Blobs&, const std::vector<bool>&, const Blobs&) {
+  Fail(Describe(), ": has no f32 backward kernel");
+}
+void Layer::BackwardF64(const Blobs&, const std::vector<bool>&, const Blobs&) {
+  Fail(Describe(), ": has no f64 backward kernel");
+}
+void Layer::BackwardBF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                         const Blobs& bottom) {
+  BackwardInF32(top, propagate_down, bottom);
+}
+void Layer::BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
+                        const Blobs& bottom) {
+  BackwardInF32(top, propagate_down, bottom);
+}
+
+void Layer::ForwardInF32(const Blobs& bottom, const Blobs& top) {
+  std::vector<Tensor>& pool = context().scratch ? context().scratch->Staging() : own_staging_;
+  size_t next = 0;
+  std::vector<Blob> wide(bottom.size() + top.size());
+  Blobs wide_bottom, wide_top;
+  for (size_t i = 0; i < bottom.size(); ++i) {
+    Blob& w = wide[i];
+    w.name = bottom[i]->name;
+    if (IsLowPrecision(bottom[i]->data.dtype())) {
+      w.data = Staged(pool, next++, bottom[i]->data.shape());
+      w.data.ConvertFrom(bottom[i]->data);
+    } else {
+      w.data = bottom[i]->data;
+    }
+    wide_bottom.push_back(&w);
+  }
+  for (size_t j = 0; j < top.size(); ++j) {
+    Blob& w = wide[bottom.size() + j];
+    w.name = top[j]->name;
+    w.data = IsLowPrecision(top[j]->data.dtype()) ? Staged(pool, next++, top[j]->data.shape())
+                                                  : top[j]->data;
+    wide_top.push_back(&w);
+  }
+  ForwardF32(wide_bottom, wide_top);
+  for (size_t j = 0; j < top.size(); ++j) {
+    if (IsLowPrecision(top[j]->data.dtype())) top[j]->data.ConvertFrom(wide_top[j]->data);
+  }
+}
+
+void Layer::BackwardInF32(const Blobs& top, const std::vector<bool>& propagate_down,
+                          const Blobs& bottom) {
+  std::vector<Tensor>& pool = context().scratch ? context().scratch->Staging() : own_staging_;
+  size_t next = 0;
+  // Widens a low-precision tensor into the next staging buffer (others are shared).
+  auto widen = [&](const Tensor& t) {
+    if (!IsLowPrecision(t.dtype()) || !t.defined()) return t;
+    Tensor& w = Staged(pool, next++, t.shape());
+    w.ConvertFrom(t);
+    return w;
+  };
+  std::vector<Blob> wide(bottom.size() + top.size());
+  Blobs wide_bottom, wide_top;
+  // What the kernel does not read keeps its 16-bit tensor (shape and size stay right; reading it
+  // as f32 would throw), which saves a conversion of every activation the layer skips.
+  const bool reads_outputs = BackwardReadsOutputs(), reads_inputs = BackwardReadsInputs();
+  for (size_t j = 0; j < top.size(); ++j) {
+    Blob& w = wide[bottom.size() + j];
+    w.name = top[j]->name;
+    w.data = reads_outputs ? widen(top[j]->data) : top[j]->data;
+    w.grad = widen(top[j]->grad);
+    wide_top.push_back(&w);
+  }
+  for (size_t i = 0; i < bottom.size(); ++i) {
+    Blob& w = wide[i];
+    w.name = bottom[i]->name;
+    w.data = reads_inputs ? widen(bottom[i]->data) : bottom[i]->data;
+    const bool wants = i < propagate_down.size() && propagate_down[i];
+    if (wants && IsLowPrecision(bottom[i]->grad.dtype())) {
+      w.grad = Staged(pool, next++, bottom[i]->grad.shape());
+    } else {
+      w.grad = bottom[i]->grad;
+    }
+    wide_bottom.push_back(&w);
+  }
+  BackwardF32(wide_top, propagate_down, wide_bottom);
+  for (size_t i = 0; i < bottom.size(); ++i) {
+    const bool wants = i < propagate_down.size() && propagate_down[i];
+    if (wants && IsLowPrecision(bottom[i]->grad.dtype())) {
+      bottom[i]->grad.ConvertFrom(wide_bottom[i]->grad);
+    }
+  }
+}
+
+Param& Layer::AddParam(const std::string& suffix, const Shape& shape, DType dtype, ParamKind kind) {
+  dtype = MasterDType(dtype);
+  Param p;
+  p.name = spec_.name + "." + suffix;
+  p.value = Tensor(shape, dtype);
+  p.value.Zero();
+  if (!context().inference) {
+    p.grad = Tensor(shape, dtype);
+    p.grad.Zero();
+  }
+  p.kind = kind;
+  params_.push_back(std::move(p));
+  return params_.back();
+}
+
+Buffer& Layer::AddBuffer(const std::string& suffix, const Shape& shape, DType dtype) {
+  dtype = MasterDType(dtype);
+  Buffer b{spec_.name + "." + suffix, Tensor(shape, dtype)};
+  b.value.Zero();
+  buffers_.push_back(std::move(b));
+  return buffers_.back();
+}
+
+uint64_t Layer::InitSeed() const { return HashCombine(context().seed, HashString(spec_.name)); }
+
+namespace {
+std::map<std::string, LayerRegistry::Creator>& Creators() {
+  static std::map<std::string, LayerRegistry::Creator> creators;
+  return creators;
+}
+std::mutex& RegistryMutex() {
+  static std::mutex m;
+  return m;
+}
+}  // namespace
+
+void LayerRegistry::Register(const std::string& type, Creator creator) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  CORTADO_ASSERT(Creators().count(type) == 0);
+  Creators()[type] = std::move(creator);
+}
+
+std::unique_ptr<Layer> LayerRegistry::Create(const LayerSpec& spec) {
+  Creator creator;
+  {
+    std::lock_guard<std::mutex> lock(RegistryMutex());
+    auto it = Creators().find(spec.type);
+    if (it == Creators().end()) {
+      std::string known;
+      for (const auto& [name, c] : Creators()) known += (known.empty() ? "" : ", ") + name;
+      Fail("layer '", spec.name, "'", spec.where.empty() ? "" : " at " + spec.where,
+           ": unknown type '", spec.type, "' (known: ", known, ")");
+    }
+    creator = it->second;
+  }
+  return creator(spec);
+}
+
+std::vector<std::string> LayerRegistry::Types() {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  std::vector<std::string> types;
+  for (const auto& [name, c] : Creators()) types.push_back(name);
+  return types;
+}
+
+bool LayerRegistry::Has(const std::string& type) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  return Creators().count(type) != 0;
+}
+
+}  // namespace cortado

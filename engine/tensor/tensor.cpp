@@ -1,0 +1,255 @@
+#include "engine/tensor/tensor.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "cortado/dist/codec.h"
+#include "engine/base/thread_pool.h"
+#include "engine/tensor/device_runtime.h"
+
+namespace cortado {
+
+std::string ShapeString(const Shape& shape) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << "]";
+  return out.str();
+}
+
+int64_t ShapeNumel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    CORTADO_CHECK(d >= 0, "negative dimension in shape ", ShapeString(shape));
+    n *= d;
+  }
+  return n;
+}
+
+std::string Device::ToString() const {
+  return type == DeviceType::kCPU ? "cpu" : StrCat("cuda:", index);
+}
+
+namespace {
+class AlignedCpuAllocator final : public Allocator {
+ public:
+  void* Allocate(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    CORTADO_CHECK(p != nullptr, "out of host memory allocating ", bytes, " bytes");
+    return p;
+  }
+  void Free(void* ptr, size_t) override { std::free(ptr); }
+  Device device() const override { return Device::CPU(); }
+};
+}  // namespace
+
+const std::shared_ptr<Allocator>& CpuAllocator() {
+  static const std::shared_ptr<Allocator> allocator = std::make_shared<AlignedCpuAllocator>();
+  return allocator;
+}
+
+Storage::Storage(size_t bytes, std::shared_ptr<Allocator> allocator)
+    : bytes_(bytes), allocator_(std::move(allocator)) {
+  data_ = allocator_->Allocate(bytes);
+}
+Storage::~Storage() {
+  if (data_ != nullptr) allocator_->Free(data_, bytes_);
+}
+
+Tensor::Tensor(Shape shape, DType dtype, std::shared_ptr<Allocator> allocator)
+    : dtype_(dtype), allocator_(allocator ? std::move(allocator) : CpuAllocator()) {
+  Resize(shape);
+}
+
+int64_t Tensor::dim(int i) const {
+  int n = ndim();
+  int j = i < 0 ? i + n : i;
+  CORTADO_CHECK(j >= 0 && j < n, "dimension ", i, " out of range for tensor ", ToString());
+  return shape_[j];
+}
+
+void Tensor::Resize(const Shape& shape) { Resize(shape, dtype_); }
+
+void Tensor::Resize(const Shape& shape, DType dtype) {
+  if (allocator_ == nullptr) allocator_ = CpuAllocator();
+  int64_t n = ShapeNumel(shape);
+  size_t bytes = static_cast<size_t>(n) * DTypeSize(dtype);
+  // A view keeps its place in the block unless it outgrows it (or is re-typed off alignment).
+  const size_t offset_bytes = static_cast<size_t>(offset_) * DTypeSize(dtype_);
+  if (!storage_ || offset_bytes % DTypeSize(dtype) != 0 ||
+      storage_->bytes() < offset_bytes + bytes) {
+    storage_ = std::make_shared<Storage>(std::max<size_t>(bytes, 1), allocator_);
+    offset_ = 0;
+  } else {
+    offset_ = static_cast<int64_t>(offset_bytes / DTypeSize(dtype));
+  }
+  shape_ = shape;
+  numel_ = n;
+  dtype_ = dtype;
+}
+
+Tensor Tensor::View(const Shape& shape) const {
+  CORTADO_CHECK(ShapeNumel(shape) == numel_, "cannot view ", ToString(), " as ",
+                ShapeString(shape));
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::View(const Shape& shape, int64_t offset) const {
+  const int64_t n = ShapeNumel(shape);
+  CORTADO_CHECK(offset >= 0 && offset + n <= numel_, "cannot view elements [", offset, ", ",
+                offset + n, ") of ", ToString());
+  Tensor t = *this;
+  t.shape_ = shape;
+  t.numel_ = n;
+  t.offset_ = offset_ + offset;
+  return t;
+}
+
+void Tensor::Zero() {
+  if (numel_ == 0) return;
+  if (device().type != DeviceType::kCPU) return RuntimeFor(device()).Fill(*this, 0.0);
+  std::memset(raw_data(), 0, nbytes());
+}
+
+void Tensor::Fill(double value) {
+  if (device().type != DeviceType::kCPU) return RuntimeFor(device()).Fill(*this, value);
+  switch (dtype_) {
+    case DType::kF32:
+      std::fill_n(data<float>(), numel_, static_cast<float>(value));
+      break;
+    case DType::kF64:
+      std::fill_n(data<double>(), numel_, value);
+      break;
+    case DType::kI32:
+      std::fill_n(data<int32_t>(), numel_, static_cast<int32_t>(value));
+      break;
+    case DType::kU8:
+      std::fill_n(data<uint8_t>(), numel_, static_cast<uint8_t>(value));
+      break;
+    case DType::kF16:
+      std::fill_n(data<Half>(), numel_, FloatToHalf(static_cast<float>(value)));
+      break;
+    case DType::kBF16:
+      std::fill_n(data<BFloat16>(), numel_, FloatToBFloat16(static_cast<float>(value)));
+      break;
+  }
+}
+
+Tensor Tensor::Clone() const {
+  Tensor t(shape_, dtype_, allocator_);
+  t.CopyFrom(*this);
+  return t;
+}
+
+void Tensor::CopyFrom(const Tensor& src) {
+  CORTADO_CHECK(src.numel_ == numel_ && src.dtype_ == dtype_, "CopyFrom: ", src.ToString(),
+                " into ", ToString());
+  CORTADO_CHECK(src.device() == device(), "CopyFrom across devices (", src.device().ToString(),
+                " to ", device().ToString(), ") must be explicit: use To(device)");
+  if (numel_ == 0 || raw_data() == src.raw_data()) return;
+  if (device().type != DeviceType::kCPU) return RuntimeFor(device()).Copy(*this, src);
+  std::memcpy(raw_data(), src.raw_data(), nbytes());
+}
+
+Tensor Tensor::To(Device target) const {
+  if (target == device()) return *this;
+  const Device gpu = target.type != DeviceType::kCPU ? target : device();
+  DeviceRuntime& runtime = RuntimeFor(gpu);
+  Tensor t(
+      shape_, dtype_,
+      target.type == DeviceType::kCPU ? CpuAllocator() : runtime.DeviceAllocator(target.index));
+  if (numel_ > 0) runtime.Copy(t, *this);
+  return t;
+}
+
+double ElementAsDouble(const Tensor& t, int64_t i) {
+  CORTADO_CHECK(t.device().type == DeviceType::kCPU, "cannot read ", t.ToString(), " on ",
+                t.device().ToString(), " element by element: copy it to the host with To(cpu)");
+  switch (t.dtype()) {
+    case DType::kF32:
+      return t.data<float>()[i];
+    case DType::kF64:
+      return t.data<double>()[i];
+    case DType::kF16:
+      return HalfToFloat(t.data<Half>()[i]);
+    case DType::kBF16:
+      return BFloat16ToFloat(t.data<BFloat16>()[i]);
+    case DType::kI32:
+      return t.data<int32_t>()[i];
+    case DType::kU8:
+      return t.data<uint8_t>()[i];
+  }
+  return 0;
+}
+
+namespace {
+// Elements per task of a vectorized conversion (a few hundred KB of traffic).
+constexpr int64_t kConvertChunk = 65536;
+}  // namespace
+
+void Tensor::ConvertFrom(const Tensor& src) {
+  CORTADO_CHECK(src.numel_ == numel_, "ConvertFrom: ", src.ToString(), " into ", ToString());
+  if (src.dtype_ == dtype_) return CopyFrom(src);
+  if (device().type != DeviceType::kCPU || src.device().type != DeviceType::kCPU) {
+    CORTADO_CHECK(src.device() == device(), "ConvertFrom across devices (", src.device().ToString(),
+                  " to ", device().ToString(), ") must be explicit");
+    return RuntimeFor(device()).Convert(*this, src);
+  }
+  // Mixed precision's conversions (f32 to and from bf16 and f16, round to nearest even) go
+  // through the gradient codecs' vector kernels; they equal FloatToHalf/FloatToBFloat16.
+  const bool low_dst = dtype_ == DType::kBF16 || dtype_ == DType::kF16;
+  const bool low_src = src.dtype_ == DType::kBF16 || src.dtype_ == DType::kF16;
+  if ((src.dtype_ == DType::kF32 && low_dst) || (low_src && dtype_ == DType::kF32)) {
+    const DType low = low_dst ? dtype_ : src.dtype_;
+    const dist::CodecKind kind =
+        low == DType::kBF16 ? dist::CodecKind::kBF16 : dist::CodecKind::kF16;
+    const char* in = static_cast<const char*>(src.raw_data());
+    char* out = static_cast<char*>(raw_data());
+    ParallelFor(numel_, kConvertChunk, [&](int64_t begin, int64_t end) {
+      const size_t n = static_cast<size_t>(end - begin);
+      if (low_dst) {
+        dist::Encode(kind, reinterpret_cast<const float*>(in) + begin, n, out + begin * 2);
+      } else {
+        dist::Decode(kind, in + begin * 2, n, reinterpret_cast<float*>(out) + begin);
+      }
+    });
+    return;
+  }
+  for (int64_t i = 0; i < numel_; ++i) {
+    double v = ElementAsDouble(src, i);
+    switch (dtype_) {
+      case DType::kF32:
+        data<float>()[i] = static_cast<float>(v);
+        break;
+      case DType::kF64:
+        data<double>()[i] = v;
+        break;
+      case DType::kF16:
+        data<Half>()[i] = FloatToHalf(static_cast<float>(v));
+        break;
+      case DType::kBF16:
+        data<BFloat16>()[i] = FloatToBFloat16(static_cast<float>(v));
+        break;
+      case DType::kI32:
+        data<int32_t>()[i] = static_cast<int32_t>(v);
+        break;
+      case DType::kU8:
+        data<uint8_t>()[i] = static_cast<uint8_t>(v);
+        break;
+    }
+  }
+}
+
+std::string Tensor::ToString() const { return StrCat(DTypeName(dtype_), ShapeString(shape_)); }
+
+void Tensor::CheckType(DType want) const {
+  CORTADO_CHECK(want == dtype_, "tensor ", ToString(), " accessed as ", DTypeName(want));
+}
+
+}  // namespace cortado

@@ -1,0 +1,153 @@
+// Tensor: a shape, an element type, a device and a shared, reference-counted storage.
+//
+// Copies of a Tensor share storage (like torch.Tensor); Clone() makes a deep copy. Nothing
+// copies between host and device behind the caller's back: CopyFrom requires equal devices, and
+// To(device) is the explicit transfer. Zero, Fill, CopyFrom, ConvertFrom and Clone work on every
+// device (on a GPU through its DeviceRuntime, queued on its compute stream); data<T>() on a GPU
+// tensor is a device pointer, for device kernels only. Storage comes from a pluggable Allocator,
+// held by shared ownership (each Storage keeps its allocator alive, so memory can be freed after
+// the code that allocated it is gone): the data-parallel glue allocates its gradient block from the
+// communicator (engine/tensor/registered_allocator.h), registered with the transport once.
+//
+// Layout is dense row-major (NCHW for images). Resize keeps the storage when it is big enough,
+// so per-batch reshapes do not reallocate.
+//
+// Views: View(shape, offset) is a tensor over elements [offset, offset + numel) of the same
+// storage. The data-parallel glue seats every parameter gradient as such a view into one flat
+// block, so a gradient bucket is a contiguous range (no packing copy, one registration).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/base/error.h"
+#include "engine/tensor/dtype.h"
+
+namespace cortado {
+
+using Shape = std::vector<int64_t>;
+std::string ShapeString(const Shape& shape);
+int64_t ShapeNumel(const Shape& shape);
+
+enum class DeviceType : uint8_t { kCPU = 0, kCUDA = 1 };
+
+struct Device {
+  DeviceType type = DeviceType::kCPU;
+  int index = 0;
+  static Device CPU() { return Device{}; }
+  bool operator==(const Device& o) const = default;
+  std::string ToString() const;
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual void* Allocate(size_t bytes) = 0;
+  virtual void Free(void* ptr, size_t bytes) = 0;
+  virtual Device device() const = 0;
+};
+
+// 64-byte aligned host memory (cache lines, AVX-512 loads).
+const std::shared_ptr<Allocator>& CpuAllocator();
+
+// A block of memory owned by one allocator; freed when the last Tensor drops it.
+class Storage {
+ public:
+  Storage(size_t bytes, std::shared_ptr<Allocator> allocator);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return allocator_->device(); }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  std::shared_ptr<Allocator> allocator_;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Storage from `allocator` (null: CpuAllocator()); so are reallocations by Resize and Clone.
+  explicit Tensor(Shape shape, DType dtype = DType::kF32,
+                  std::shared_ptr<Allocator> allocator = nullptr);
+
+  const Shape& shape() const { return shape_; }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  // Dimension i; negative i counts from the end.
+  int64_t dim(int i) const;
+  int64_t numel() const { return numel_; }
+  DType dtype() const { return dtype_; }
+  Device device() const { return storage_ ? storage_->device() : Device::CPU(); }
+  size_t nbytes() const { return static_cast<size_t>(numel_) * DTypeSize(dtype_); }
+  bool defined() const { return allocator_ != nullptr; }
+  bool empty() const { return numel_ == 0; }
+
+  // Typed access; throws when T does not match dtype().
+  template <typename T>
+  T* data() {
+    CheckType(DTypeOf<T>::value);
+    return static_cast<T*>(raw_data());
+  }
+  template <typename T>
+  const T* data() const {
+    CheckType(DTypeOf<T>::value);
+    return static_cast<const T*>(raw_data());
+  }
+  void* raw_data() const {
+    return storage_ ? static_cast<char*>(storage_->data()) + offset_ * DTypeSize(dtype_) : nullptr;
+  }
+  // Element offset of this tensor's first element in its storage (non-zero only for views).
+  int64_t storage_offset() const { return offset_; }
+  // True when both tensors use the same storage block.
+  bool SharesStorageWith(const Tensor& other) const {
+    return storage_ != nullptr && storage_ == other.storage_;
+  }
+
+  // Changes the shape (and dtype, if given); reallocates only when the storage (from this
+  // tensor's offset) is too small, which detaches a view from its block.
+  void Resize(const Shape& shape);
+  void Resize(const Shape& shape, DType dtype);
+  // Same storage, new shape with the same element count.
+  Tensor View(const Shape& shape) const;
+  // Same storage, elements [offset, offset + numel(shape)) of this tensor, as `shape`.
+  Tensor View(const Shape& shape, int64_t offset) const;
+  void Zero();
+  void Fill(double value);
+  Tensor Clone() const;
+  // Copies elements from src: same element count and dtype, same device.
+  void CopyFrom(const Tensor& src);
+  // This tensor on `device` (itself when already there): a copy in the device's memory (a GPU's
+  // caching allocator, the host's CpuAllocator), synchronous when the target is the host.
+  Tensor To(Device device) const;
+  // Converts elements from src (any float dtype) into this tensor's dtype; same element count.
+  void ConvertFrom(const Tensor& src);
+  bool SameShape(const Tensor& other) const { return shape_ == other.shape_; }
+  std::string ToString() const;  // "f32[128, 1, 28, 28]"
+
+ private:
+  void CheckType(DType want) const;
+
+  Shape shape_;
+  int64_t numel_ = 0;
+  int64_t offset_ = 0;  // in elements, from the start of storage_
+  DType dtype_ = DType::kF32;
+  std::shared_ptr<Allocator> allocator_;
+  std::shared_ptr<Storage> storage_;
+};
+
+// A named value with its gradient, as data flows through the net (Caffe's Blob).
+struct Blob {
+  std::string name;
+  Tensor data;
+  Tensor grad;
+};
+
+// Reads element i of a float tensor of any floating dtype as double (for tests and tools).
+double ElementAsDouble(const Tensor& t, int64_t i);
+
+}  // namespace cortado
