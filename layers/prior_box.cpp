@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "layers/box_util.h"
 #include "layers/layer_util.h"
 
 namespace cortado {
@@ -12,6 +13,12 @@ void PriorBoxLayer::LayerSetUp(const std::vector<Blob*>& bottom, const std::vect
     Fail(Describe(), ": key 'convention' expects torchvision or caffe, got '", convention, "'");
   }
   caffe_ = convention == "caffe";
+  if (top.empty() || top.size() > 2) {
+    Fail(Describe(), ": has 1 output (the priors) or 2 (the priors and their variances), got ",
+         top.size());
+  }
+  const box::Variance v = box::VarianceSetting(*this, settings());
+  variance_.assign(v.begin(), v.end());
   if (settings().Has("image_size")) image_size_ = settings().GetPair("image_size", 0);
   for (int64_t s : image_size_) {
     if (s <= 0) Fail(Describe(), ": key 'image_size' must be positive, got ", s);
@@ -222,6 +229,7 @@ void PriorBoxLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<
     made_for_ = key;
   }
   top[0]->data.Resize({static_cast<int64_t>(priors_.size() / 4), 4}, dtype);
+  if (top.size() > 1) top[1]->data.Resize({static_cast<int64_t>(priors_.size() / 4), 4}, dtype);
 }
 
 template <typename S>
@@ -229,6 +237,10 @@ void PriorBoxLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
   using M = Compute<S>;             // f32 for f32, bf16 and f16 nets; f64 for f64
   M* out = top[0]->data.data<M>();  // (P, 4)
   for (size_t i = 0; i < priors_.size(); ++i) out[i] = static_cast<M>(priors_[i]);
+  if (top.size() > 1) {
+    M* var = top[1]->data.data<M>();  // (P, 4)
+    for (size_t i = 0; i < priors_.size(); ++i) var[i] = static_cast<M>(variance_[i % 4]);
+  }
 }
 
 template <typename S>

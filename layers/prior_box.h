@@ -3,9 +3,11 @@
 //
 // Inputs: the feature maps f_1 .. f_k (N, C_k, H_k, W_k), of which only H_k and W_k are read,
 // then the image (N, C, H, W) for its size, unless `image_size` gives it (then every input is a
-// feature map). Output: priors (P, 4), rows (cx, cy, w, h) normalized to the image, in f32 (f64 in
-// an f64 net; f32 in a bf16 or f16 one, whose 8 bits would misplace a box by a pixel), ordered
-// map by map, position by position (row-major), box by box:
+// feature map). Outputs: priors (P, 4), rows (cx, cy, w, h) normalized to the image, in f32
+// (f64 in an f64 net; f32 in a bf16 or f16 one, whose 8 bits would misplace a box by a pixel),
+// and optionally, as Caffe SSD's PriorBox gives them beside the boxes, their variances (P, 4),
+// every row the `variance` setting, for MultiBoxLoss' and DetectionOutput's optional variance
+// input. The priors are ordered map by map, position by position (row-major), box by box:
 //   torchvision: scale s_k, then sqrt(s_k s_{k+1}), then for each aspect ratio a: (s_k sqrt(a),
 //                s_k / sqrt(a)) and the same turned (w and h swapped);
 //   caffe:       min_size, then sqrt(min_size max_size) when max_sizes is given, then for each
@@ -28,6 +30,7 @@
 //     scales are spread evenly over the maps, followed by 1.0 (DefaultBoxGenerator's rule).
 //   caffe only: min_sizes (k numbers, pixels, required), max_sizes (k, optional), offset (0.5),
 //     flip (true).
+//   variance ([0.1, 0.1, 0.2, 0.2]): the second output's rows.
 // No gradient flows: the priors depend on the shapes alone.
 #pragma once
 
@@ -42,6 +45,7 @@ class PriorBoxLayer : public TypedLayer<PriorBoxLayer, AllFloatTypes> {
   using TypedLayer::TypedLayer;
   int MinInputs() const override { return 1; }
   int MaxInputs() const override { return -1; }
+  int NumOutputs() const override { return -1; }  // priors, and optionally their variances
   bool CanBackpropTo(int) const override { return false; }
   bool BackwardReadsInputs() const override { return false; }
   bool BackwardReadsOutputs() const override { return false; }
@@ -69,6 +73,7 @@ class PriorBoxLayer : public TypedLayer<PriorBoxLayer, AllFloatTypes> {
   std::vector<double> min_sizes_, max_sizes_;  // caffe
   double offset_ = 0.5;
   bool flip_ = true;
+  std::vector<double> variance_;
   // The priors of the current shapes (f64), and what they were made for.
   std::vector<double> priors_;
   std::vector<int64_t> made_for_;

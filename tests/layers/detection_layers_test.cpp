@@ -194,6 +194,49 @@ TEST(PriorBox, CaffeConventionByHand) {
   EXPECT_NEAR(q[2], 19.0 / 300, 1e-15);
 }
 
+// The optional second output holds the variances; fed to the loss and the detections as an
+// input they act as the same `variance` setting would.
+TEST(PriorBox, VariancesOutputActsAsTheVarianceSetting) {
+  Settings s;
+  s.SetInts("aspect_ratios", {2, 2, 3}).SetInts("aspect_ratios_per_map", {1, 2});
+  s.SetInts("image_size", {32, 32}).SetList("variance", {"0.2", "0.2", "0.4", "0.4"});
+  LayerHarness h("PriorBox", s, {Tensor({1, 1, 4, 4}, kF64), Tensor({1, 1, 2, 2}, kF64)}, 2);
+  h.Forward();
+  const Tensor priors = h.top()[0]->data.Clone();
+  const Tensor variances = h.top()[1]->data.Clone();
+  ASSERT_EQ(variances.shape(), (Shape{88, 4}));
+  for (int64_t p = 0; p < 88; ++p) {
+    for (int k = 0; k < 4; ++k) {
+      ASSERT_EQ(variances.data<double>()[4 * p + k], k < 2 ? 0.2 : 0.4);
+    }
+  }
+  const Tensor gt =
+      GroundTruth(kF64, {{0, 1, 0, 0.1, 0.1, 0.5, 0.6, 0}, {1, 2, 0, 0.3, 0.2, 0.9, 0.7, 0}});
+  const Tensor logits = RandomTensor({2, 88, 3}, kF64, 1);
+  const Tensor regression = RandomTensor({2, 88, 4}, kF64, 2);
+  Settings wide;
+  wide.SetList("variance", {"0.2", "0.2", "0.4", "0.4"});
+  LayerHarness by_input("MultiBoxLoss", Settings(), {logits, regression, priors, gt, variances});
+  LayerHarness by_setting("MultiBoxLoss", wide, {logits, regression, priors, gt});
+  LayerHarness by_default("MultiBoxLoss", Settings(), {logits, regression, priors, gt});
+  by_input.Forward();
+  by_setting.Forward();
+  by_default.Forward();
+  const double loss = ElementAsDouble(by_input.top()[0]->data, 0);
+  EXPECT_EQ(loss, ElementAsDouble(by_setting.top()[0]->data, 0));
+  EXPECT_NE(loss, ElementAsDouble(by_default.top()[0]->data, 0));
+  LayerHarness dets_input("DetectionOutput", Settings(), {logits, regression, priors, variances}, 1,
+                          Phase::kTest);
+  LayerHarness dets_setting("DetectionOutput", wide, {logits, regression, priors}, 1, Phase::kTest);
+  dets_input.Forward();
+  dets_setting.Forward();
+  const Tensor& a = dets_input.top()[0]->data;
+  const Tensor& b = dets_setting.top()[0]->data;
+  ASSERT_EQ(a.shape(), b.shape());
+  ASSERT_GT(a.dim(2), 0);
+  EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0);
+}
+
 TEST(PriorBox, SettingsErrorsNameTheKey) {
   const std::vector<Tensor> maps = {Tensor({1, 1, 4, 4}, kF32), Tensor({1, 1, 2, 2}, kF32)};
   Settings counts;
