@@ -165,9 +165,11 @@ inline void CheckParamDType(const Layer& layer, DType dtype) {
 //   kaiming_normal:  torchvision ResNet's and VGG's convolutions, kaiming_normal_(mode='fan_out',
 //                    nonlinearity='relu'): N(0, 2 / fan_out).
 //   normal:          N(0, weight_std^2), weight_std 0.01 by default (torchvision VGG's Linear).
+//   xavier_uniform:  U(-a, a) with a = sqrt(6 / (fan_in + fan_out)) (xavier_uniform_, gain 1):
+//                    torchvision SSD's extra layers, fc6/fc7 and heads.
 // The bias, when present, takes PyTorch's default U(-1/sqrt(fan_in), 1/sqrt(fan_in)), or 0 with
 // `bias_init: zero` (torchvision VGG re-initializes its biases to 0; ResNet leaves them).
-enum class WeightInit { kKaimingUniform, kKaimingNormal, kNormal };
+enum class WeightInit { kKaimingUniform, kKaimingNormal, kNormal, kXavierUniform };
 
 struct InitSpec {
   WeightInit weight = WeightInit::kKaimingUniform;
@@ -185,9 +187,13 @@ inline InitSpec ParseInit(const Layer& layer, const Settings& settings) {
     spec.weight = WeightInit::kKaimingNormal;
   } else if (name == "normal") {
     spec.weight = WeightInit::kNormal;
+  } else if (name == "xavier_uniform") {
+    spec.weight = WeightInit::kXavierUniform;
   } else {
     Fail(layer.Describe(),
-         ": key 'weight_init' expects kaiming_uniform, kaiming_normal or normal, got '", name, "'");
+         ": key 'weight_init' expects kaiming_uniform, kaiming_normal, normal or xavier_uniform, "
+         "got '",
+         name, "'");
   }
   if (settings.Has("weight_std")) {
     if (spec.weight != WeightInit::kNormal) {
@@ -213,10 +219,14 @@ inline void InitWeights(const InitSpec& init, int64_t fan_in, int64_t fan_out, R
   const double stddev = init.weight == WeightInit::kNormal ? init.weight_std
                         : fan_out > 0 ? std::sqrt(2.0 / static_cast<double>(fan_out))
                                       : 0.0;
+  const double xavier =
+      fan_in + fan_out > 0 ? std::sqrt(6.0 / static_cast<double>(fan_in + fan_out)) : 0.0;
   auto fill = [&](Tensor& t, bool is_weight) {
     for (int64_t i = 0; i < t.numel(); ++i) {
       double v = 0.0;
-      if (is_weight && init.weight != WeightInit::kKaimingUniform) {
+      if (is_weight && init.weight == WeightInit::kXavierUniform) {
+        v = rng.Uniform(-xavier, xavier);
+      } else if (is_weight && init.weight != WeightInit::kKaimingUniform) {
         v = rng.Normal(0.0, stddev);
       } else if (is_weight || !init.zero_bias) {
         v = rng.Uniform(-bound, bound);

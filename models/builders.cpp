@@ -217,6 +217,121 @@ NetSpec Vgg(const std::string& name, const std::vector<int64_t>& stages, bool ba
   return spec;
 }
 
+// SSD300 with a VGG-16 backbone, laid out as torchvision's ssd300_vgg16 (layer names are its
+// module paths, so its state dict loads; the L2Norm's weight is its backbone.scale_weight, see
+// tools/weights.cpp). num_classes counts the background (VOC: 21), as torchvision's and Caffe
+// SSD's do.
+//   backbone.features    VGG-16's conv1_1 .. conv4_3 with ReLUs; pool3 in ceil mode (75 -> 38)
+//   backbone.conv4_3_norm  L2Norm on conv4_3 (scale 20): feature map 0 (38x38, 512)
+//   backbone.extra.0     pool4, conv5_1 .. conv5_3, pool5 3x3/1 pad 1, fc6 (3x3, dilation 6,
+//                        1024), fc7 (1x1, 1024): feature map 1 (19x19)
+//   backbone.extra.1-4   1x1 then 3x3 (stride 2 pad 1 twice, then unpadded twice): maps 2-5
+//                        (10x10 512, 5x5 256, 3x3 256, 1x1 256)
+//   head.*_head.module_list.k  a 3x3 convolution per map (A_k x (K + 1) class logits, A_k x 4
+//                        box offsets; A = 4, 6, 6, 6, 4, 4), each permuted to NHWC and reshaped
+//                        to (N, H W A_k, columns), then concatenated over the maps
+// Outputs: cls_logits (N, 8732, K + 1) and bbox_regression (N, 8732, 4) in torchvision's order,
+// priors (8732, 4) (torchvision's DefaultBoxGenerator for ssd300_vgg16), the training loss
+// `loss` (MultiBoxLoss against `label`, the batch's (1, 1, G, 8) ground truth, kept in f32) and
+// `detections` (DetectionOutput, (1, 1, D, 7), rows in the test phase only).
+// Initialized as torchvision: VGG's convolutions kaiming_normal (fan out), the rest
+// xavier_uniform, zero biases.
+NetSpec Ssd300Vgg16(const ModelOptions& o) {
+  CORTADO_CHECK(o.num_classes >= 2,
+                "ssd300_vgg16: model.num_classes counts the background, so it "
+                "must be at least 2 (VOC: 21, COCO: 81), got ",
+                o.num_classes);
+  CORTADO_CHECK(o.in_channels == 3, "ssd300_vgg16 takes 3-channel images, got model.in_channels ",
+                o.in_channels);
+  NetSpec spec;
+  spec.name = "ssd300_vgg16";
+  spec.inputs = {NetInput{"data", {o.batch_size, o.in_channels, o.height, o.width}, DType::kF32},
+                 NetInput{"label", {1, 1, 0, 8}, DType::kF32, /*keep_dtype=*/true}};
+  GraphBuilder g(spec);
+  auto conv = [&](const std::string& name, const std::string& in, int64_t out, int64_t kernel,
+                  int64_t stride, int64_t pad, const std::string& init, int64_t dilation = 1) {
+    Settings s;
+    s.Set("num_output", out).Set("kernel", kernel).Set("stride", stride).Set("pad", pad);
+    if (dilation != 1) s.Set("dilation", dilation);
+    s.Set("weight_init", init).Set("bias_init", "zero");
+    return g.Add(name, "Convolution", {in}, s);
+  };
+  // VGG-16 up to conv4_3's ReLU, torchvision's indices into vgg16().features.
+  std::string x = "data";
+  int layer = 0;
+  int64_t width = 64;
+  const int64_t convs[4] = {2, 2, 3, 3};
+  for (int stage = 0; stage < 4; ++stage) {
+    for (int64_t c = 0; c < convs[stage]; ++c) {
+      x = conv(StrCat("backbone.features.", layer++), x, width, 3, 1, 1, "kaiming_normal");
+      x = g.Relu(StrCat("backbone.features.", layer++), x);
+    }
+    if (stage == 3) break;  // pool4 opens backbone.extra.0
+    Settings pool;
+    pool.Set("pool", "max").Set("kernel", int64_t{2}).Set("stride", int64_t{2});
+    if (stage == 2) pool.Set("ceil_mode", true);  // torchvision patches pool3: 75 -> 38
+    x = g.Add(StrCat("backbone.features.", layer++), "Pooling", {x}, pool);
+    width *= 2;
+  }
+  const std::string conv4_3 = x;
+  Settings norm;
+  norm.Set("scale_init", 20.0);
+  std::vector<std::string> maps = {g.Add("backbone.conv4_3_norm", "L2Norm", {conv4_3}, norm)};
+  // extra.0: pool4, conv5_x, pool5 (3x3/1 pad 1), fc6 (dilated), fc7.
+  x = g.MaxPool("backbone.extra.0.0", conv4_3, 2, 2);
+  for (int i = 1; i <= 5; i += 2) {
+    x = conv(StrCat("backbone.extra.0.", i), x, 512, 3, 1, 1, "kaiming_normal");
+    x = g.Relu(StrCat("backbone.extra.0.", i + 1), x);
+  }
+  x = g.MaxPool("backbone.extra.0.7.0", x, 3, 1, 1);
+  x = g.Relu("backbone.extra.0.7.2",
+             conv("backbone.extra.0.7.1", x, 1024, 3, 1, 6, "xavier_uniform", /*dilation=*/6));
+  x = g.Relu("backbone.extra.0.7.4",
+             conv("backbone.extra.0.7.3", x, 1024, 1, 1, 0, "xavier_uniform"));
+  maps.push_back(x);
+  // extra.1-4: (1x1 width, 3x3 out, stride, pad).
+  const int64_t extra[4][4] = {
+      {256, 512, 2, 1}, {128, 256, 2, 1}, {128, 256, 1, 0}, {128, 256, 1, 0}};
+  for (int e = 0; e < 4; ++e) {
+    const std::string prefix = StrCat("backbone.extra.", e + 1, ".");
+    x = g.Relu(prefix + "1", conv(prefix + "0", x, extra[e][0], 1, 1, 0, "xavier_uniform"));
+    x = g.Relu(prefix + "3",
+               conv(prefix + "2", x, extra[e][1], 3, extra[e][2], extra[e][3], "xavier_uniform"));
+    maps.push_back(x);
+  }
+  // Priors: torchvision's DefaultBoxGenerator for ssd300_vgg16.
+  Settings priors;
+  priors.SetInts("aspect_ratios", {2, 2, 3, 2, 3, 2, 3, 2, 2});
+  priors.SetInts("aspect_ratios_per_map", {1, 2, 2, 2, 1, 1});
+  priors.SetList("scales", {"0.07", "0.15", "0.33", "0.51", "0.69", "0.87", "1.05"});
+  priors.SetInts("steps", {8, 16, 32, 64, 100, 300});
+  std::vector<std::string> prior_inputs = maps;
+  prior_inputs.push_back("data");
+  g.Add("priors", "PriorBox", prior_inputs, priors);
+  // Heads: per map a 3x3 convolution, NCHW -> NHWC, (N, H W A, columns); then concatenated.
+  const int64_t anchors[6] = {4, 6, 6, 6, 4, 4};
+  auto head = [&](const std::string& kind, const std::string& out, int64_t columns) {
+    std::vector<std::string> parts;
+    for (size_t k = 0; k < maps.size(); ++k) {
+      const std::string name = StrCat("head.", kind, "_head.module_list.", k);
+      std::string y = conv(name, maps[k], anchors[k] * columns, 3, 1, 1, "xavier_uniform");
+      Settings permute, reshape;
+      permute.SetInts("order", {0, 2, 3, 1});
+      reshape.SetInts("shape", {0, -1, columns});
+      y = g.Add(name + ".nhwc", "Permute", {y}, permute);
+      parts.push_back(g.Add(name + ".rows", "Reshape", {y}, reshape));
+    }
+    Settings cat;
+    cat.Set("axis", int64_t{1});
+    return g.Add(out, "Concat", parts, cat);
+  };
+  const std::string cls = head("classification", "cls_logits", o.num_classes);
+  const std::string reg = head("regression", "bbox_regression", 4);
+  g.Add("loss", "MultiBoxLoss", {cls, reg, "priors", "label"});
+  g.Add("detections", "DetectionOutput", {cls, reg, "priors"});
+  return spec;
+}
+
 using Builder = std::function<NetSpec(const ModelOptions&)>;
 const std::map<std::string, Builder>& Builders() {
   static const std::map<std::string, Builder> builders = {
@@ -261,6 +376,7 @@ const std::map<std::string, Builder>& Builders() {
        [](const ModelOptions& o) {
          return Vgg("vgg16_bn", {2, 2, 3, 3, 3}, true, o);
        }},
+      {"ssd300_vgg16", Ssd300Vgg16},
   };
   return builders;
 }
@@ -271,6 +387,8 @@ bool IsImageNetResNet(const std::string& name) {
   return name == "resnet18" || name == "resnet34" || name == "resnet50" || name == "resnet101" ||
          name == "resnet152";
 }
+
+bool IsDetector(const std::string& name) { return name == "ssd300_vgg16"; }
 
 std::vector<NetInput> ImageInputs(const ModelOptions& o) {
   return {NetInput{"data", {o.batch_size, o.in_channels, o.height, o.width}, DType::kF32},

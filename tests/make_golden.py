@@ -1,6 +1,10 @@
 #!/usr/bin/python3
 """Writes tests/testdata/layers_golden.bin: PyTorch reference values for Cortado's CPU layers.
 
+The detection layers' references are torchvision's own SSD code (DefaultBoxGenerator,
+SSDMatcher, SSD.compute_loss, SSD.postprocess_detections) run in float64, and, for Caffe SSD's
+prior convention, a transcription of its prior_box_layer.cpp.
+
 Run with Debian's python3 (the one that sees python3-torch):
     /usr/bin/python3 tests/make_golden.py
 The C++ tests (tests/layers/golden_test.cpp) read the file without torch. Regenerate it only
@@ -326,6 +330,189 @@ def build():
     case("split_3", "Split", {}, [g.randn(2, 3, 4)],
          lambda b, p, _: [b[0] * 1.0, b[0] * 1.0, b[0] * 1.0], seed=120)
 
+    prior_box_cases()
+    detection_cases()
+
+
+def prior_box_cases():
+    """PriorBox: torchvision's DefaultBoxGenerator (run in float64) and an independent transcription
+    of Caffe SSD's prior_box_layer.cpp. Only the feature maps' H and W are read."""
+    from torchvision.models.detection.anchor_utils import DefaultBoxGenerator
+
+    def torchvision_priors(ratios, maps, image_hw, **kwargs):
+        gen = DefaultBoxGenerator(ratios, **kwargs)
+        gen._wh_pairs = gen._generate_wh_pairs(len(ratios), dtype=torch.float64)
+        saved = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)  # torchvision's arange + 0.5 in float64 too
+        try:
+            return gen._grid_default_boxes(maps, image_hw, dtype=torch.float64)
+        finally:
+            torch.set_default_dtype(saved)
+
+    def fmap(h, w):
+        return torch.zeros(1, 1, h, w, dtype=torch.float64)
+
+    # Scales spread from min_ratio to max_ratio, sizes from the grid, clip (the defaults).
+    maps = [(4, 4), (2, 2), (1, 1)]
+    pri = torchvision_priors([[2], [2, 3], [2]], maps, (32, 32))
+    case("priorbox_torchvision_defaults", "PriorBox",
+         {"aspect_ratios": ["2", "2", "3", "2"], "aspect_ratios_per_map": ["1", "2", "1"]},
+         [fmap(*m) for m in maps] + [fmap(32, 32)], lambda b, p, _: [pri], backward=False)
+    # Explicit scales (one above 1, unclipped), steps, a non-square image given as image_size.
+    maps = [(5, 4), (3, 2)]
+    pri = torchvision_priors([[2, 3], [2]], maps, (50, 40), scales=[0.2, 0.5, 1.1], steps=[10, 20],
+                             clip=False)
+    case("priorbox_torchvision_steps_noclip", "PriorBox",
+         {"aspect_ratios": ["2", "3", "2"], "aspect_ratios_per_map": ["2", "1"],
+          "scales": ["0.2", "0.5", "1.1"], "steps": ["10", "20"], "clip": "false",
+          "image_size": ["50", "40"]},
+         [fmap(*m) for m in maps], lambda b, p, _: [pri], backward=False)
+
+    def caffe_priors(maps, image_hw, min_sizes, max_sizes, ratios, flip, clip, steps=None,
+                     offset=0.5):
+        img_h, img_w = image_hw
+        rows = []
+        for k, (fh, fw) in enumerate(maps):
+            ars = [1.0]
+            for r in ratios[k]:
+                if any(abs(r - a) < 1e-6 for a in ars):
+                    continue
+                ars.append(r)
+                if flip:
+                    ars.append(1.0 / r)
+            step_w = steps[k] if steps else img_w / fw
+            step_h = steps[k] if steps else img_h / fh
+            for h in range(fh):
+                for w in range(fw):
+                    cx, cy = (w + offset) * step_w, (h + offset) * step_h
+                    sizes = [(min_sizes[k], min_sizes[k])]
+                    if max_sizes:
+                        s = (min_sizes[k] * max_sizes[k]) ** 0.5
+                        sizes.append((s, s))
+                    for a in ars[1:]:
+                        sizes.append((min_sizes[k] * a ** 0.5, min_sizes[k] / a ** 0.5))
+                    for bw, bh in sizes:
+                        box = [(cx - bw / 2.0) / img_w, (cy - bh / 2.0) / img_h,
+                               (cx + bw / 2.0) / img_w, (cy + bh / 2.0) / img_h]
+                        if clip:
+                            box = [min(max(v, 0.0), 1.0) for v in box]
+                        rows.append([(box[0] + box[2]) / 2, (box[1] + box[3]) / 2,
+                                     box[2] - box[0], box[3] - box[1]])
+        return torch.tensor(rows, dtype=torch.float64)
+
+    maps = [(4, 4), (2, 2)]
+    pri = caffe_priors(maps, (32, 32), [6, 14], [14, 24], [[2], [2, 3]], True, False)
+    case("priorbox_caffe", "PriorBox",
+         {"convention": "caffe", "min_sizes": ["6", "14"], "max_sizes": ["14", "24"],
+          "aspect_ratios": ["2", "2", "3"], "aspect_ratios_per_map": ["1", "2"]},
+         [fmap(*m) for m in maps] + [fmap(32, 32)], lambda b, p, _: [pri], backward=False)
+    maps = [(3, 4), (2, 2)]
+    pri = caffe_priors(maps, (30, 40), [9, 20], None, [[2, 3], [2, 2]], False, True, steps=[10, 15],
+                       offset=0.4)
+    case("priorbox_caffe_clip_steps", "PriorBox",
+         {"convention": "caffe", "min_sizes": ["9", "20"], "aspect_ratios": ["2", "3", "2", "2"],
+          "aspect_ratios_per_map": ["2", "2"], "flip": "false", "clip": "true",
+          "steps": ["10", "15"], "offset": "0.4"},
+         [fmap(*m) for m in maps] + [fmap(30, 40)], lambda b, p, _: [pri], backward=False)
+
+
+def detection_cases():
+    """L2Norm, Permute, Reshape, and MultiBoxLoss / DetectionOutput against torchvision's SSD code
+    (compute_loss, SSDMatcher and postprocess_detections driven directly), in float64."""
+    import types
+
+    from torchvision.models.detection import _utils as det_utils
+    from torchvision.models.detection.anchor_utils import DefaultBoxGenerator
+    from torchvision.models.detection.ssd import SSD
+    from torchvision.ops import boxes as box_ops
+
+    g = Gen(130)
+    x, w = g.randn(2, 6, 3, 4), g.uniform(5.0, 25.0, 6)
+    case("l2norm", "L2Norm", {}, [x],
+         lambda b, p, _: [p["weight"].view(1, -1, 1, 1) * F.normalize(b[0])],
+         params={"weight": w}, seed=130)
+    g = Gen(131)
+    case("l2norm_2d", "L2Norm", {"eps": "0.001"}, [g.randn(5, 7)],
+         lambda b, p, _: [p["weight"].view(1, -1) * F.normalize(b[0], eps=1e-3)],
+         params={"weight": g.uniform(0.5, 2.0, 7)}, seed=131)
+    g = Gen(132)
+    case("permute_nhwc", "Permute", {"order": ["0", "2", "3", "1"]}, [g.randn(2, 3, 4, 5)],
+         lambda b, p, _: [b[0].permute(0, 2, 3, 1)], seed=132)
+    g = Gen(133)
+    case("permute_any", "Permute", {"order": ["3", "1", "0", "2"]}, [g.randn(2, 3, 4, 5)],
+         lambda b, p, _: [b[0].permute(3, 1, 0, 2)], seed=133)
+    g = Gen(134)
+    case("reshape", "Reshape", {"shape": ["0", "-1", "5"]}, [g.randn(2, 3, 4, 5)],
+         lambda b, p, _: [b[0].reshape(2, -1, 5)], seed=134)
+
+    # Priors of two maps (4x4 with ratios [2], 2x2 with [2, 3]): 88, rounded to float32 so an f32
+    # run sees the same boxes.
+    gen = DefaultBoxGenerator([[2], [2, 3]])
+    gen._wh_pairs = gen._generate_wh_pairs(2, dtype=torch.float64)
+    priors = f32_exact(gen._grid_default_boxes([(4, 4), (2, 2)], (32, 32), dtype=torch.float64))
+    anchors = torch.cat([priors[:, :2] - 0.5 * priors[:, 2:], priors[:, :2] + 0.5 * priors[:, 2:]], 1)
+    num_priors, classes = priors.shape[0], 4
+
+    # Ground truth: image 0 has three boxes, image 1 one (difficult: trained on all the same),
+    # image 2 none; a row of -1s (Caffe's "no box") is skipped.
+    g = Gen(140)
+    rows = []
+    for item, count in ((0, 3), (1, 1)):
+        for j in range(count):
+            c = g.uniform(0.2, 0.8, 2)
+            s = g.uniform(0.15, 0.6, 2)
+            label = int(torch.randint(1, classes, (1,), generator=g.g))
+            rows.append([item, label, j, c[0] - s[0] / 2, c[1] - s[1] / 2, c[0] + s[0] / 2,
+                         c[1] + s[1] / 2, 1.0 if item == 1 else 0.0])
+    rows.append([-1.0] * 8)
+    gt = f32_exact(torch.tensor(rows, dtype=torch.float64)).view(1, 1, -1, 8)
+    logits = g.randn(3, num_priors, classes, scale=1.5)
+    regression = g.randn(3, num_priors, 4)
+
+    def multibox(b, p, _):
+        fake = types.SimpleNamespace(box_coder=det_utils.BoxCoder(weights=(10.0, 10.0, 5.0, 5.0)),
+                                     neg_to_pos_ratio=3.0)
+        matcher = det_utils.SSDMatcher(0.5)
+        table = b[3].view(-1, 8)
+        targets, matched = [], []
+        for item in range(b[0].shape[0]):
+            mine = table[table[:, 0] == item]
+            targets.append({"boxes": mine[:, 3:7], "labels": mine[:, 1].long()})
+            if mine.shape[0] == 0:
+                matched.append(torch.full((num_priors,), -1, dtype=torch.int64))
+            else:
+                matched.append(matcher(box_ops.box_iou(mine[:, 3:7], anchors)))
+            # Cortado mines min(3 x positives, negatives); torchvision's rank rule agrees while
+            # 4 x positives <= priors, which this case keeps.
+            assert 4 * int((matched[-1] >= 0).sum()) <= num_priors
+        losses = SSD.compute_loss(fake, targets, {"cls_logits": b[0], "bbox_regression": b[1]},
+                                  [anchors] * b[0].shape[0], matched)
+        return [losses["bbox_regression"] + losses["classification"]]
+
+    case("multibox_loss", "MultiBoxLoss", {}, [logits, regression, priors, gt], multibox,
+         grad_inputs=[0, 1], seed=140)
+
+    g = Gen(150)
+    logits = g.randn(2, num_priors, classes, scale=2.0)
+    regression = g.randn(2, num_priors, 4, scale=0.5)
+
+    def detect(b, p, _):
+        fake = types.SimpleNamespace(box_coder=det_utils.BoxCoder(weights=(10.0, 10.0, 5.0, 5.0)),
+                                     score_thresh=0.05, topk_candidates=10, nms_thresh=0.45,
+                                     detections_per_img=12)
+        dets = SSD.postprocess_detections(fake, {"cls_logits": b[0], "bbox_regression": b[1]},
+                                          [anchors] * b[0].shape[0], [(1, 1)] * b[0].shape[0])
+        out = []
+        for item, d in enumerate(dets):
+            for box, score, label in zip(d["boxes"], d["scores"], d["labels"]):
+                out.append([float(item), float(label), float(score)] + [float(v) for v in box])
+        return [torch.tensor(out, dtype=torch.float64).view(1, 1, -1, 7)]
+
+    case("detection_output", "DetectionOutput",
+         {"confidence_threshold": "0.05", "nms_threshold": "0.45", "top_k": "10",
+          "keep_top_k": "12"}, [logits, regression, priors], detect, phase=1, backward=False,
+         seed=150)
+
 
 def main():
     torch.set_num_threads(1)
@@ -334,7 +521,9 @@ def main():
     build()
     out = [MAGIC, struct.pack("<I", VERSION)]
     wstr(out, torch.__version__)
-    wstr(out, "tests/make_golden.py: float64 torch reference for Cortado's CPU layers")
+    import torchvision
+    wstr(out, "tests/make_golden.py: float64 torch reference for Cortado's CPU layers "
+              "(torchvision %s for the detection layers)" % torchvision.__version__)
     out.append(struct.pack("<I", len(CASES)))
     for name, ltype, phase, settings, tensors in CASES:
         wstr(out, name)

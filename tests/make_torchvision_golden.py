@@ -12,6 +12,7 @@ For each case NAME:
     NAME.io.safetensors   "input" [2, 3, S, S] and "logits" [2, classes] in eval mode
     NAME.keys.txt         (full-size models) "name shape" per state_dict entry, to check the
                           names and shapes of the published architecture without its weights
+    ssd300_priors.safetensors  "priors" [8732, 4]: ssd300_vgg16's default boxes, float32
 
 Full-width ResNet-18 weights (47 MB) are too large to commit, so the logits cases use
 torchvision's ResNet class and blocks at a reduced width (8 channels in the first stage instead
@@ -105,6 +106,20 @@ def write_keys(name, model):
     print("%s: %d keys" % (name, len(model.state_dict())))
 
 
+def write_ssd_priors(model):
+    """ssd300_vgg16's 8732 default boxes as torchvision makes them (float32, (cx, cy, w, h)
+    normalized), from the grid sizes of its backbone at 300x300."""
+    model.eval()
+    with torch.no_grad():
+        features = list(model.backbone(torch.zeros(1, 3, 300, 300)).values())
+    grid = [list(f.shape[-2:]) for f in features]
+    priors = model.anchor_generator._grid_default_boxes(grid, [300, 300], dtype=torch.float32)
+    meta = {"torch": torch.__version__, "torchvision": torchvision.__version__,
+            "case": "ssd300_vgg16 DefaultBoxGenerator", "grid": json.dumps(grid)}
+    save_safetensors(os.path.join(OUT, "ssd300_priors.safetensors"), {"priors": priors}, meta)
+    print("ssd300_priors: %s from grids %s" % (list(priors.shape), grid))
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     torch.set_num_threads(1)
@@ -114,6 +129,10 @@ def main():
     write_keys("resnet18", torchvision.models.resnet18())
     write_keys("resnet50", torchvision.models.resnet50())
     write_keys("vgg16_bn", torchvision.models.vgg16_bn())
+    ssd = torchvision.models.detection.ssd300_vgg16(weights=None, weights_backbone=None,
+                                                   num_classes=21)
+    write_keys("ssd300_vgg16", ssd)
+    write_ssd_priors(ssd)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,14 @@ std::string ClassifierLayer(Net& net) {
   return net.params().empty() ? std::string() : LayerOf(net.params().back()->name);
 }
 
+// Whether `layer` is part of what fine-tuning to another class count replaces: the final
+// classifier, or for a detector every feature map's class-logit convolution.
+bool InClassifier(const std::string& builder, const std::string& layer,
+                  const std::string& classifier) {
+  if (IsDetector(builder)) return StartsWith(layer, "head.classification_head.");
+  return layer == classifier;
+}
+
 }  // namespace
 
 std::string TorchvisionName(const std::string& builder, const std::string& name) {
@@ -55,6 +63,9 @@ std::string TorchvisionName(const std::string& builder, const std::string& name)
     if (StartsWith(out, "logits.")) out = "fc." + out.substr(7);
   } else if (IsVgg(builder)) {
     if (StartsWith(out, "logits.")) out = "classifier.6." + out.substr(7);
+  } else if (IsDetector(builder)) {
+    // torchvision keeps the conv4_3 L2 norm's scale on the backbone itself.
+    if (out == "backbone.conv4_3_norm.weight") out = "backbone.scale_weight";
   }
   return out;
 }
@@ -108,7 +119,9 @@ WeightsReport LoadWeights(Net& net, const std::string& builder, const Safetensor
   std::set<std::string> used;
   const std::string classifier = ClassifierLayer(net);
   auto outside = [&](const std::string& name, const std::string& what) {
-    if (LayerOf(name) != classifier) report.outside_classifier.push_back(what);
+    if (!InClassifier(builder, LayerOf(name), classifier)) {
+      report.outside_classifier.push_back(what);
+    }
   };
   auto load = [&](const std::string& name, Tensor& value) {
     const std::string file_name = TorchvisionName(builder, name);
@@ -154,7 +167,7 @@ WeightsReport LoadWeights(Net& net, const std::string& builder, const Safetensor
     const bool counter = EndsWith(e.name, ".num_batches_tracked");  // torchvision's, ignored
     if (used.count(e.name) || counter) continue;
     report.unused.push_back(e.name);
-    if (LayerOf(e.name) != file_classifier) {
+    if (!InClassifier(builder, LayerOf(e.name), file_classifier)) {
       report.outside_classifier.push_back(e.name + " (not in the model)");
     }
   }

@@ -8,7 +8,9 @@
 //
 // Names: torchvision's for the resnet18 ... resnet152 builders (the projection shortcut
 // `layerS.B.proj` / `.proj_bn` is torchvision's `downsample.0` / `downsample.1`, the classifier
-// `logits` its `fc`) and the VGG builders (classifier `logits` is `classifier.6`); Cortado's own
+// `logits` its `fc`), the VGG builders (classifier `logits` is `classifier.6`) and ssd300_vgg16
+// (its layers carry torchvision's module paths; the conv4_3 L2Norm's `backbone.conv4_3_norm.weight`
+// is torchvision's `backbone.scale_weight`); Cortado's own
 // (layer name + "." + weight, bias, running_mean, running_var) for every other model. Batch
 // norm layers also get torchvision's `num_batches_tracked` (I64, 0), so the file loads into
 // torchvision with strict=True; Cortado ignores it on import.
@@ -37,8 +39,9 @@ struct WeightsReport {
   std::vector<std::string> missing;  // the net's tensors the file lacks: left at initialization
   std::vector<std::string> unused;   // the file's tensors the net has no place for
   // Of `resized`, `missing` and `unused`, those outside the final classifier (the layer of the
-  // net's last parameter): fine-tuning replaces only the classifier, so these mean another
-  // architecture (an unused one: a larger architecture's file, such as resnet34's in resnet18).
+  // net's last parameter; a detector's class-logit convolutions, head.classification_head.*):
+  // fine-tuning replaces only the classifier, so these mean another architecture (an unused
+  // one: a larger architecture's file, such as resnet34's in resnet18).
   std::vector<std::string> outside_classifier;
   std::string Summary(const std::string& path) const;  // one line for the log
 };

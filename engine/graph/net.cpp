@@ -34,7 +34,8 @@ Net::Net(const NetSpec& spec, uint64_t seed, DType dtype, NetOptions options)
                   "' is declared twice");
     auto blob = std::make_unique<Blob>();
     blob->name = in.name;
-    DType t = (in.dtype == DType::kF32 || in.dtype == DType::kF64) ? dtype : in.dtype;
+    const bool floating = in.dtype == DType::kF32 || in.dtype == DType::kF64;
+    const DType t = floating && !in.keep_dtype ? dtype : in.dtype;
     blob->data = Tensor(in.shape, t);
     blob->data.Zero();
     blob_index_[in.name] = blobs_.size();

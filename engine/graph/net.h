@@ -44,6 +44,10 @@ struct NetInput {
   std::string name;  // "data"
   Shape shape;       // with the batch dimension first, e.g. {64, 1, 28, 28}
   DType dtype = DType::kF32;
+  // A floating input takes the net's compute dtype (f64 in a gradient check, bf16 or f16 with
+  // mixed precision) unless this is set: detection's ground-truth boxes stay f32 whatever the
+  // net computes in (bf16's 8 bits would move a box edge by up to 2 pixels in 300).
+  bool keep_dtype = false;
 };
 
 struct NetSpec {

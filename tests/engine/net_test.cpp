@@ -227,6 +227,21 @@ TEST(Net, ActivationBytesCountSharedStorageOnceAndHalveInBF16) {
   EXPECT_EQ(f32.activation_bytes() - fixed, 80 * sizeof(float));
 }
 
+// A floating input takes the compute dtype unless it keeps its own (detection's f32 boxes).
+TEST(Net, FloatInputsTakeTheComputeDTypeUnlessKept) {
+  NetSpec spec;
+  spec.name = "inputs";
+  spec.inputs = {{"data", {2, 3}, DType::kF32}, {"boxes", {1, 1, 0, 8}, DType::kF32, true}};
+  Settings fc;
+  fc.Set("num_output", int64_t{2});
+  spec.layers = {L("fc", "InnerProduct", {"data"}, {"fc"}, fc)};
+  for (DType dtype : {DType::kF64, DType::kBF16, DType::kF16}) {
+    Net net(spec, 1, dtype);
+    EXPECT_EQ(net.input("data").dtype(), dtype);
+    EXPECT_EQ(net.input("boxes").dtype(), DType::kF32);
+  }
+}
+
 TEST(Net, GradReadyHookRunsInReverseLayerOrder) {
   Net net(ResidualSpec(2), 1, DType::kF32);
   std::vector<std::string> order;

@@ -26,7 +26,8 @@ using testing::ErrorOf;
 TEST(LayerRegistry, EveryLayerIsRegistered) {
   for (const char* type :
        {"Convolution", "InnerProduct", "BatchNorm", "ReLU", "Pooling", "Eltwise", "Dropout",
-        "Flatten", "Concat", "SoftmaxWithLoss", "Accuracy", "Split"}) {
+        "Flatten", "Concat", "SoftmaxWithLoss", "Accuracy", "Split", "L2Norm", "Permute", "Reshape",
+        "PriorBox", "MultiBoxLoss", "DetectionOutput"}) {
     EXPECT_TRUE(LayerRegistry::Has(type)) << type;
   }
 }
@@ -115,7 +116,8 @@ TEST(LayerErrors, BadSettingValues) {
   EXPECT_NE(conv_error(no_kernel).find("'kernel'"), std::string::npos);
   Settings init;
   init.Set("num_output", 2).Set("kernel", 3).Set("weight_init", "xavier");
-  EXPECT_NE(conv_error(init).find("kaiming_uniform, kaiming_normal or normal"), std::string::npos);
+  EXPECT_NE(conv_error(init).find("kaiming_uniform, kaiming_normal, normal or xavier_uniform"),
+            std::string::npos);
   Settings stray_std;
   stray_std.Set("num_output", 2).Set("kernel", 3).Set("weight_std", 0.1);
   EXPECT_NE(conv_error(stray_std).find("'weight_std' applies to weight_init: normal only"),
@@ -214,6 +216,22 @@ TEST(LayerParams, NamesKindsAndInitialization) {
   for (int64_t i = 0; i < w2.numel(); ++i) sum_sq += std::pow(w2.data<float>()[i], 2);
   EXPECT_NEAR(std::sqrt(sum_sq / w2.numel()), std::sqrt(2.0 / 576.0),
               0.03 * std::sqrt(2.0 / 576.0));
+
+  // xavier_uniform (torchvision SSD's extra layers and heads): U(-a, a), a = sqrt(6 / (fan_in +
+  // fan_out)) = sqrt(6 / (144 + 576)).
+  Settings xavier = s;
+  xavier.Set("weight_init", "xavier_uniform");
+  LayerHarness conv3("Convolution", xavier, {RandomTensor({1, 16, 8, 8}, kF32, 1)});
+  const Tensor& wx = conv3.layer().params()[0].value;
+  const double a = std::sqrt(6.0 / 720.0);
+  max_abs = 0, sum_sq = 0;
+  for (int64_t i = 0; i < wx.numel(); ++i) {
+    max_abs = std::max(max_abs, std::fabs(double{wx.data<float>()[i]}));
+    sum_sq += std::pow(wx.data<float>()[i], 2);
+  }
+  EXPECT_LE(max_abs, a);
+  EXPECT_GT(max_abs, 0.95 * a);
+  EXPECT_NEAR(std::sqrt(sum_sq / wx.numel()), a / std::sqrt(3.0), 0.03 * a);
 
   // normal with weight_std, and zero biases (torchvision VGG's Linear and Conv2d).
   Settings fc;

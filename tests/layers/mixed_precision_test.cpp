@@ -74,7 +74,9 @@ void ExpectMatchesReference(DType dtype, const std::string& type, const Settings
   const double tol = Tolerance(dtype);
   for (size_t j = 0; j < ref.top().size(); ++j) {
     const Tensor& out = low.top()[j]->data;
-    const bool stat = type == "SoftmaxWithLoss" || type == "Accuracy";
+    // Losses, fractions, priors and detections stay f32 (boxes in 8 bits would move by pixels).
+    const bool stat = type == "SoftmaxWithLoss" || type == "Accuracy" || type == "MultiBoxLoss" ||
+                      type == "PriorBox" || type == "DetectionOutput";
     EXPECT_EQ(out.dtype(), stat ? DType::kF32 : dtype) << "output " << j;
     EXPECT_LE(NormwiseError(out, ref.top()[j]->data), tol) << "output " << j;
   }
@@ -231,6 +233,40 @@ TEST_P(MixedPrecision, DataMovers) {
                          {RandomTensor({2, 3, 2, 2}, DType::kF64, 22)});
   ExpectMatchesReference(GetParam(), "Split", Settings{}, {RandomTensor({2, 5}, DType::kF64, 23)},
                          3);
+}
+
+// The detection layers: L2Norm and the loss compute in f32 (widened inputs, f32 weight and loss);
+// Permute and Reshape move 16-bit values; PriorBox and DetectionOutput write f32 boxes.
+TEST_P(MixedPrecision, DetectionLayers) {
+  ExpectMatchesReference(GetParam(), "L2Norm", Settings{},
+                         {RandomTensor({2, 5, 4, 3}, DType::kF64, 24)});
+  Settings permute, reshape;
+  permute.SetInts("order", {0, 2, 3, 1});
+  reshape.SetInts("shape", {0, -1, 3});
+  ExpectMatchesReference(GetParam(), "Permute", permute,
+                         {RandomTensor({2, 6, 3, 2}, DType::kF64, 25)});
+  ExpectMatchesReference(GetParam(), "Reshape", reshape,
+                         {RandomTensor({2, 6, 3, 2}, DType::kF64, 26)});
+  Settings priors;
+  priors.SetInts("image_size", {32, 32});
+  ExpectMatchesReference(GetParam(), "PriorBox", priors,
+                         {Tensor({1, 1, 4, 4}, DType::kF64), Tensor({1, 1, 2, 2}, DType::kF64)}, 1,
+                         Phase::kTrain, /*backward=*/false);
+  // 4 x 4 x 4 + 2 x 2 x 4 = 80 priors of that layer, made here in f64.
+  LayerHarness boxes("PriorBox", priors,
+                     {Tensor({1, 1, 4, 4}, DType::kF64), Tensor({1, 1, 2, 2}, DType::kF64)});
+  boxes.Forward();
+  const Tensor prior_boxes = boxes.top()[0]->data.Clone();
+  Tensor gt({1, 1, 2, 8}, DType::kF64);
+  const double rows[16] = {0, 1, 0, 0.1, 0.1, 0.5, 0.6, 0, 1, 2, 0, 0.4, 0.3, 0.9, 0.8, 0};
+  std::copy(rows, rows + 16, gt.data<double>());
+  ExpectMatchesReference(GetParam(), "MultiBoxLoss", Settings{},
+                         {RandomTensor({2, 80, 3}, DType::kF64, 27),
+                          RandomTensor({2, 80, 4}, DType::kF64, 28), prior_boxes, gt});
+  ExpectMatchesReference(GetParam(), "DetectionOutput", Settings{},
+                         {RandomTensor({2, 80, 3}, DType::kF64, 29, 2.0),
+                          RandomTensor({2, 80, 4}, DType::kF64, 30), prior_boxes},
+                         1, Phase::kTest, /*backward=*/false);
 }
 
 // Layers whose 16-bit kernels run the f32 kernel on widened blocks (pooling, eltwise, the
