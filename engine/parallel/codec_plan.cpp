@@ -206,4 +206,10 @@ std::vector<dist::CodecKind> Widen(const std::vector<dist::CodecKind>& codecs,
   return widened;
 }
 
+std::string CodecPlanText(const std::vector<dist::CodecKind>& codecs) {
+  std::string out;
+  for (dist::CodecKind c : codecs) out += StrCat(out.empty() ? "" : ",", dist::CodecName(c));
+  return out;
+}
+
 }  // namespace cortado

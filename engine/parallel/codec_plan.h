@@ -137,4 +137,8 @@ std::vector<dist::CodecKind> Widen(const std::vector<dist::CodecKind>& codecs,
                                    const std::vector<double>& residual_ratios, double max_ratio,
                                    const std::vector<dist::CodecKind>& candidates);
 
+// The codecs by name, comma-separated ("epgc11,f32,epgc8"): how DataParallel logs a plan, writes
+// it in the trace and keeps it in a checkpoint (codec_auto_plan).
+std::string CodecPlanText(const std::vector<dist::CodecKind>& codecs);
+
 }  // namespace cortado

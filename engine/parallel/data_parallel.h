@@ -81,6 +81,11 @@
 // Threads: every call, and the hook, runs on the training thread; the all-reduces run on the
 // communicator's worker thread. The communicator must not be used by anything else while a
 // step is in flight (synchronized batch norm gets a communicator of its own).
+//
+// Files, one concept each: data_parallel.cpp (the block, buckets and runs, the step),
+// data_parallel_codecs.cpp (codec policy, error-feedback residuals), data_parallel_auto_measure.cpp
+// (codec auto's measurement and agreement), data_parallel_auto_decide.cpp (rank 0's plans, checks
+// and trial), data_parallel_state.cpp (checkpoint state, start-up broadcast, same-job check).
 #pragma once
 
 #include <cstdint>

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "engine/base/error.h"
 
 namespace cortado {
@@ -198,6 +200,18 @@ TEST(CodecPlan, TheLinkFitKeepsLatencyToTheQuickestTransfer) {
   EXPECT_NEAR(one.latency_s, 0, 1e-12);
   EXPECT_EQ(FitLink({}, {}, 2).bytes_per_s, 0);
   EXPECT_THROW(FitLink({1}, {}, 2), Error);
+}
+
+TEST(CodecPlan, LinkTimeRoundsEveryProductAsACpuWithoutFusedMultiplyAdd) {
+  // codec_plan.cpp is built with -ffp-contract=off (engine/CMakeLists.txt), so that the same
+  // agreed numbers give the same plan on any CPU: with -march=native the compiler would fuse
+  // steps * latency + bytes time into one multiply-add, which rounds once where this rounds twice.
+  // On 4 ranks these numbers round differently the two ways.
+  volatile double latency_part = 6.0 * 2.5e-5;  // 2 (W - 1) hops of latency, rounded
+  volatile double bytes_part = 6.0 / 4 * 300000.0 / 1e9;
+  const double unfused = latency_part + bytes_part;
+  ASSERT_NE(unfused, std::fma(6.0, 2.5e-5, bytes_part)) << "the numbers must tell the two apart";
+  EXPECT_EQ((LinkModel{2.5e-5, 1e9}.AllReduceSeconds(300000.0, 4)), unfused);
 }
 
 TEST(CodecPlan, MoreExposureThanPredictedLowersTheHidingFraction) {
