@@ -17,6 +17,9 @@
 
 namespace cortado {
 
+// The label map's file name inside a detection database folder.
+inline constexpr const char* kLabelMapFile = "labelmap.prototxt";
+
 struct LabelMapEntry {
   std::string name;
   int label = 0;
