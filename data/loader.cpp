@@ -20,16 +20,18 @@ int64_t ThreadCpuNs() {
 }  // namespace
 
 BatchLoader::BatchLoader(int threads, int prefetch, int64_t batch_size, Shape sample_shape,
-                         PlanFn plan, ProduceFn produce)
+                         PlanFn plan, ProduceFn produce, int row_width)
     : threads_(threads),
       batch_size_(batch_size),
       sample_shape_(std::move(sample_shape)),
       sample_numel_(ShapeNumel(sample_shape_)),
+      row_width_(row_width),
       plan_(std::move(plan)),
       produce_(std::move(produce)) {
   CORTADO_CHECK(threads >= 1, "data loader needs at least one thread, got ", threads);
   CORTADO_CHECK(prefetch >= 1, "data.prefetch must be at least 1, got ", prefetch);
   CORTADO_CHECK(batch_size >= 1, "batch size must be positive, got ", batch_size);
+  CORTADO_CHECK(row_width >= 0, "row width must be >= 0, got ", row_width);
   slots_.resize(static_cast<size_t>(prefetch) + 1);
 }
 
@@ -83,6 +85,11 @@ bool BatchLoader::PlanNextLocked() {
   if (!slot.images.defined()) {
     slot.images = Tensor(shape, DType::kF32);
     slot.labels = Tensor({batch_size_}, DType::kI32);
+    // Room for a few objects per image to start with; more grows it (rarely, then it stays).
+    if (row_width_ > 0) slot.boxes = Tensor({1, 1, 8 * batch_size_, row_width_ + 1}, DType::kF32);
+  }
+  if (row_width_ > 0 && static_cast<int64_t>(slot.rows.size()) < count) {
+    slot.rows.resize(static_cast<size_t>(count));
   }
   shape[0] = count;
   slot.images.Resize(shape);
@@ -129,11 +136,17 @@ void BatchLoader::WorkerLoop(int worker) {
     const int64_t sample = slot->samples[pos];
     float* image = slot->images.data<float>() + pos * sample_numel_;
     int32_t* label = slot->labels.data<int32_t>() + pos;
+    // This position's rows belong to this worker until it reports the position done.
+    std::vector<float>* rows = row_width_ > 0 ? &slot->rows[static_cast<size_t>(pos)] : nullptr;
     lock.unlock();
     Produced produced;
     const int64_t cpu0 = ThreadCpuNs();
     try {
-      produced = produce_(worker, batch, pos, sample, image, label);
+      if (rows != nullptr) rows->clear();
+      produced = produce_(worker, batch, pos, sample, image, label, rows);
+      CORTADO_CHECK(rows == nullptr || rows->size() % static_cast<size_t>(row_width_) == 0,
+                    "data loader: sample ", sample, " produced ", rows->size(),
+                    " floats of rows, not a multiple of ", row_width_);
     } catch (...) {
       lock.lock();
       RecordErrorLocked(batch);  // this batch never completes
@@ -171,6 +184,28 @@ int64_t BatchLoader::CompactLocked(Slot& slot) {
   return kept;
 }
 
+void BatchLoader::GatherRowsLocked(Slot& slot) {
+  const size_t count = slot.samples.size();
+  const size_t width = static_cast<size_t>(row_width_);
+  int64_t rows = 0;
+  for (size_t p = 0; p < count; ++p) {
+    if (!slot.left_out[p]) rows += static_cast<int64_t>(slot.rows[p].size() / width);
+  }
+  slot.boxes.Resize({1, 1, rows, row_width_ + 1});
+  float* out = slot.boxes.data<float>();
+  int64_t item = 0;  // the position after compaction
+  for (size_t p = 0; p < count; ++p) {
+    if (slot.left_out[p]) continue;
+    const std::vector<float>& r = slot.rows[p];
+    for (size_t at = 0; at < r.size(); at += width) {
+      *out++ = static_cast<float>(item);
+      out = std::copy(r.begin() + static_cast<std::ptrdiff_t>(at),
+                      r.begin() + static_cast<std::ptrdiff_t>(at + width), out);
+    }
+    ++item;
+  }
+}
+
 bool BatchLoader::Next(Batch& out, double* wait_seconds, int64_t* skipped) {
   const int64_t ring = static_cast<int64_t>(slots_.size());
   std::unique_lock<std::mutex> lock(mu_);
@@ -202,9 +237,11 @@ bool BatchLoader::Next(Batch& out, double* wait_seconds, int64_t* skipped) {
     return false;  // ended
   }
   Slot& slot = slots_[consumed_ % ring];
+  if (row_width_ > 0) GatherRowsLocked(slot);  // reads left_out, before compaction
   out.size = CompactLocked(slot);
   out.images = slot.images;
   out.labels = slot.labels;
+  out.boxes = row_width_ > 0 ? slot.boxes : Tensor();
   if (skipped != nullptr) *skipped += slot.skipped;
   ++consumed_;
   holding_ = true;
