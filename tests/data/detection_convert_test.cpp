@@ -9,6 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 
 #include "data/annotated_datum.h"
 #include "data/converter.h"
@@ -408,6 +409,69 @@ TEST_F(DetectionConvertTest, OptionsThatDoNotFitAreRefused) {
   // An existing database is refused as for classification, before any work.
   ConvertImages(Voc("exists"));
   refused(Voc("exists"), "pass --overwrite to replace it");
+}
+
+// scripts/experiments/make_fashion_detection.py writes a VOC-layout set that convert reads
+// whole, the same for the same seed. Skipped where python3-numpy, python3-pil or Debian's
+// dataset-fashion-mnist is missing.
+TEST_F(DetectionConvertTest, TheFashionMiniatureConverts) {
+  if (std::system("/usr/bin/python3 -c 'import numpy, PIL' >/dev/null 2>&1") != 0 ||
+      !fs::exists("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "needs python3-numpy, python3-pil and dataset-fashion-mnist";
+  }
+  const std::string script =
+      std::string(CORTADO_SOURCE_DIR) + "/scripts/experiments/make_fashion_detection.py";
+  for (const char* out : {"fashion", "fashion_again"}) {
+    const std::string cmd = "/usr/bin/python3 " + script + " --out " + (dir_ / out) +
+                            " --train 12 --test 5 --seed 3 >/dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  }
+  const std::string root = dir_ / "fashion";
+  const std::vector<std::string> lists = {"ImageSets/Main/trainval.txt", "ImageSets/Main/test.txt",
+                                          "Annotations/train_000007.xml",
+                                          "JPEGImages/test_000004.jpg"};
+  for (const std::string& f : lists) {
+    EXPECT_EQ(ReadFileBytes(root + "/" + f), ReadFileBytes(dir_ / ("fashion_again/" + f))) << f;
+  }
+  // Every object of the XML files reaches the records.
+  auto objects = [&](const std::string& split) {
+    int64_t n = 0;
+    for (const std::string& id : SplitLines(ReadFileBytes(root + "/ImageSets/Main/" + split))) {
+      n += static_cast<int64_t>(
+          testing::CountOf(ReadFileBytes(root + "/Annotations/" + id + ".xml"), "<object>"));
+    }
+    return n;
+  };
+  ConvertOptions o;
+  o.root = root;
+  o.split = "trainval";
+  o.out = root + "/trainval_lmdb";
+  const ConvertSummary train = ConvertImages(o);
+  EXPECT_EQ(train.converted, 12);
+  EXPECT_EQ(train.skipped, 0);
+  EXPECT_EQ(train.clipped_boxes, 0);
+  EXPECT_EQ(train.boxes, objects("trainval.txt"));
+  EXPECT_GE(train.boxes, 12);
+  const std::set<std::string> fashion = {"T-shirt/top", "Trouser",   "Pullover", "Dress",
+                                         "Coat",        "Sandal",    "Shirt",    "Sneaker",
+                                         "Bag",         "Ankle boot"};
+  const std::vector<LabelMapEntry> map = ReadLabelMap(o.out + "/labelmap.prototxt");
+  for (size_t i = 1; i < map.size(); ++i) EXPECT_EQ(fashion.count(map[i].name), 1u) << map[i].name;
+  o.split = "test";
+  o.out = root + "/test_lmdb";
+  o.label_map = root + "/trainval_lmdb/labelmap.prototxt";
+  const ConvertSummary test = ConvertImages(o);
+  // A test item of a class no training image has would be skipped: count what was kept.
+  EXPECT_EQ(test.converted + test.skipped, 5);
+  EXPECT_GE(test.converted, 1);
+  const auto records = ReadAll(o.out);
+  for (const auto& [key, value] : records) {
+    for (const BoxAnnotation& b : BoxesOf(value)) {
+      EXPECT_GE(b.label, 1);
+      EXPECT_LT(b.label, static_cast<int>(map.size()));
+      EXPECT_GE(b.xmax - b.xmin, 8.0f / 128 - 1e-6f) << key << ": items are at least 8 pixels";
+    }
+  }
 }
 
 }  // namespace
