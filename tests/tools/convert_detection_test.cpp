@@ -56,6 +56,16 @@ TEST_F(ConvertDetectionTest, JoinsVocRootsAndSummarizesTheObjects) {
   EXPECT_EQ(j["label_map"], db + "/labelmap.prototxt");
   EXPECT_EQ(Read("trainval_lmdb/classes.txt"), "background\nbird\ncat\ndog\n");
 
+  // inspect --db reads the records as what they are.
+  ASSERT_EQ(Cortado("inspect --db " + db, &out, &err), 0) << err;
+  EXPECT_NE(out.find("3 encoded (JPEG), 0 raw, 0 unreadable; 3 distinct labels"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("objects    5 in the sampled records (1.67 per image), 0 difficult: Caffe SSD "
+                     "AnnotatedDatum records (detection)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("sizes      WxHxC (records): 32x24x3 (3)"), std::string::npos) << out;
+
   // The text summary names the objects and the label map.
   ASSERT_EQ(
       Cortado("convert --root " + voc07 + " --split trainval --out " +
