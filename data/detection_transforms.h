@@ -22,6 +22,9 @@
 //
 // Evaluation: the whole image resized to size x size; boxes as they are (difficult ones too).
 //
+// A large JPEG is decoded at a DCT scale (1/2, 1/4, 1/8) that keeps at least the output's
+// resolution in the smallest crop (boxes are normalized, so nothing else changes).
+//
 // Boxes are normalized to the image (data/annotated_datum.h). A box left with no area is dropped.
 // Threads: a DetectionTransformer holds scratch images; each loader thread owns one.
 #pragma once
@@ -106,9 +109,12 @@ class DetectionTransformer {
               uint64_t key, float* out, std::vector<BoxAnnotation>* out_boxes);
 
   const std::string& message() const { return message_; }
+  // The DCT scale (k of k/8) the last JPEG was decoded at; 8 for other images.
+  int last_dct_scale() const { return last_dct_scale_; }
 
  private:
   DetectionTransformOptions options_;
+  int last_dct_scale_ = 8;
   JpegDecoder jpeg_;
   ImageU8 decoded_;
   ImageU8 rgb_;

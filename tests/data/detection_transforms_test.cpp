@@ -370,5 +370,37 @@ TEST(DetectionTransforms, RepeatableWithTheSameKeyOnAnyTransformer) {
   EXPECT_FALSE(a.message().empty());
 }
 
+// A large photo is decoded at a reduced DCT scale (its boxes are normalized, so only the pixels'
+// source resolution changes): the evaluation image matches a full decode resized, within the
+// JPEG path's accuracy bound (data/README.md), and training keeps the crops' resolution.
+TEST(DetectionTransforms, LargeJpegsAreDecodedSmallerForTheSameResult) {
+  const ImageU8 photo = testing::MakeImage(4000, 3000, 3, 2);
+  const std::string jpeg = testing::EncodeJpeg(photo, 90);
+  const auto* data = reinterpret_cast<const uint8_t*>(jpeg.data());
+  const std::vector<BoxAnnotation> boxes = {BoxAnnotation{1, 0, 0.2f, 0.3f, 0.6f, 0.9f, false}};
+  DetectionTransformer t(RawOptions());
+  std::vector<float> scaled(3 * 300 * 300), full(3 * 300 * 300);
+  std::vector<BoxAnnotation> scaled_boxes, full_boxes;
+  ASSERT_TRUE(t.Encoded(data, jpeg.size(), boxes, false, 0, scaled.data(), &scaled_boxes));
+  EXPECT_EQ(t.last_dct_scale(), 1);  // 500 x 375 still holds 300 x 300
+  ImageU8 decoded;
+  std::string why;
+  ASSERT_TRUE(DecodeWithOpenCV(data, jpeg.size(), false, &decoded, &why)) << why;
+  ASSERT_TRUE(t.Pixels(decoded, boxes, false, 0, full.data(), &full_boxes));
+  double diff = 0;
+  for (size_t i = 0; i < full.size(); ++i) diff += std::abs(scaled[i] - full[i]);
+  EXPECT_LT(diff / full.size(), 2.0);
+  ASSERT_EQ(scaled_boxes.size(), 1u);
+  EXPECT_EQ(scaled_boxes[0].xmin, full_boxes[0].xmin);
+  // Training: the smallest crop (0.3 of a side) must still hold 300 pixels: 1/2 of 4000 x 3000.
+  ASSERT_TRUE(t.Encoded(data, jpeg.size(), boxes, true, 5, scaled.data(), &scaled_boxes));
+  EXPECT_EQ(t.last_dct_scale(), 4);
+  // A small photo is decoded whole.
+  const std::string small = testing::EncodeJpeg(testing::MakeImage(500, 375, 3, 2), 90);
+  ASSERT_TRUE(t.Encoded(reinterpret_cast<const uint8_t*>(small.data()), small.size(), boxes, true,
+                        5, scaled.data(), &scaled_boxes));
+  EXPECT_EQ(t.last_dct_scale(), 8);
+}
+
 }  // namespace
 }  // namespace cortado
