@@ -177,7 +177,12 @@ DetectionSet ListVoc(const std::vector<std::string>& roots, const std::string& s
       } else if (!ParseVocAnnotation(xml, &item, &why)) {
         item.error = StrCat("malformed annotation ", item.source, ": ", why);
       }
-      for (const PixelBox& b : item.boxes) names.insert(b.name);
+      // A skipped item names no class: a broken file must not add one.
+      if (item.error.empty()) {
+        for (const PixelBox& b : item.boxes) names.insert(b.name);
+      } else {
+        item.boxes.clear();
+      }
       set.items.push_back(std::move(item));
     }
   }

@@ -230,7 +230,7 @@ TEST_F(DetectionConvertTest, BadInputIsSkippedAndNamed) {
   add("clipped", 40, 30, {{"dog", "-4", "1", "45", "10"}});  // partly outside: clipped
   add("outside", 40, 30, {{"dog", "1", "1", "10", "10"}, {"dog", "50", "1", "60", "10"}});
   add("reversed", 40, 30, {{"dog", "20", "1", "10", "10"}});
-  add("not_a_number", 40, 30, {{"dog", "1", "1", "ten", "10"}});
+  add("not_a_number", 40, 30, {{"zebra", "1", "1", "9", "9"}, {"dog", "1", "1", "ten", "10"}});
   add("no_image", 40, 30, {{"dog", "1", "1", "10", "10"}});
   fs::remove(root + "/JPEGImages/no_image.jpg");
   add("no_xml", 40, 30, {});
@@ -255,6 +255,8 @@ TEST_F(DetectionConvertTest, BadInputIsSkippedAndNamed) {
   EXPECT_EQ(s.skipped, 8);
   EXPECT_EQ(s.boxes, 2);
   EXPECT_EQ(s.clipped_boxes, 1);
+  // The skipped file's zebra is no class.
+  EXPECT_EQ(ReadFileBytes(o.out + "/classes.txt"), "background\ndog\n");
   const auto records = ReadAll(o.out);
   ASSERT_EQ(records.size(), 3u);
   EXPECT_EQ(records[1].first, "00000001_VOC/JPEGImages/clipped.jpg");
@@ -275,7 +277,7 @@ TEST_F(DetectionConvertTest, BadInputIsSkippedAndNamed) {
                        "reversed.xml: object 1 (dog): box (20, 1) - (10, 10) has xmax < xmin or "
                        "ymax < ymin"},
       {"not_a_number", "malformed annotation " + ann +
-                           "not_a_number.xml: object 1 (dog): <xmax> is 'ten', not a "
+                           "not_a_number.xml: object 2 (dog): <xmax> is 'ten', not a "
                            "number"},
       {"no_image", "cannot open"},
       {"no_xml", "cannot read its annotation " + ann + "no_xml.xml"},
