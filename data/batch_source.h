@@ -32,6 +32,10 @@ struct Batch {
   // position in the batch, class_label 1..K (0 is the background), coordinates normalized to the
   // (augmented) image, difficult 0 or 1.
   Tensor boxes;
+  // Detection only: i32 [N, 3], each image's record (its index in the database, in key order)
+  // and its width and height as stored, before any transform: what turns normalized boxes into
+  // the pixels of the original image (COCO results) and names the image.
+  Tensor info;
   int64_t size = 0;  // samples, == N except in evaluation: a short last batch, or corrupt
                      // records left out (then maybe 0)
 };

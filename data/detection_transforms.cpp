@@ -253,6 +253,8 @@ bool DetectionTransformer::Encoded(const uint8_t* data, size_t size,
         train ? static_cast<int>(std::ceil(options_.size / kCropScaleMin)) : options_.size;
     const int k = ChooseDctScale(header.width, header.height, need, need);
     last_dct_scale_ = k;
+    source_width_ = header.width;
+    source_height_ = header.height;
     PixelRect roi;
     if (!jpeg_.Decode(k, PixelRect{0, 0, header.width, header.height}, &decoded_, &roi)) {
       message_ = jpeg_.message();
@@ -272,8 +274,14 @@ bool DetectionTransformer::Encoded(const uint8_t* data, size_t size,
       message_ = jpeg_.message().empty() ? why : jpeg_.message();
       return false;
     }
+    source_width_ = decoded_.width;
+    source_height_ = decoded_.height;
   }
-  return Pixels(decoded_, boxes, train, key, out, out_boxes);
+  const int width = source_width_, height = source_height_;
+  const bool ok = Pixels(decoded_, boxes, train, key, out, out_boxes);
+  source_width_ = width;  // Pixels took the decoded size
+  source_height_ = height;
+  return ok;
 }
 
 bool DetectionTransformer::Pixels(const ImageU8& image, const std::vector<BoxAnnotation>& boxes,
@@ -281,6 +289,8 @@ bool DetectionTransformer::Pixels(const ImageU8& image, const std::vector<BoxAnn
                                   std::vector<BoxAnnotation>* out_boxes) {
   message_.clear();
   const int w = image.width, h = image.height, size = options_.size;
+  source_width_ = w;
+  source_height_ = h;
   if (w <= 0 || h <= 0 || (image.channels != 1 && image.channels != 3)) {
     message_ = StrCat("bad image ", w, "x", h, "x", image.channels);
     return false;

@@ -111,10 +111,14 @@ class DetectionTransformer {
   const std::string& message() const { return message_; }
   // The DCT scale (k of k/8) the last JPEG was decoded at; 8 for other images.
   int last_dct_scale() const { return last_dct_scale_; }
+  // The last image's width and height as it came (before decoding at a DCT scale).
+  int source_width() const { return source_width_; }
+  int source_height() const { return source_height_; }
 
  private:
   DetectionTransformOptions options_;
   int last_dct_scale_ = 8;
+  int source_width_ = 0, source_height_ = 0;
   JpegDecoder jpeg_;
   ImageU8 decoded_;
   ImageU8 rgb_;

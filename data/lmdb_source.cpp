@@ -123,6 +123,9 @@ void CheckLmdbComplete(const std::string& path, int64_t records) {
 
 namespace {
 
+// Batch::info of a detection sample: record index, width, height.
+constexpr int kInfoWidth = 3;
+
 int LoaderThreads(const DataOptions& options) {
   CORTADO_CHECK(options.threads >= 0, "data.threads must be >= 0, got ", options.threads);
   const int budget = NumThreads();
@@ -164,11 +167,9 @@ class LmdbSourceBase : public BatchSource {
     loader_ = std::make_unique<BatchLoader>(
         threads, options.prefetch, batch_size, sample_shape(),
         [this](int64_t batch, std::vector<int64_t>* samples) { Plan(batch, samples); },
-        [this](int worker, int64_t batch, int64_t, int64_t sample, float* image, int32_t* label,
-               std::vector<float>* rows) {
-          return Produce(worker, batch, sample, image, label, rows);
-        },
-        detection_ ? kBoxRowWidth : 0);
+        [this](int worker, int64_t batch, int64_t, int64_t sample,
+               const BatchLoader::SampleOut& out) { return Produce(worker, batch, sample, out); },
+        detection_ ? BatchLoader::Extras{kBoxRowWidth, kInfoWidth} : BatchLoader::Extras{});
   }
 
   // Derived sources stop the loader in their destructors: its threads call their Plan.
@@ -235,10 +236,10 @@ class LmdbSourceBase : public BatchSource {
 
   // Decodes record `record` into image/label (and rows, for detection); false (with w.why) if
   // it is corrupt.
-  bool DecodeRecord(Worker& w, int64_t record, uint64_t key, float* image, int32_t* label,
-                    std::vector<float>* rows) {
-    if (detection_) return DecodeDetection(w, record, key, image, label, rows);
-    if (!w.classify->Decode(w.txn.Get(record), train_, key, image, label)) {
+  bool DecodeRecord(Worker& w, int64_t record, uint64_t key, const BatchLoader::SampleOut& out) {
+    if (detection_) return DecodeDetection(w, record, key, out);
+    int32_t* label = out.label;
+    if (!w.classify->Decode(w.txn.Get(record), train_, key, out.image, label)) {
       w.why = w.classify->why();
       return false;
     }
@@ -252,10 +253,11 @@ class LmdbSourceBase : public BatchSource {
     return true;
   }
 
-  // Detection: *label is the number of objects (rows) the sample kept.
-  bool DecodeDetection(Worker& w, int64_t record, uint64_t key, float* image, int32_t* label,
-                       std::vector<float>* rows) {
-    if (!w.detect->Decode(w.txn.Get(record), train_, key, image, rows)) {
+  // Detection: *label is the number of objects (rows) the sample kept; info the record and its
+  // image's size.
+  bool DecodeDetection(Worker& w, int64_t record, uint64_t key, const BatchLoader::SampleOut& out) {
+    std::vector<float>* rows = out.rows;
+    if (!w.detect->Decode(w.txn.Get(record), train_, key, out.image, rows)) {
       w.why = w.detect->why();
       return false;
     }
@@ -270,19 +272,22 @@ class LmdbSourceBase : public BatchSource {
                                               " (the classes of its label map; 0 is the "
                                               "background)"));
     }
-    *label = static_cast<int32_t>(rows->size() / kBoxRowWidth);
+    *out.label = static_cast<int32_t>(rows->size() / kBoxRowWidth);
+    out.info[0] = static_cast<int32_t>(record);
+    out.info[1] = w.detect->image_width();
+    out.info[2] = w.detect->image_height();
     return true;
   }
 
-  BatchLoader::Produced Produce(int worker, int64_t batch, int64_t sample, float* image,
-                                int32_t* label, std::vector<float>* rows) {
+  BatchLoader::Produced Produce(int worker, int64_t batch, int64_t sample,
+                                const BatchLoader::SampleOut& out) {
     Worker& w = *workers_[worker];
     const uint64_t key = train_ ? AugmentKey(batch, sample) : 0;
     const int64_t n = reader_->size();
     int64_t record = sample;
     for (int64_t attempt = 0;; ++attempt) {
       w.why.clear();
-      if (DecodeRecord(w, record, key, image, label, rows)) return {attempt, false};
+      if (DecodeRecord(w, record, key, out)) return {attempt, false};
       ReportCorrupt(record, w.why);
       // Evaluation scores each readable record once: a substitute would be scored twice (on
       // several ranks often a record of another rank's shard).

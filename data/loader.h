@@ -11,10 +11,12 @@
 // next call to Next() or Start(), which returns the slot to the ring. So up to `prefetch`
 // batches are decoded while the caller works on one.
 //
-// Rows (detection): with row_width > 0, producing a sample also yields any number of rows of
+// Extras (detection): with row_width > 0, producing a sample also yields any number of rows of
 // row_width floats (an image's objects), and Next() delivers them as Batch::boxes, a
 // (1, 1, G, row_width + 1) tensor of the whole batch's rows in position order, each prefixed by
-// its sample's position in the delivered batch (Caffe SSD's item_id), G >= 0.
+// its sample's position in the delivered batch (Caffe SSD's item_id), G >= 0. With
+// info_width > 0, each sample also fills info_width int32s, delivered as Batch::info
+// [N, info_width] beside the labels.
 //
 // Threads: Next() and Start() are called from one consumer thread. When a plan or produce
 // function throws, the batches before the failed one are still completed and delivered, and
@@ -35,6 +37,12 @@
 
 namespace cortado {
 
+// What a sample yields besides its image and label (BatchLoader::Extras; see above).
+struct LoaderExtras {
+  int row_width = 0;
+  int info_width = 0;
+};
+
 class BatchLoader {
  public:
   // Fills *samples with the sample ids of batch `batch` (at most batch_size of them); an empty
@@ -46,14 +54,23 @@ class BatchLoader {
     int64_t skipped = 0;    // corrupt records passed over
     bool left_out = false;  // no sample here: the batch comes out without this position
   };
-  // Decodes sample `sample` (position `pos` of batch `batch`) into image (C*H*W floats),
-  // *label and, with row_width > 0, *rows (empty on entry; a multiple of row_width floats on
-  // return; null without rows), on worker thread `worker` in [0, threads).
+  // Where one sample goes: its image (C*H*W floats) and *label; with row_width > 0 its *rows
+  // (empty on entry; a multiple of row_width floats on return), with info_width > 0 its info
+  // (info_width int32s). Null where the loader has none.
+  struct SampleOut {
+    float* image = nullptr;
+    int32_t* label = nullptr;
+    std::vector<float>* rows = nullptr;
+    int32_t* info = nullptr;
+  };
+  // Decodes sample `sample` (position `pos` of batch `batch`) into `out`, on worker thread
+  // `worker` in [0, threads).
   using ProduceFn = std::function<Produced(int worker, int64_t batch, int64_t pos, int64_t sample,
-                                           float* image, int32_t* label, std::vector<float>* rows)>;
+                                           const SampleOut& out)>;
+  using Extras = LoaderExtras;
 
   BatchLoader(int threads, int prefetch, int64_t batch_size, Shape sample_shape, PlanFn plan,
-              ProduceFn produce, int row_width = 0);
+              ProduceFn produce, Extras extras = {});
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -75,6 +92,7 @@ class BatchLoader {
     Tensor images;
     Tensor labels;
     Tensor boxes;                          // rows of the delivered batch (row_width > 0)
+    Tensor info;                           // [N, info_width] (info_width > 0)
     std::vector<std::vector<float>> rows;  // per position, as produced
     std::vector<int64_t> samples;
     int64_t batch = -1;          // batch number planned into this slot, -1: free
@@ -102,6 +120,7 @@ class BatchLoader {
   const Shape sample_shape_;
   const int64_t sample_numel_;
   const int row_width_;
+  const int info_width_;
   PlanFn plan_;
   ProduceFn produce_;
 

@@ -52,6 +52,9 @@ class DetectionDecoder {
   bool Decode(std::string_view record, bool train, uint64_t key, float* image,
               std::vector<float>* rows);
   const std::vector<BoxAnnotation>& record_boxes() const { return parser_.boxes(); }
+  // The last decoded image's width and height as stored in its record.
+  int image_width() const { return transformer_.source_width(); }
+  int image_height() const { return transformer_.source_height(); }
   const std::string& why() const { return why_; }
 
  private:

@@ -549,6 +549,20 @@ class DetectionSourceTest : public ::testing::Test {
   };
   static Copy CopyOf(const Batch& b) { return Copy{Floats(b.images), Floats(b.boxes), Labels(b)}; }
 
+  // The image number i of record `record` (keys sort as "000000NN_VOC/JPEGImages/img<i>.jpg").
+  static int RecordImage(int64_t record) {
+    static const std::vector<int> images = [] {
+      LmdbReader reader(*dir_ / "db");
+      std::vector<int> out;
+      for (int64_t r = 0; r < reader.size(); ++r) {
+        const std::string key(reader.key(r));
+        out.push_back(std::stoi(key.substr(key.rfind("img") + 3)));
+      }
+      return out;
+    }();
+    return images.at(static_cast<size_t>(record));
+  }
+
   static TempDir* dir_;
 };
 TempDir* DetectionSourceTest::dir_ = nullptr;
@@ -594,6 +608,14 @@ TEST_F(DetectionSourceTest, TrainBatchesCarryTheirObjects) {
     }
     EXPECT_EQ(seen, counts);
     objects += g;
+    // info: the record and its stored size (img<i>: 40 + 13i % 50 wide, 30 + 7i % 40 high).
+    ASSERT_EQ(batch.info.shape(), (Shape{4, 3}));
+    for (int64_t item = 0; item < 4; ++item) {
+      const int32_t* info = batch.info.data<int32_t>() + 3 * item;
+      const int i = RecordImage(info[0]);
+      EXPECT_EQ(info[1], 40 + (i * 13) % 50) << "record " << info[0];
+      EXPECT_EQ(info[2], 30 + (i * 7) % 40) << "record " << info[0];
+    }
   }
   EXPECT_GT(object_counts.size(), 2u) << "batches of different object counts";
   EXPECT_GT(objects, 20);
@@ -767,6 +789,10 @@ TEST_F(DetectionSourceTest, CorruptRecordsAreReplacedInTrainingAndLeftOutOfEvalu
   for (int64_t i = 0; i < batch.boxes.dim(2); ++i) ++per_item[static_cast<size_t>(r[8 * i])];
   EXPECT_EQ(per_item, Labels(batch));
   EXPECT_EQ(per_item, (std::vector<int32_t>{0, 1, 3, 0, 2, 3}));  // records 0 1 3 4 6 7: i % 4
+  std::vector<int32_t> records;
+  for (int64_t item = 0; item < batch.size; ++item)
+    records.push_back(batch.info.data<int32_t>()[3 * item]);
+  EXPECT_EQ(records, (std::vector<int32_t>{0, 1, 3, 4, 6, 7}));
   EXPECT_EQ(eval->stats().skipped_records, 2);
   o.batch_size = 8;
   auto train = MakeTrainSource(o, ShardSpec{}, 1);
