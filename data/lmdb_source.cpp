@@ -335,6 +335,8 @@ class LmdbTrainSource final : public LmdbSourceBase {
   void Start(int64_t epoch, int64_t batch) override {
     CORTADO_CHECK(epoch >= 0 && batch >= 0 && batch < batches_per_epoch(), "data position ", batch,
                   " of epoch ", epoch, " is outside the epoch (", batches_per_epoch(), " batches)");
+    // The workers read the position and the orders (AugmentKey, Plan): stop them first.
+    loader_->Stop();
     start_epoch_ = epoch;
     start_batch_ = batch;
     orders_.clear();

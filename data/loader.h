@@ -81,6 +81,9 @@ class BatchLoader {
 
   // Restarts at batch 0 of a new plan (cancels and discards batches decoded ahead).
   void Start();
+  // Stops the workers (until the next Start), so that the state the plan and produce functions
+  // read can change without them running.
+  void Stop() { StopWorkers(); }
   // The next batch; false at the end of the stream. Positions left out are removed (the
   // samples after them move up, so out.size may be below the plan's count, even 0). Adds the
   // time spent blocked to *wait_seconds and the corrupt records skipped for this batch to
