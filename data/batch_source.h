@@ -24,8 +24,18 @@
 namespace cortado {
 
 struct Batch {
-  Tensor images;     // f32 [N, C, H, W]
-  Tensor labels;     // i32 [N]
+  Tensor images;  // f32 [N, C, H, W]
+  Tensor labels;  // i32 [N]; detection: the number of objects of each image
+  // Detection only (undefined otherwise): the ground truth of the whole batch as Caffe SSD's
+  // AnnotatedData layer gives it, f32 (1, 1, G, 8), G >= 0 objects, one row each:
+  // [item_id, class_label, instance_id, xmin, ymin, xmax, ymax, difficult], item_id the image's
+  // position in the batch, class_label 1..K (0 is the background), coordinates normalized to the
+  // (augmented) image, difficult 0 or 1.
+  Tensor boxes;
+  // Detection only: i32 [N, 3], each image's record (its index in the database, in key order)
+  // and its width and height as stored, before any transform: what turns normalized boxes into
+  // the pixels of the original image (COCO results) and names the image.
+  Tensor info;
   int64_t size = 0;  // samples, == N except in evaluation: a short last batch, or corrupt
                      // records left out (then maybe 0)
 };

@@ -23,8 +23,11 @@
 #include <thread>
 #include <vector>
 
+#include "data/annotated_datum.h"
 #include "data/datum.h"
+#include "data/detection_sets.h"
 #include "data/jpeg.h"
+#include "data/label_map.h"
 #include "data/lmdb.h"
 #include "data/transforms.h"
 #include "engine/base/error.h"
@@ -41,8 +44,9 @@ namespace {
 constexpr size_t kMaxKeyBytes = 511;
 
 struct Item {
-  std::string path;  // relative to root, '/'-separated
+  std::string path;  // relative to root, '/'-separated; detection: the key's path part
   int label = 0;
+  const DetectionItem* detection = nullptr;  // detection: the image's file and objects
 };
 
 // Why the folder walk passes a file over (ConvertSummary::ignored_files, skipped.txt).
@@ -182,6 +186,44 @@ std::vector<Item> ListFile(const ConvertOptions& o, std::vector<std::string>* cl
   } else {
     classes->clear();
     for (int i = 0; i <= max_label; ++i) classes->push_back(std::to_string(i));
+  }
+  return items;
+}
+
+// Detection input: the VOC roots or the COCO file, listed; the classes numbered by the label map
+// (--label-map, else as found); items naming a class outside it marked as malformed.
+std::vector<Item> ListDetection(const ConvertOptions& o, DetectionSet* set,
+                                std::vector<LabelMapEntry>* label_map) {
+  if (!o.coco.empty()) {
+    CORTADO_CHECK(fs::is_directory(o.root), "--root: '", o.root,
+                  "' is not a folder (with --coco: the folder of its images)");
+    *set = ListCoco(o.coco, o.root);
+  } else {
+    std::vector<std::string> roots = {o.root};
+    roots.insert(roots.end(), o.extra_roots.begin(), o.extra_roots.end());
+    *set = ListVoc(roots, o.split, o.stop);
+  }
+  *label_map = o.label_map.empty() ? MakeLabelMap(set->names, set->display_names)
+                                   : ReadLabelMap(o.label_map);
+  CORTADO_CHECK(label_map->size() >= 2, "no objects found in ", o.coco.empty() ? o.root : o.coco,
+                ", so no classes to number (give --label-map)");
+  std::map<std::string, int> label_of;
+  for (const LabelMapEntry& e : *label_map) {
+    if (e.label > 0) label_of[e.name] = e.label;
+  }
+  std::vector<Item> items;
+  for (DetectionItem& d : set->items) {
+    for (size_t b = 0; b < d.boxes.size(); ++b) {
+      PixelBox& box = d.boxes[b];
+      const auto it = label_of.find(box.name);
+      if (it != label_of.end()) {
+        box.label = it->second;
+      } else if (d.error.empty()) {
+        d.error = StrCat(d.source, ": object ", b + 1, " is of class '", box.name,
+                         "', which is not in the label map ", o.label_map);
+      }
+    }
+    items.push_back(Item{d.key, 0, &d});
   }
   return items;
 }
@@ -385,6 +427,8 @@ void ConvertChannels(const ImageU8& in, int channels, ImageU8* out) {
 struct Result {
   bool ok = false;
   bool reencoded = false;
+  int64_t boxes = 0;          // detection: objects in the record
+  int64_t clipped_boxes = 0;  // of which clipped to the image
   std::string key;
   std::string record;  // serialized Datum
   std::string reason;  // why skipped
@@ -405,8 +449,14 @@ class ItemEncoder {
       r.reason = StrCat("path too long for an LMDB key (", kMaxKeyBytes, " bytes)");
       return r;
     }
+    const DetectionItem* det = item.detection;
+    if (det != nullptr && !det->error.empty()) {
+      r.reason = det->error;
+      return r;
+    }
     std::string why;
-    if (!ReadFile((fs::path(o_.root) / item.path).string(), &file_, &why)) {
+    const std::string file = det != nullptr ? det->file : (fs::path(o_.root) / item.path).string();
+    if (!ReadFile(file, &file_, &why)) {
       r.reason = why;
       return r;
     }
@@ -416,17 +466,59 @@ class ItemEncoder {
       return r;
     }
     DatumFields fields;
-    fields.label = item.label;
+    fields.label = det != nullptr ? -1 : item.label;  // Caffe SSD leaves an image's label at -1
     fields.encoded = true;
     const std::string* payload = nullptr;
     if (!Encode(&fields, &payload, &r.reencoded, &r.reason)) return r;
-    r.record = SerializeDatum(fields, *payload);
+    if (det == nullptr) {
+      r.record = SerializeDatum(fields, *payload);
+    } else {
+      if (!NormalizeBoxes(*det, &r)) return r;
+      r.record = SerializeAnnotatedDatum(fields, *payload, boxes_);
+    }
     r.ok = true;
     return r;
   }
 
  private:
   bool resizing() const { return o_.resize_shorter > 0 || o_.resize_width > 0; }
+
+  // The objects of `det` as boxes normalized to the image as read (source_width_ x
+  // source_height_: a resize does not change normalized coordinates), clipped to it, into
+  // boxes_; false, with r->reason, when the annotation does not fit the image.
+  bool NormalizeBoxes(const DetectionItem& det, Result* r) {
+    const int w = source_width_, h = source_height_;
+    if (det.width > 0 && det.height > 0 && (det.width != w || det.height != h)) {
+      r->reason = StrCat(det.source, " states a ", det.width, "x", det.height,
+                         " image, but the image is ", w, "x", h);
+      return false;
+    }
+    boxes_.clear();
+    std::map<int, int> instances;  // label -> objects so far: Caffe SSD's instance ids
+    for (size_t b = 0; b < det.boxes.size(); ++b) {
+      const PixelBox& p = det.boxes[b];
+      BoxAnnotation box;
+      box.label = p.label;
+      box.instance_id = instances[p.label]++;
+      box.difficult = p.difficult;
+      const double x0 = std::clamp(p.xmin / w, 0.0, 1.0), x1 = std::clamp(p.xmax / w, 0.0, 1.0);
+      const double y0 = std::clamp(p.ymin / h, 0.0, 1.0), y1 = std::clamp(p.ymax / h, 0.0, 1.0);
+      if (!(x1 > x0 && y1 > y0)) {
+        r->reason =
+            StrCat(det.source, ": object ", b + 1, " (", p.name, ") box (", p.xmin, ", ", p.ymin,
+                   ") - (", p.xmax, ", ", p.ymax, ") has no area inside the ", w, "x", h, " image");
+        return false;
+      }
+      if (p.xmin < 0 || p.ymin < 0 || p.xmax > w || p.ymax > h) ++r->clipped_boxes;
+      box.xmin = static_cast<float>(x0);
+      box.ymin = static_cast<float>(y0);
+      box.xmax = static_cast<float>(x1);
+      box.ymax = static_cast<float>(y1);
+      boxes_.push_back(box);
+    }
+    r->boxes = static_cast<int64_t>(boxes_.size());
+    return true;
+  }
 
   // Target size for an image of w x h.
   void TargetSize(int w, int h, int* tw, int* th) const {
@@ -468,6 +560,8 @@ class ItemEncoder {
       PixelRect roi;
       if (jpeg_.Decode(k, PixelRect{0, 0, header.width, header.height}, &decoded_, &roi)) {
         have_pixels = true;
+        source_width_ = header.width;
+        source_height_ = header.height;
         if (!resizing() && jpeg_.warnings() == 0 && (header.components == 1 ? 1 : 3) == channels) {
           // A clean JPEG with the records' channel count: stored byte for byte.
           fields->channels = channels;
@@ -490,13 +584,13 @@ class ItemEncoder {
                       : StrCat("not a decodable image: ", why);
         return false;
       }
+      source_width_ = decoded_.width;
+      source_height_ = decoded_.height;
     }
     if (resizing()) {
       // The target from the full-size dimensions (DCT scaling may have shrunk decoded_).
-      const int full_w = direct && have_pixels ? header.width : decoded_.width;
-      const int full_h = direct && have_pixels ? header.height : decoded_.height;
       int tw, th;
-      TargetSize(full_w, full_h, &tw, &th);
+      TargetSize(source_width_, source_height_, &tw, &th);
       ResizeImage(decoded_, tw, th, &resized_);
       pixels = &resized_;
     }
@@ -521,11 +615,17 @@ class ItemEncoder {
   ImageU8 decoded_;
   ImageU8 resized_;
   ImageU8 converted_;
+  // The image's size as read, before any resize (DCT scaling may have shrunk decoded_).
+  int source_width_ = 0, source_height_ = 0;
+  std::vector<BoxAnnotation> boxes_;  // detection: the record's objects
 };
 
 }  // namespace
 
 namespace {
+
+// Whether the input is a detection set: a COCO file, or a root laid out as Pascal VOC's.
+bool IsDetection(const ConvertOptions& o) { return !o.coco.empty() || IsVocRoot(o.root); }
 
 void CheckOptions(const ConvertOptions& o) {
   CORTADO_CHECK(!o.root.empty(), "--root: no image folder given");
@@ -537,6 +637,21 @@ void CheckOptions(const ConvertOptions& o) {
   CORTADO_CHECK(!(o.resize_shorter > 0 && o.resize_width > 0),
                 "give --resize-shorter or --resize, not both");
   CORTADO_CHECK(o.threads >= 0, "--threads must be >= 0, got ", o.threads);
+  if (IsDetection(o)) {
+    CORTADO_CHECK(o.list.empty(), "--list is for classification; a detection set is listed by ",
+                  o.coco.empty() ? "--split (ImageSets/Main/<split>.txt)" : "its --coco file");
+    CORTADO_CHECK(o.classes.empty(), "--classes is for classification; number a detection set ",
+                  "with --label-map (another set's DB/labelmap.prototxt)");
+    CORTADO_CHECK(o.coco.empty() || (o.extra_roots.empty() && o.split.empty()),
+                  "--coco takes one --root (its image folder) and no --split");
+  } else {
+    CORTADO_CHECK(o.extra_roots.empty(), "several --root folders join Pascal VOC roots only, and '",
+                  o.root, "' is not one (no JPEGImages/ and Annotations/)");
+    CORTADO_CHECK(
+        o.split.empty() && o.label_map.empty(), "--split and --label-map are for ",
+        "detection sets, and '", o.root,
+        "' is not a Pascal VOC root (no JPEGImages/ and Annotations/; COCO: give --coco)");
+  }
 }
 
 // Workers decode items in any order into a window of results; the calling thread writes them
@@ -638,6 +753,8 @@ void WriteRecords(const ConvertOptions& o, const std::vector<Item>& items, LmdbW
         summary.bytes_written += static_cast<int64_t>(r.key.size() + r.record.size());
         ++summary.converted;
         if (r.reencoded) ++summary.reencoded;
+        summary.boxes += r.boxes;
+        summary.clipped_boxes += r.clipped_boxes;
         writer.Put(std::move(r.key), std::move(r.record));
       } else {
         ++summary.skipped;
@@ -666,6 +783,7 @@ void Finish(const ConvertOptions& o, const OutputPlan& plan, const ConvertSummar
   completion.skipped = summary.skipped;
   completion.classes = summary.classes;
   completion.channels = o.gray ? 1 : 3;
+  completion.task = summary.detection ? "detection" : "classification";
   std::error_code ec;
   const fs::path root = fs::absolute(o.root, ec);
   completion.root = ec ? o.root : root.lexically_normal().string();
@@ -685,9 +803,18 @@ ConvertSummary ConvertImages(const ConvertOptions& o) {
 
   ConvertSummary summary;
   summary.db = plan.out;
+  summary.detection = IsDetection(o);
   std::vector<std::string> classes;
-  std::vector<Item> items =
-      o.list.empty() ? ListFolder(o, &classes, &summary.ignored_files) : ListFile(o, &classes);
+  DetectionSet detection_set;  // the items point into it
+  std::vector<LabelMapEntry> label_map;
+  std::vector<Item> items;
+  if (summary.detection) {
+    items = ListDetection(o, &detection_set, &label_map);
+    for (const LabelMapEntry& e : label_map) classes.push_back(e.display_name);
+  } else {
+    items =
+        o.list.empty() ? ListFolder(o, &classes, &summary.ignored_files) : ListFile(o, &classes);
+  }
   summary.ignored = static_cast<int64_t>(summary.ignored_files.size());
   CORTADO_CHECK(!items.empty(), "no images found under '", o.root, "'");
   if (o.shuffle) {
@@ -706,6 +833,11 @@ ConvertSummary ConvertImages(const ConvertOptions& o) {
     std::ofstream out(staging / "classes.txt");
     for (const std::string& name : classes) out << name << '\n';
     CORTADO_CHECK(out, "cannot write ", plan.staging, "/classes.txt");
+  }
+  if (summary.detection) {
+    std::ofstream out(staging / kLabelMapFile);
+    out << LabelMapText(label_map);
+    CORTADO_CHECK(out, "cannot write ", plan.staging, "/", kLabelMapFile);
   }
   LmdbWriter writer(plan.staging, o.initial_map_size);
   std::ofstream skipped_out(staging / "skipped.txt");
@@ -738,6 +870,12 @@ std::string SummaryJson(const ConvertSummary& s) {
   j["map_growths"] = s.map_growths;
   j["seconds"] = s.seconds;
   j["images_per_s"] = s.seconds > 0 ? static_cast<double>(s.items) / s.seconds : 0.0;
+  if (s.detection) {
+    j["task"] = "detection";
+    j["boxes"] = s.boxes;
+    j["clipped_boxes"] = s.clipped_boxes;
+    j["label_map"] = (fs::path(s.db) / kLabelMapFile).string();
+  }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
@@ -752,6 +890,11 @@ std::string SummaryText(const ConvertSummary& s) {
                 s.bytes_read / 1e6, s.bytes_written / 1e6, s.seconds,
                 s.seconds > 0 ? s.items / s.seconds : 0.0, s.db.c_str());
   std::string text = line;
+  if (s.detection) {
+    text +=
+        StrCat("\n", s.boxes, " objects (", s.clipped_boxes, " clipped to their image); classes ",
+               "numbered in ", (fs::path(s.db) / kLabelMapFile).string(), " (0 is the background)");
+  }
   if (s.ignored > 0) {
     std::string some;
     for (size_t i = 0; i < s.ignored_files.size() && i < 3; ++i) {

@@ -27,6 +27,19 @@
 // error or `stop` removes the temporary and leaves `out` as it was; a temporary that a killed
 // conversion left behind is removed by the next conversion into the same `out` on this host.
 //
+// Detection (data/detection_sets.h for the layouts): when `root` is laid out as a Pascal VOC root
+// (JPEGImages/, Annotations/; `split` names ImageSets/Main/<split>.txt; `extra_roots` are joined
+// after it, as VOC07+12 is), or with `coco` (an instances JSON; `root` its image folder), every
+// record is a Caffe SSD AnnotatedDatum (data/annotated_datum.h): the image as above (Datum label
+// -1, as Caffe SSD leaves it) and its objects' boxes normalized to the image, grouped by class.
+// The classes are numbered by `label_map` (another set's DB/labelmap.prototxt, so a test set is
+// numbered as its training set), else as found (VOC: names sorted; COCO: category ids in order),
+// 1..K with 0 the background; DB/labelmap.prototxt (Caffe SSD's format) and DB/classes.txt
+// (line i names label i, line 0 "background") are written. An item is skipped, and named in
+// DB/skipped.txt with the reason, when its annotation is malformed, names a class outside the
+// label map, states an image size other than the image's, or holds a box with no area inside the
+// image; a box partly outside is clipped to the image (counted in `clipped_boxes`).
+//
 // Threads: `threads` workers read and decode; the calling thread writes records in list order,
 // so the database is byte-identical whatever the thread count.
 #pragma once
@@ -51,8 +64,13 @@ struct ConvertOptions {
   bool gray = false;     // 1-channel records (Caffe's --gray); else 3-channel
   bool shuffle = false;  // shuffle the list (with seed) before numbering
   uint64_t seed = 0;
-  int threads = 0;                            // decode threads; 0: the core count
-  bool overwrite = false;                     // replace an existing database (at the end)
+  int threads = 0;         // decode threads; 0: the core count
+  bool overwrite = false;  // replace an existing database (at the end)
+  // Detection (see above).
+  std::vector<std::string> extra_roots;       // VOC roots joined after `root`
+  std::string split;                          // VOC: ImageSets/Main/<split>.txt
+  std::string coco;                           // a COCO instances JSON; `root` is its image folder
+  std::string label_map;                      // number the classes by this label map
   size_t initial_map_size = size_t{1} << 30;  // LMDB map; doubles whenever it fills up
   // Called from the calling thread about every 1000 records written, and once at the end.
   std::function<void(int64_t done, int64_t total, double seconds)> progress;
@@ -64,16 +82,19 @@ struct ConvertOptions {
 
 struct ConvertSummary {
   std::string db;
-  int64_t items = 0;      // images listed
-  int64_t converted = 0;  // records written
-  int64_t reencoded = 0;  // of which re-encoded (resized, converted colour, repaired)
-  int64_t skipped = 0;    // items that could not be read or decoded (DB/skipped.txt)
-  int64_t ignored = 0;    // folder mode: files without an image extension, not listed
+  bool detection = false;  // AnnotatedDatum records (VOC or COCO input)
+  int64_t items = 0;       // images listed
+  int64_t converted = 0;   // records written
+  int64_t reencoded = 0;   // of which re-encoded (resized, converted colour, repaired)
+  int64_t skipped = 0;     // items that could not be read or decoded (DB/skipped.txt)
+  int64_t ignored = 0;     // folder mode: files without an image extension, not listed
   std::vector<std::string> ignored_files;  // their paths under root (also in DB/skipped.txt)
-  int64_t classes = 0;
-  int64_t bytes_read = 0;     // input file bytes
-  int64_t bytes_written = 0;  // record bytes (keys + values)
-  int64_t map_growths = 0;    // times the LMDB map was doubled
+  int64_t classes = 0;                     // detection: K + 1, the background included
+  int64_t boxes = 0;                       // detection: objects in the records written
+  int64_t clipped_boxes = 0;               // detection: of which clipped to their image
+  int64_t bytes_read = 0;                  // input file bytes
+  int64_t bytes_written = 0;               // record bytes (keys + values)
+  int64_t map_growths = 0;                 // times the LMDB map was doubled
   double seconds = 0;
 };
 

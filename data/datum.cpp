@@ -47,18 +47,22 @@ size_t DatumParser::float_count() const { return impl_->message.float_data_size(
 const float* DatumParser::float_data() const { return impl_->message.float_data().data(); }
 
 bool DatumParser::RawPixels(ImageU8* out, std::string* why) const {
-  const int c = fields_.channels, h = fields_.height, w = fields_.width;
+  return RawDatumPixels(fields_, data(), float_data(), float_count(), out, why);
+}
+
+bool RawDatumPixels(const DatumFields& fields, std::string_view bytes, const float* floats,
+                    size_t float_count, ImageU8* out, std::string* why) {
+  const int c = fields.channels, h = fields.height, w = fields.width;
   if ((c != 1 && c != 3) || h <= 0 || w <= 0) {
     *why = StrCat("raw Datum with shape ", c, "x", h, "x", w, " (want 1 or 3 channels)");
     return false;
   }
   const size_t plane = static_cast<size_t>(h) * w;
   const size_t need = plane * c;
-  const std::string_view bytes = data();
   const bool use_bytes = !bytes.empty();
-  if (use_bytes ? bytes.size() != need : float_count() != need) {
+  if (use_bytes ? bytes.size() != need : float_count != need) {
     *why = StrCat("raw Datum ", c, "x", h, "x", w, " holds ",
-                  use_bytes ? bytes.size() : float_count(), " values, want ", need);
+                  use_bytes ? bytes.size() : float_count, " values, want ", need);
     return false;
   }
   out->Reshape(w, h, c);
@@ -70,7 +74,7 @@ bool DatumParser::RawPixels(ImageU8* out, std::string* why) const {
       const auto* src = reinterpret_cast<const uint8_t*>(bytes.data()) + ic * plane;
       for (size_t i = 0; i < plane; ++i) dst[i * c] = src[i];
     } else {
-      const float* src = float_data() + ic * plane;
+      const float* src = floats + ic * plane;
       for (size_t i = 0; i < plane; ++i) {
         dst[i * c] = static_cast<uint8_t>(std::clamp(std::lround(src[i]), 0L, 255L));
       }

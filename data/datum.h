@@ -27,6 +27,12 @@ struct DatumFields {
 // Serializes a Datum with the given bytes in `data`.
 std::string SerializeDatum(const DatumFields& fields, std::string_view data);
 
+// A raw record's pixels (`bytes`, or else `floats`: channels x height x width, BGR planes) as
+// HWC, RGB (3 channels) or grey (1 channel). False, with *why, when the sizes do not add up.
+// Shared by DatumParser and AnnotatedDatumParser (data/annotated_datum.h).
+bool RawDatumPixels(const DatumFields& fields, std::string_view bytes, const float* floats,
+                    size_t float_count, ImageU8* out, std::string* why);
+
 class DatumParser {
  public:
   DatumParser();

@@ -39,7 +39,8 @@ void WriteLmdbCompletion(const std::string& dir, const LmdbCompletion& c) {
                             {"skipped", c.skipped},
                             {"classes", c.classes},
                             {"channels", c.channels},
-                            {"root", c.root}};
+                            {"root", c.root},
+                            {"task", c.task}};
   const std::string text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   // Written with write(2) and fsync'd: the rename that publishes the database must not reach
   // the disk before the record that says it is whole.
@@ -77,6 +78,7 @@ std::optional<LmdbCompletion> ReadLmdbCompletion(const std::string& dir) {
   if (j.contains("classes") && j["classes"].is_number_integer()) c.classes = j["classes"];
   if (j.contains("channels") && j["channels"].is_number_integer()) c.channels = j["channels"];
   if (j.contains("root") && j["root"].is_string()) c.root = j["root"];
+  if (j.contains("task") && j["task"].is_string()) c.task = j["task"];
   return c;
 }
 

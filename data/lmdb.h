@@ -45,6 +45,9 @@ struct LmdbCompletion {
   int64_t classes = 0;  // lines of classes.txt
   int channels = 0;     // channels of every record (3, or 1 with --gray)
   std::string root;     // the image folder it was converted from
+  // "classification" (Datum records) or "detection" (AnnotatedDatum records); databases from
+  // before detection existed say nothing, and hold Datum records.
+  std::string task = "classification";
 };
 
 // Writes dir/cortado-complete.json and syncs it to disk; throws cortado::Error naming the file.

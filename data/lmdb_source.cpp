@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 
+#include "data/label_map.h"
 #include "data/lmdb.h"
 #include "data/loader.h"
 #include "data/record_decoder.h"
@@ -19,6 +20,17 @@
 #include "engine/base/thread_pool.h"
 
 namespace cortado {
+namespace {
+
+// data.mean or data.std: empty keeps the default; one value is repeated to three channels.
+void SetChannels(const std::vector<double>& v, const char* key, std::array<float, 3>* out) {
+  if (v.empty()) return;
+  CORTADO_CHECK(v.size() == 1 || v.size() == 3, "data.", key,
+                " takes 1 or 3 values (RGB) for LMDB images, got ", v.size());
+  for (int c = 0; c < 3; ++c) (*out)[c] = static_cast<float>(v[v.size() == 1 ? 0 : c]);
+}
+
+}  // namespace
 
 TransformOptions TransformOptionsFrom(const DataOptions& options) {
   TransformOptions t;
@@ -33,19 +45,43 @@ TransformOptions TransformOptionsFrom(const DataOptions& options) {
   t.ratio_min = options.ratio_min;
   t.ratio_max = options.ratio_max;
   t.flip = options.flip;
-  auto channels = [](const std::vector<double>& v, const char* key, std::array<float, 3>* out) {
-    if (v.empty()) return;
-    CORTADO_CHECK(v.size() == 1 || v.size() == 3, "data.", key,
-                  " takes 1 or 3 values (RGB) for LMDB images, got ", v.size());
-    for (int c = 0; c < 3; ++c) (*out)[c] = static_cast<float>(v[v.size() == 1 ? 0 : c]);
-  };
-  channels(options.mean, "mean", &t.mean);
-  channels(options.std, "std", &t.std);
+  SetChannels(options.mean, "mean", &t.mean);
+  SetChannels(options.std, "std", &t.std);
   for (float s : t.std) CORTADO_CHECK(s > 0, "data.std must be positive, got ", s);
   return t;
 }
 
-Shape LmdbSampleShape(const DataOptions& options) { return {3, options.crop, options.crop}; }
+DetectionTransformOptions DetectionTransformOptionsFrom(const DataOptions& options) {
+  DetectionTransformOptions t;
+  CORTADO_CHECK(options.resize > 0 && options.resize <= 16384,
+                "data.resize must be in 1..16384, got ", options.resize);
+  CORTADO_CHECK(options.max_expand_ratio >= 1, "data.max_expand_ratio must be >= 1, got ",
+                options.max_expand_ratio);
+  t.size = static_cast<int>(options.resize);
+  t.distort = options.distort;
+  t.expand = options.expand;
+  t.max_expand_ratio = options.max_expand_ratio;
+  t.iou_crop = options.iou_crop;
+  t.flip = options.flip;
+  SetChannels(options.mean, "mean", &t.mean);
+  SetChannels(options.std, "std", &t.std);
+  for (float s : t.std) CORTADO_CHECK(s > 0, "data.std must be positive, got ", s);
+  return t;
+}
+
+Shape LmdbSampleShape(const DataOptions& options) {
+  const int64_t side = options.task == "detection" ? options.resize : options.crop;
+  return {3, side, side};
+}
+
+int64_t DetectionNumClasses(const DataOptions& options, const std::string& db) {
+  if (!options.label_map.empty())
+    return static_cast<int64_t>(ReadLabelMap(options.label_map).size());
+  const int64_t listed = ReadNumClasses(db);
+  if (listed >= 0) return listed;
+  const std::string map = (std::filesystem::path(db) / kLabelMapFile).string();
+  return std::filesystem::exists(map) ? static_cast<int64_t>(ReadLabelMap(map).size()) : -1;
+}
 
 int64_t ReadNumClasses(const std::string& db) {
   std::ifstream in(db + "/classes.txt");
@@ -80,11 +116,15 @@ void CheckLmdbComplete(const std::string& path, int64_t records) {
   if (warned.insert(path).second) {
     LogWarning("data: LMDB ", path, " has no ", kLmdbCompleteFile,
                " and no classes.txt: read as a database from another tool (Caffe's "
-               "convert_imageset), whose completeness cannot be checked");
+               "convert_imageset, Caffe SSD's convert_annoset), whose completeness cannot be "
+               "checked");
   }
 }
 
 namespace {
+
+// Batch::info of a detection sample: record index, width, height.
+constexpr int kInfoWidth = 3;
 
 int LoaderThreads(const DataOptions& options) {
   CORTADO_CHECK(options.threads >= 0, "data.threads must be >= 0, got ", options.threads);
@@ -107,22 +147,29 @@ class LmdbSourceBase : public BatchSource {
       : reader_(OpenReader(path, train)),
         batch_size_(batch_size),
         train_(train),
-        transform_(TransformOptionsFrom(options)),
+        detection_(IsDetection(options)),
         sample_shape_(LmdbSampleShape(options)),
-        num_classes_(ReadNumClasses(path)) {
+        num_classes_(detection_ ? DetectionNumClasses(options, path) : ReadNumClasses(path)) {
     CORTADO_CHECK(batch_size > 0, "data batch size must be positive, got ", batch_size);
     CheckLmdbComplete(path, reader_->size());
+    CheckTask(path, options.task);
     CORTADO_CHECK(reader_->size() > 0, "LMDB ", path, " holds no records");
     const int threads = LoaderThreads(options);
     for (int i = 0; i < threads; ++i) {
-      workers_.push_back(std::make_unique<Worker>(reader_->BeginRead(), transform_));
+      auto w = std::make_unique<Worker>(reader_->BeginRead());
+      if (detection_) {
+        w->detect = std::make_unique<DetectionDecoder>(DetectionTransformOptionsFrom(options));
+      } else {
+        w->classify = std::make_unique<RecordDecoder>(TransformOptionsFrom(options));
+      }
+      workers_.push_back(std::move(w));
     }
     loader_ = std::make_unique<BatchLoader>(
         threads, options.prefetch, batch_size, sample_shape(),
         [this](int64_t batch, std::vector<int64_t>* samples) { Plan(batch, samples); },
-        [this](int worker, int64_t batch, int64_t, int64_t sample, float* image, int32_t* label) {
-          return Produce(worker, batch, sample, image, label);
-        });
+        [this](int worker, int64_t batch, int64_t, int64_t sample,
+               const BatchLoader::SampleOut& out) { return Produce(worker, batch, sample, out); },
+        detection_ ? BatchLoader::Extras{kBoxRowWidth, kInfoWidth} : BatchLoader::Extras{});
   }
 
   // Derived sources stop the loader in their destructors: its threads call their Plan.
@@ -146,6 +193,22 @@ class LmdbSourceBase : public BatchSource {
     return LmdbReader::Open(path, /*random_access=*/train);
   }
 
+  static bool IsDetection(const DataOptions& options) {
+    CORTADO_CHECK(options.task == "classification" || options.task == "detection",
+                  "data.task must be classification or detection, got '", options.task, "'");
+    return options.task == "detection";
+  }
+
+  // A database `cortado convert` wrote says what its records are: refuse the other task's
+  // records before every one of them fails to decode.
+  static void CheckTask(const std::string& path, const std::string& task) {
+    const std::optional<LmdbCompletion> done = ReadLmdbCompletion(path);
+    if (!done || done->task == task) return;
+    Fail("LMDB ", path, " holds ", done->task,
+         done->task == "detection" ? " records (Caffe SSD AnnotatedDatum)" : " records (Datum)",
+         " but data.task is ", task, "; set data.task: ", done->task);
+  }
+
   // Under the loader's lock: the record indices of batch `batch` since the last Start.
   virtual void Plan(int64_t batch, std::vector<int64_t>* samples) = 0;
   // The augmentation key of a sample of batch `batch` (training only).
@@ -154,7 +217,7 @@ class LmdbSourceBase : public BatchSource {
   std::shared_ptr<const LmdbReader> reader_;
   int64_t batch_size_;
   bool train_;
-  TransformOptions transform_;
+  bool detection_;  // AnnotatedDatum records, rows of objects with every sample
   Shape sample_shape_;
   int64_t num_classes_;
   std::unique_ptr<BatchLoader> loader_;
@@ -164,16 +227,20 @@ class LmdbSourceBase : public BatchSource {
 
  private:
   struct Worker {
-    Worker(LmdbReader::ReadTxn t, const TransformOptions& o) : txn(std::move(t)), decoder(o) {}
+    explicit Worker(LmdbReader::ReadTxn t) : txn(std::move(t)) {}
     LmdbReader::ReadTxn txn;
-    RecordDecoder decoder;
+    std::unique_ptr<RecordDecoder> classify;   // classification
+    std::unique_ptr<DetectionDecoder> detect;  // detection
     std::string why;
   };
 
-  // Decodes record `record` into image/label; false (with w.why) if it is corrupt.
-  bool DecodeRecord(Worker& w, int64_t record, uint64_t key, float* image, int32_t* label) {
-    if (!w.decoder.Decode(w.txn.Get(record), train_, key, image, label)) {
-      w.why = w.decoder.why();
+  // Decodes record `record` into image/label (and rows, for detection); false (with w.why) if
+  // it is corrupt.
+  bool DecodeRecord(Worker& w, int64_t record, uint64_t key, const BatchLoader::SampleOut& out) {
+    if (detection_) return DecodeDetection(w, record, key, out);
+    int32_t* label = out.label;
+    if (!w.classify->Decode(w.txn.Get(record), train_, key, out.image, label)) {
+      w.why = w.classify->why();
       return false;
     }
     // A label outside the class list is not a corrupt image but a wrong database or class
@@ -186,15 +253,41 @@ class LmdbSourceBase : public BatchSource {
     return true;
   }
 
-  BatchLoader::Produced Produce(int worker, int64_t batch, int64_t sample, float* image,
-                                int32_t* label) {
+  // Detection: *label is the number of objects (rows) the sample kept; info the record and its
+  // image's size.
+  bool DecodeDetection(Worker& w, int64_t record, uint64_t key, const BatchLoader::SampleOut& out) {
+    std::vector<float>* rows = out.rows;
+    if (!w.detect->Decode(w.txn.Get(record), train_, key, out.image, rows)) {
+      w.why = w.detect->why();
+      return false;
+    }
+    // Every object of the record, kept by the augmentation or not, so that a wrong label map
+    // stops the run on the first record that shows it.
+    for (const BoxAnnotation& b : w.detect->record_boxes()) {
+      CORTADO_CHECK(b.label >= 1 && (num_classes_ < 0 || b.label < num_classes_), "LMDB ",
+                    reader_->path(), ": record '", reader_->key(record),
+                    "' has an object of label ", b.label,
+                    num_classes_ < 0 ? std::string(" (labels are 1..K; 0 is the background)")
+                                     : StrCat(", outside 1..", num_classes_ - 1,
+                                              " (the classes of its label map; 0 is the "
+                                              "background)"));
+    }
+    *out.label = static_cast<int32_t>(rows->size() / kBoxRowWidth);
+    out.info[0] = static_cast<int32_t>(record);
+    out.info[1] = w.detect->image_width();
+    out.info[2] = w.detect->image_height();
+    return true;
+  }
+
+  BatchLoader::Produced Produce(int worker, int64_t batch, int64_t sample,
+                                const BatchLoader::SampleOut& out) {
     Worker& w = *workers_[worker];
     const uint64_t key = train_ ? AugmentKey(batch, sample) : 0;
     const int64_t n = reader_->size();
     int64_t record = sample;
     for (int64_t attempt = 0;; ++attempt) {
       w.why.clear();
-      if (DecodeRecord(w, record, key, image, label)) return {attempt, false};
+      if (DecodeRecord(w, record, key, out)) return {attempt, false};
       ReportCorrupt(record, w.why);
       // Evaluation scores each readable record once: a substitute would be scored twice (on
       // several ranks often a record of another rank's shard).
@@ -242,6 +335,8 @@ class LmdbTrainSource final : public LmdbSourceBase {
   void Start(int64_t epoch, int64_t batch) override {
     CORTADO_CHECK(epoch >= 0 && batch >= 0 && batch < batches_per_epoch(), "data position ", batch,
                   " of epoch ", epoch, " is outside the epoch (", batches_per_epoch(), " batches)");
+    // The workers read the position and the orders (AugmentKey, Plan): stop them first.
+    loader_->Stop();
     start_epoch_ = epoch;
     start_batch_ = batch;
     orders_.clear();

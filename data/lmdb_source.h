@@ -25,6 +25,13 @@
 // Evaluation leaves it out (its batch comes out smaller, even empty), so that every readable
 // record is scored exactly once.
 //
+// Detection (data.task: detection): the records are Caffe SSD AnnotatedDatums (written by
+// `cortado convert` from VOC or COCO, or by Caffe SSD's convert_annoset); every sample goes
+// through SSD's augmentation (data/detection_transforms.h; evaluation: resize only), and each
+// batch carries Batch::boxes, the (1, 1, G, 8) ground truth of its images, with Batch::labels
+// the number of objects of each image. Corrupt records are handled as above; an object whose
+// label is outside the label map stops the run.
+//
 // Batches from Next() share the loader's buffers: they stay valid until the next Next() or
 // Start() on the same source.
 #pragma once
@@ -33,6 +40,7 @@
 #include <string>
 
 #include "data/data_options.h"
+#include "data/detection_transforms.h"
 #include "data/transforms.h"
 
 namespace cortado {
@@ -45,8 +53,17 @@ std::unique_ptr<BatchSource> MakeLmdbEvalSource(const DataOptions& options, Shar
 // repeated to three channels).
 TransformOptions TransformOptionsFrom(const DataOptions& options);
 
-// The samples an LMDB source yields: {3, crop, crop} (grey records are widened to RGB).
+// The detection transform settings (data.resize, the augmentation switches; mean/std: empty
+// means torchvision's ssd300_vgg16 normalization).
+DetectionTransformOptions DetectionTransformOptionsFrom(const DataOptions& options);
+
+// The samples an LMDB source yields: {3, crop, crop} (detection: {3, resize, resize}); grey
+// records are widened to RGB.
 Shape LmdbSampleShape(const DataOptions& options);
+
+// Detection: labels (K + 1, the background included) per data.label_map, else the database's
+// classes.txt, else its labelmap.prototxt; -1 without any.
+int64_t DetectionNumClasses(const DataOptions& options, const std::string& db);
 
 // Labels in the database at `db` per its classes.txt (line i names label i); -1 without one.
 int64_t ReadNumClasses(const std::string& db);

@@ -20,16 +20,20 @@ int64_t ThreadCpuNs() {
 }  // namespace
 
 BatchLoader::BatchLoader(int threads, int prefetch, int64_t batch_size, Shape sample_shape,
-                         PlanFn plan, ProduceFn produce)
+                         PlanFn plan, ProduceFn produce, Extras extras)
     : threads_(threads),
       batch_size_(batch_size),
       sample_shape_(std::move(sample_shape)),
       sample_numel_(ShapeNumel(sample_shape_)),
+      row_width_(extras.row_width),
+      info_width_(extras.info_width),
       plan_(std::move(plan)),
       produce_(std::move(produce)) {
   CORTADO_CHECK(threads >= 1, "data loader needs at least one thread, got ", threads);
   CORTADO_CHECK(prefetch >= 1, "data.prefetch must be at least 1, got ", prefetch);
   CORTADO_CHECK(batch_size >= 1, "batch size must be positive, got ", batch_size);
+  CORTADO_CHECK(row_width_ >= 0 && info_width_ >= 0, "row and info widths must be >= 0, got ",
+                row_width_, " and ", info_width_);
   slots_.resize(static_cast<size_t>(prefetch) + 1);
 }
 
@@ -83,10 +87,17 @@ bool BatchLoader::PlanNextLocked() {
   if (!slot.images.defined()) {
     slot.images = Tensor(shape, DType::kF32);
     slot.labels = Tensor({batch_size_}, DType::kI32);
+    // Room for a few objects per image to start with; more grows it (rarely, then it stays).
+    if (row_width_ > 0) slot.boxes = Tensor({1, 1, 8 * batch_size_, row_width_ + 1}, DType::kF32);
+    if (info_width_ > 0) slot.info = Tensor({batch_size_, info_width_}, DType::kI32);
+  }
+  if (row_width_ > 0 && static_cast<int64_t>(slot.rows.size()) < count) {
+    slot.rows.resize(static_cast<size_t>(count));
   }
   shape[0] = count;
   slot.images.Resize(shape);
   slot.labels.Resize({count});
+  if (info_width_ > 0) slot.info.Resize({count, info_width_});
   ++planned_;
   work_cv_.notify_all();  // other idle workers can help with this batch
   return true;
@@ -128,12 +139,21 @@ void BatchLoader::WorkerLoop(int worker) {
     const int64_t batch = slot->batch;
     const int64_t sample = slot->samples[pos];
     float* image = slot->images.data<float>() + pos * sample_numel_;
-    int32_t* label = slot->labels.data<int32_t>() + pos;
+    // This position's places (its rows too) belong to this worker until it reports it done.
+    SampleOut out;
+    out.image = image;
+    out.label = slot->labels.data<int32_t>() + pos;
+    if (row_width_ > 0) out.rows = &slot->rows[static_cast<size_t>(pos)];
+    if (info_width_ > 0) out.info = slot->info.data<int32_t>() + pos * info_width_;
     lock.unlock();
     Produced produced;
     const int64_t cpu0 = ThreadCpuNs();
     try {
-      produced = produce_(worker, batch, pos, sample, image, label);
+      if (out.rows != nullptr) out.rows->clear();
+      produced = produce_(worker, batch, pos, sample, out);
+      CORTADO_CHECK(out.rows == nullptr || out.rows->size() % static_cast<size_t>(row_width_) == 0,
+                    "data loader: sample ", sample, " produced ", out.rows->size(),
+                    " floats of rows, not a multiple of ", row_width_);
     } catch (...) {
       lock.lock();
       RecordErrorLocked(batch);  // this batch never completes
@@ -154,6 +174,7 @@ int64_t BatchLoader::CompactLocked(Slot& slot) {
   }
   float* images = slot.images.data<float>();
   int32_t* labels = slot.labels.data<int32_t>();
+  int32_t* info = info_width_ > 0 ? slot.info.data<int32_t>() : nullptr;
   int64_t kept = 0;
   for (int64_t from = 0; from < count; ++from) {
     if (slot.left_out[static_cast<size_t>(from)]) continue;
@@ -161,6 +182,10 @@ int64_t BatchLoader::CompactLocked(Slot& slot) {
       std::copy(images + from * sample_numel_, images + (from + 1) * sample_numel_,
                 images + kept * sample_numel_);
       labels[kept] = labels[from];
+      if (info != nullptr) {
+        std::copy(info + from * info_width_, info + (from + 1) * info_width_,
+                  info + kept * info_width_);
+      }
     }
     ++kept;
   }
@@ -168,7 +193,30 @@ int64_t BatchLoader::CompactLocked(Slot& slot) {
   shape[0] = kept;
   slot.images.Resize(shape);
   slot.labels.Resize({kept});
+  if (info != nullptr) slot.info.Resize({kept, info_width_});
   return kept;
+}
+
+void BatchLoader::GatherRowsLocked(Slot& slot) {
+  const size_t count = slot.samples.size();
+  const size_t width = static_cast<size_t>(row_width_);
+  int64_t rows = 0;
+  for (size_t p = 0; p < count; ++p) {
+    if (!slot.left_out[p]) rows += static_cast<int64_t>(slot.rows[p].size() / width);
+  }
+  slot.boxes.Resize({1, 1, rows, row_width_ + 1});
+  float* out = slot.boxes.data<float>();
+  int64_t item = 0;  // the position after compaction
+  for (size_t p = 0; p < count; ++p) {
+    if (slot.left_out[p]) continue;
+    const std::vector<float>& r = slot.rows[p];
+    for (size_t at = 0; at < r.size(); at += width) {
+      *out++ = static_cast<float>(item);
+      out = std::copy(r.begin() + static_cast<std::ptrdiff_t>(at),
+                      r.begin() + static_cast<std::ptrdiff_t>(at + width), out);
+    }
+    ++item;
+  }
 }
 
 bool BatchLoader::Next(Batch& out, double* wait_seconds, int64_t* skipped) {
@@ -202,9 +250,12 @@ bool BatchLoader::Next(Batch& out, double* wait_seconds, int64_t* skipped) {
     return false;  // ended
   }
   Slot& slot = slots_[consumed_ % ring];
+  if (row_width_ > 0) GatherRowsLocked(slot);  // reads left_out, before compaction
   out.size = CompactLocked(slot);
   out.images = slot.images;
   out.labels = slot.labels;
+  out.boxes = row_width_ > 0 ? slot.boxes : Tensor();
+  out.info = info_width_ > 0 ? slot.info : Tensor();
   if (skipped != nullptr) *skipped += slot.skipped;
   ++consumed_;
   holding_ = true;

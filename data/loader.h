@@ -11,6 +11,13 @@
 // next call to Next() or Start(), which returns the slot to the ring. So up to `prefetch`
 // batches are decoded while the caller works on one.
 //
+// Extras (detection): with row_width > 0, producing a sample also yields any number of rows of
+// row_width floats (an image's objects), and Next() delivers them as Batch::boxes, a
+// (1, 1, G, row_width + 1) tensor of the whole batch's rows in position order, each prefixed by
+// its sample's position in the delivered batch (Caffe SSD's item_id), G >= 0. With
+// info_width > 0, each sample also fills info_width int32s, delivered as Batch::info
+// [N, info_width] beside the labels.
+//
 // Threads: Next() and Start() are called from one consumer thread. When a plan or produce
 // function throws, the batches before the failed one are still completed and delivered, and
 // Next() rethrows the exception when it reaches the failed batch; Start() clears it.
@@ -30,6 +37,12 @@
 
 namespace cortado {
 
+// What a sample yields besides its image and label (BatchLoader::Extras; see above).
+struct LoaderExtras {
+  int row_width = 0;
+  int info_width = 0;
+};
+
 class BatchLoader {
  public:
   // Fills *samples with the sample ids of batch `batch` (at most batch_size of them); an empty
@@ -41,13 +54,23 @@ class BatchLoader {
     int64_t skipped = 0;    // corrupt records passed over
     bool left_out = false;  // no sample here: the batch comes out without this position
   };
-  // Decodes sample `sample` (position `pos` of batch `batch`) into image (C*H*W floats) and
-  // *label, on worker thread `worker` in [0, threads).
+  // Where one sample goes: its image (C*H*W floats) and *label; with row_width > 0 its *rows
+  // (empty on entry; a multiple of row_width floats on return), with info_width > 0 its info
+  // (info_width int32s). Null where the loader has none.
+  struct SampleOut {
+    float* image = nullptr;
+    int32_t* label = nullptr;
+    std::vector<float>* rows = nullptr;
+    int32_t* info = nullptr;
+  };
+  // Decodes sample `sample` (position `pos` of batch `batch`) into `out`, on worker thread
+  // `worker` in [0, threads).
   using ProduceFn = std::function<Produced(int worker, int64_t batch, int64_t pos, int64_t sample,
-                                           float* image, int32_t* label)>;
+                                           const SampleOut& out)>;
+  using Extras = LoaderExtras;
 
   BatchLoader(int threads, int prefetch, int64_t batch_size, Shape sample_shape, PlanFn plan,
-              ProduceFn produce);
+              ProduceFn produce, Extras extras = {});
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -58,6 +81,9 @@ class BatchLoader {
 
   // Restarts at batch 0 of a new plan (cancels and discards batches decoded ahead).
   void Start();
+  // Stops the workers (until the next Start), so that the state the plan and produce functions
+  // read can change without them running.
+  void Stop() { StopWorkers(); }
   // The next batch; false at the end of the stream. Positions left out are removed (the
   // samples after them move up, so out.size may be below the plan's count, even 0). Adds the
   // time spent blocked to *wait_seconds and the corrupt records skipped for this batch to
@@ -68,6 +94,9 @@ class BatchLoader {
   struct Slot {
     Tensor images;
     Tensor labels;
+    Tensor boxes;                          // rows of the delivered batch (row_width > 0)
+    Tensor info;                           // [N, info_width] (info_width > 0)
+    std::vector<std::vector<float>> rows;  // per position, as produced
     std::vector<int64_t> samples;
     int64_t batch = -1;          // batch number planned into this slot, -1: free
     int64_t next_task = 0;       // next position to hand to a worker
@@ -78,6 +107,9 @@ class BatchLoader {
   // Under mu_: moves the samples of a complete slot that were not left out to its front and
   // returns how many there are.
   int64_t CompactLocked(Slot& slot);
+  // Under mu_: gathers the rows of a complete slot's positions that were not left out into
+  // slot.boxes, each prefixed by its position after compaction.
+  void GatherRowsLocked(Slot& slot);
 
   void StopWorkers();
   void WorkerLoop(int worker);
@@ -90,6 +122,8 @@ class BatchLoader {
   const int64_t batch_size_;
   const Shape sample_shape_;
   const int64_t sample_numel_;
+  const int row_width_;
+  const int info_width_;
   PlanFn plan_;
   ProduceFn produce_;
 

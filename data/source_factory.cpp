@@ -6,8 +6,20 @@
 
 namespace cortado {
 
+namespace {
+
+// Detection reads Caffe SSD records from an LMDB; the other sources hold labelled images only.
+void CheckTask(const DataOptions& options) {
+  CORTADO_CHECK(options.task != "detection" || options.type == "lmdb",
+                "data.task: detection reads an LMDB of detection records (data.type: lmdb), not ",
+                options.type);
+}
+
+}  // namespace
+
 std::unique_ptr<BatchSource> MakeTrainSource(const DataOptions& options, ShardSpec shard,
                                              uint64_t seed) {
+  CheckTask(options);
   if (options.type == "idx") return MakeIdxTrainSource(options, shard, seed);
   if (options.type == "lmdb") return MakeLmdbTrainSource(options, shard, seed);
   if (options.type == "synthetic") return MakeSyntheticSource(options, shard, seed, true);
@@ -15,6 +27,7 @@ std::unique_ptr<BatchSource> MakeTrainSource(const DataOptions& options, ShardSp
 }
 
 std::unique_ptr<BatchSource> MakeEvalSource(const DataOptions& options, ShardSpec shard) {
+  CheckTask(options);
   if (options.type == "idx") return MakeIdxEvalSource(options, shard);
   if (options.type == "lmdb") return MakeLmdbEvalSource(options, shard);
   if (options.type == "synthetic") return MakeSyntheticSource(options, shard, 0, false);

@@ -177,31 +177,43 @@ void ImageTransformer::Finish(const ImageU8& image, const PixelRect& roi, PixelL
   cv::Mat dst = MatOf(resized_);
   // DCT scaling leaves less than 2x to shrink except for very large images (ResizeInto).
   ResizeInto(src, dst);
+  const ImageU8* result = &resized_;
   if (flip) {
-    flipped_.Reshape(crop, crop, c);
-    cv::Mat flipped = MatOf(flipped_);
-    cv::flip(dst, flipped, 1);
-    dst = flipped;
+    FlipImage(resized_, &flipped_);
+    result = &flipped_;
   }
+  NormalizeImage(*result, layout, options_.mean, options_.std, planes_, out);
+}
+
+void NormalizeImage(const ImageU8& image, PixelLayout layout, const std::array<float, 3>& mean,
+                    const std::array<float, 3>& std, ImageU8 (&scratch)[3], float* out) {
+  const int w = image.width, h = image.height, c = image.channels;
+  const cv::Mat src = MatOf(image);
   cv::Mat planes[3];
   if (c == 3) {
     for (int i = 0; i < 3; ++i) {
-      planes_[i].Reshape(crop, crop, 1);
-      planes[i] = MatOf(planes_[i]);
+      scratch[i].Reshape(w, h, 1);
+      planes[i] = MatOf(scratch[i]);
     }
-    cv::split(dst, planes);  // into our buffers: sizes match, so nothing is allocated
+    cv::split(src, planes);  // into our buffers: sizes match, so nothing is allocated
   } else {
-    planes[0] = planes[1] = planes[2] = dst;
+    planes[0] = planes[1] = planes[2] = src;
   }
-  const size_t plane_size = static_cast<size_t>(crop) * crop;
+  const size_t plane_size = static_cast<size_t>(w) * h;
   for (int oc = 0; oc < 3; ++oc) {
     const int ic = (c == 3 && layout == PixelLayout::kBGR) ? 2 - oc : oc;
-    cv::Mat target(crop, crop, CV_32F, out + oc * plane_size);
+    cv::Mat target(h, w, CV_32F, out + oc * plane_size);
     // (v / 255 - mean) / std == v * alpha + beta
-    const double alpha = 1.0 / (255.0 * options_.std[oc]);
-    const double beta = -options_.mean[oc] / options_.std[oc];
+    const double alpha = 1.0 / (255.0 * std[oc]);
+    const double beta = -mean[oc] / std[oc];
     planes[ic].convertTo(target, CV_32F, alpha, beta);
   }
+}
+
+void FlipImage(const ImageU8& in, ImageU8* out) {
+  out->Reshape(in.width, in.height, in.channels);
+  cv::Mat dst = MatOf(*out);
+  cv::flip(MatOf(in), dst, 1);
 }
 
 bool DecodeWithOpenCV(const uint8_t* data, size_t size, bool keep_gray, ImageU8* out,
@@ -253,10 +265,18 @@ bool DecodeWithOpenCV(const uint8_t* data, size_t size, bool keep_gray, ImageU8*
 }
 
 void ResizeImage(const ImageU8& in, int width, int height, ImageU8* out) {
+  ResizeImage(in, PixelRect{0, 0, in.width, in.height}, width, height, out);
+}
+
+void ResizeImage(const ImageU8& in, const PixelRect& roi, int width, int height, ImageU8* out) {
   CORTADO_CHECK(width > 0 && height > 0, "resize to ", width, "x", height);
+  CORTADO_CHECK(roi.x >= 0 && roi.y >= 0 && roi.width > 0 && roi.height > 0 &&
+                    roi.x + roi.width <= in.width && roi.y + roi.height <= in.height,
+                "resize: region ", roi.width, "x", roi.height, "+", roi.x, "+", roi.y,
+                " is not inside the ", in.width, "x", in.height, " image");
   out->Reshape(width, height, in.channels);
   cv::Mat dst = MatOf(*out);
-  ResizeInto(MatOf(in), dst);
+  ResizeInto(MatOf(in)(cv::Rect(roi.x, roi.y, roi.width, roi.height)), dst);
 }
 
 }  // namespace cortado

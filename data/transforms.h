@@ -98,5 +98,15 @@ bool DecodeWithOpenCV(const uint8_t* data, size_t size, bool keep_gray, ImageU8*
 // larger shrink is bilinear to an integer multiple of the size, then a box filter (antialiased);
 // bicubic when growing.
 void ResizeImage(const ImageU8& in, int width, int height, ImageU8* out);
+// The same for the region `roi` of `in`.
+void ResizeImage(const ImageU8& in, const PixelRect& roi, int width, int height, ImageU8* out);
+
+// Mirrors left to right.
+void FlipImage(const ImageU8& in, ImageU8* out);
+
+// An image (1 or 3 channels; `layout` for 3) to 3 float planes (CHW, RGB) of
+// (v / 255 - mean) / std; a grey image is repeated to three. `scratch` holds the split planes.
+void NormalizeImage(const ImageU8& image, PixelLayout layout, const std::array<float, 3>& mean,
+                    const std::array<float, 3>& std, ImageU8 (&scratch)[3], float* out);
 
 }  // namespace cortado

@@ -25,7 +25,7 @@ packages=(
   libprotobuf-dev protobuf-compiler python3-protobuf
   openmpi-bin libopenmpi-dev
   libucx-dev ucx-utils
-  zlib1g-dev nlohmann-json3-dev
+  zlib1g-dev nlohmann-json3-dev libtinyxml2-dev
   dataset-fashion-mnist opencv-doc
   python3-matplotlib clang-format
 )

@@ -110,7 +110,7 @@ if ((sanitize)); then
   # matters for RDMA memory, which these tests do not use.
   export UCX_MEM_EVENTS=no
   build/tsan/tests/test_concurrency \
-    --gtest_filter='ThreadPool.*:Loader.*:LmdbSourceTest.*:CorruptRecordsTest.*:DataParallelThreads.*'
+    --gtest_filter='ThreadPool.*:Loader.*:LmdbSourceTest.*:CorruptRecordsTest.*:DetectionSourceTest.*:DataParallelThreads.*'
   # Without the MPI backend's tests: inside Open MPI, whose threads TSan cannot see, it
   # reports lock-order inversions of Open MPI's own (mca_btl_tcp_add_procs).
   # Also without the single-threaded codec kernel sweep (nothing for TSan to see, and past its

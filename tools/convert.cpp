@@ -1,8 +1,11 @@
 // `cortado convert --root DIR --out DB [--list FILE] [--classes FILE]
 //                  [--resize-shorter N | --resize WxH] [--quality Q] [--gray] [--shuffle]
 //                  [--seed S] [--threads T] [--overwrite] [--json]`
+// `cortado convert --root VOC_ROOT [--root VOC_ROOT]... --split NAME --out DB [--label-map F] ...`
+// `cortado convert --coco instances.json --root IMAGES --out DB [--label-map F] ...`
 // A folder of images (ImageNet layout) or a Caffe list file to an LMDB of Caffe Datum records;
-// see data/converter.h for what is stored and data/README.md for the flags. Exits 0 when at
+// Pascal VOC or COCO to an LMDB of Caffe SSD AnnotatedDatum records (docs/DETECTION.md). See
+// data/converter.h for what is stored and data/README.md for the flags. Exits 0 when at
 // least one image was converted (broken images are skipped and listed in DB/skipped.txt).
 // SIGINT/SIGTERM stop it with exit status 128 + the signal (130, 143): its temporary is removed
 // and DB is left as it was (absent, or the old database).
@@ -55,19 +58,32 @@ void DrawProgress(int64_t done, int64_t total, double seconds) {
 void AddConvertCommand(CLI::App& app) {
   struct Args {
     ConvertOptions options;
+    std::vector<std::string> roots;
     std::string resize;
     bool json = false;
   };
   auto args = std::make_shared<Args>();
   ConvertOptions& o = args->options;
   CLI::App* cmd = app.add_subcommand(
-      "convert", "Convert a folder of images (or a list file) to an LMDB of Caffe Datum records");
-  cmd->add_option("--root", o.root, "Image folder: ROOT/<class>/<image>, or the base of --list")
+      "convert",
+      "Convert a folder of images (or a list file) to an LMDB of Caffe Datum records, or Pascal "
+      "VOC / COCO to Caffe SSD AnnotatedDatum records");
+  cmd->add_option("--root", args->roots,
+                  "Image folder: ROOT/<class>/<image>, or the base of --list; a Pascal VOC root "
+                  "(JPEGImages/, Annotations/; repeat --root to join several, as VOC07+12); with "
+                  "--coco, its image folder")
       ->required();
   cmd->add_option("--out", o.out, "Database folder to create")->required();
   cmd->add_option("--list", o.list, "Caffe list file of 'relative/path label' lines");
   cmd->add_option("--classes", o.classes,
                   "Class list to reuse (e.g. TRAIN_DB/classes.txt), one name per line");
+  cmd->add_option("--split", o.split,
+                  "Pascal VOC: the image list ROOT/ImageSets/Main/<split>.txt (trainval, test)");
+  cmd->add_option("--coco", o.coco,
+                  "COCO: an instances_*.json; --root is the folder of its images");
+  cmd->add_option("--label-map", o.label_map,
+                  "Detection: number the classes as this label map does (e.g. "
+                  "TRAIN_DB/labelmap.prototxt); default: as found");
   auto* shorter = cmd->add_option("--resize-shorter", o.resize_shorter,
                                   "Resize so the shorter side is N pixels (re-encodes all; 0: keep "
                                   "the size)")
@@ -87,7 +103,17 @@ void AddConvertCommand(CLI::App& app) {
   cmd->add_flag("--json", args->json, "Print the summary as one JSON object");
   cmd->callback([args] {
     ConvertOptions options = args->options;
-    CheckInputDir("--root", options.root, "the image folder (ROOT/<class>/<image>)");
+    for (const std::string& root : args->roots) {
+      CheckInputDir("--root", root, "the image folder (ROOT/<class>/<image>, or a VOC root)");
+    }
+    options.root = args->roots.front();
+    options.extra_roots.assign(args->roots.begin() + 1, args->roots.end());
+    if (!options.coco.empty()) {
+      CheckInputFile("--coco", options.coco, "a COCO instances_*.json");
+    }
+    if (!options.label_map.empty()) {
+      CheckInputFile("--label-map", options.label_map, "a label map (labelmap.prototxt)");
+    }
     if (!options.list.empty()) {
       CheckInputFile("--list", options.list, "a list file of 'relative/path label' lines");
     }

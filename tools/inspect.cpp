@@ -12,6 +12,7 @@
 #include <map>
 #include <sstream>
 
+#include "data/annotated_datum.h"
 #include "data/datum.h"
 #include "data/jpeg.h"
 #include "data/lmdb.h"
@@ -117,29 +118,49 @@ std::string Completeness(const std::string& path, int64_t records) {
 struct RecordSample {
   int64_t sampled = 0, encoded = 0, raw = 0, unreadable = 0;
   std::map<std::string, int64_t> sizes;  // "WxHxC" -> records
-  std::map<int, int64_t> labels;         // label -> records
+  std::map<int, int64_t> labels;         // label -> records (detection: objects)
+  bool detection = false;                // Caffe SSD AnnotatedDatum records
+  int64_t objects = 0, difficult = 0;    // detection
 };
 
 RecordSample SampleRecords(const LmdbReader& reader, int64_t records) {
   RecordSample out;
   out.sampled = std::min(records, kSampledRecords);
   DatumParser parser;
+  AnnotatedDatumParser annotated;
+  std::string why;
   JpegDecoder jpeg;
   LmdbReader::ReadTxn txn = reader.BeginRead();
+  // A classification Datum never parses as an AnnotatedDatum with an image, so the first record
+  // tells which kind the database holds.
+  if (records > 0) {
+    const std::string_view first = txn.Get(0);
+    out.detection = annotated.Parse(first.data(), first.size(), &why);
+  }
   for (int64_t s = 0; s < out.sampled; ++s) {
     const int64_t i = out.sampled > 1 ? s * (records - 1) / (out.sampled - 1) : 0;
     const std::string_view value = txn.Get(i);
-    if (!parser.Parse(value.data(), value.size())) {
+    const bool parsed = out.detection ? annotated.Parse(value.data(), value.size(), &why)
+                                      : parser.Parse(value.data(), value.size());
+    if (!parsed) {
       ++out.unreadable;
       continue;
     }
-    const DatumFields& f = parser.fields();
-    ++out.labels[f.label];
+    const DatumFields& f = out.detection ? annotated.fields() : parser.fields();
+    if (out.detection) {
+      for (const BoxAnnotation& b : annotated.boxes()) {
+        ++out.labels[b.label];
+        ++out.objects;
+        out.difficult += b.difficult;
+      }
+    } else {
+      ++out.labels[f.label];
+    }
     int w = f.width, h = f.height, c = f.channels;
     if (f.encoded) {
       ++out.encoded;
       JpegHeader header;
-      const std::string_view data = parser.data();
+      const std::string_view data = out.detection ? annotated.data() : parser.data();
       if (!jpeg.Open(reinterpret_cast<const uint8_t*>(data.data()), data.size(), &header)) {
         ++out.unreadable;
         continue;
@@ -196,6 +217,14 @@ void PrintDb(const std::string& path) {
       static_cast<long long>(sample.sampled), static_cast<long long>(records),
       static_cast<long long>(sample.encoded), static_cast<long long>(sample.raw),
       static_cast<long long>(sample.unreadable), sample.labels.size());
+  if (sample.detection) {
+    std::printf(
+        "  objects    %lld in the sampled records (%.2f per image), %lld difficult: Caffe SSD "
+        "AnnotatedDatum records (detection)\n",
+        static_cast<long long>(sample.objects),
+        sample.sampled > 0 ? static_cast<double>(sample.objects) / sample.sampled : 0.0,
+        static_cast<long long>(sample.difficult));
+  }
   std::printf("  sizes      WxHxC (records): %s\n", CommonSizes(sample.sizes).c_str());
   std::string keys;
   for (int64_t i = 0; i < records && i < 3; ++i) keys += StrCat(i ? ", " : "", reader->key(i));

@@ -1,6 +1,7 @@
 // The run config's data: section and data.synthetic (run_config_sections.h): the source and its
 // paths, batches, loader threads and augmentation.
 #include <filesystem>
+#include <span>
 
 #include "tools/run_config_sections.h"
 
@@ -46,6 +47,26 @@ std::vector<double> ParseRange(const YamlSection& d, const std::string& key, dou
   return range;
 }
 
+// The keys of one task only: given with the other, they are refused naming the task.
+constexpr const char* kClassificationOnlyKeys[] = {"crop", "val_resize", "scale", "ratio"};
+constexpr const char* kDetectionOnlyKeys[] = {"resize", "label_map",        "distort",
+                                              "expand", "max_expand_ratio", "iou_crop"};
+
+// data.task: detection: the output size, the label map and SSD's augmentation switches.
+void ParseDetection(const YamlSection& d, DataOptions& o, bool check_data) {
+  o.resize = d.Int("resize", o.resize);
+  Require(o.resize >= 1 && o.resize <= 16384, d, "resize", "must be in 1..16384");
+  o.label_map = d.String("label_map", "");
+  Require(!check_data || o.label_map.empty() || std::filesystem::exists(o.label_map), d,
+          "label_map", Missing(o.label_map));
+  o.distort = d.Bool("distort", o.distort);
+  o.expand = d.Bool("expand", o.expand);
+  o.max_expand_ratio = d.Float("max_expand_ratio", o.max_expand_ratio);
+  Require(o.max_expand_ratio >= 1 && o.max_expand_ratio <= 16, d, "max_expand_ratio",
+          "must be in [1, 16]");
+  o.iou_crop = d.Bool("iou_crop", o.iou_crop);
+}
+
 void ParseSynthetic(const YamlSection& syn, DataOptions& o) {
   o.synthetic_shape = syn.Ints("shape", o.synthetic_shape);
   Require(o.synthetic_shape.size() == 3, syn, "shape", "must be [C, H, W]");
@@ -59,10 +80,18 @@ void ParseSynthetic(const YamlSection& syn, DataOptions& o) {
 
 }  // namespace
 
-constexpr std::string_view kDataKeys[] = {
-    "type",     "train",      "val",   "batch_size", "val_batch_size", "threads",
-    "prefetch", "shuffle",    "flip",  "drop_last",  "mean",           "std",
-    "crop",     "val_resize", "scale", "ratio",      "synthetic"};
+constexpr std::string_view kDataKeys[] = {"type",       "task",
+                                          "train",      "val",
+                                          "batch_size", "val_batch_size",
+                                          "threads",    "prefetch",
+                                          "shuffle",    "flip",
+                                          "drop_last",  "mean",
+                                          "std",        "crop",
+                                          "val_resize", "scale",
+                                          "ratio",      "resize",
+                                          "label_map",  "distort",
+                                          "expand",     "max_expand_ratio",
+                                          "iou_crop",   "synthetic"};
 
 constexpr std::string_view kSyntheticKeys[] = {"shape", "classes", "samples", "val_samples"};
 
@@ -76,6 +105,19 @@ DataOptions ParseData(const YamlSection& d, const YamlSection& syn, bool need_tr
   o.type = d.String("type", o.type);
   Require(o.type == "idx" || o.type == "lmdb" || o.type == "synthetic", d, "type",
           "must be idx, lmdb or synthetic, got '" + o.type + "'");
+  o.task = d.String("task", o.task);
+  Require(o.task == "classification" || o.task == "detection", d, "task",
+          "must be classification or detection, got '" + o.task + "'");
+  const bool detection = o.task == "detection";
+  Require(!detection || o.type == "lmdb", d, "task",
+          "detection reads an LMDB of detection records (data.type: lmdb), not " + o.type);
+  const std::span<const char* const> other_task =
+      detection ? std::span<const char* const>(kClassificationOnlyKeys) : kDetectionOnlyKeys;
+  for (const char* key : other_task) {
+    Require(!d.Has(key), d, key,
+            detection ? "is for classification; detection resizes whole images to data.resize"
+                      : "is for data.task: detection");
+  }
   ParseDataPaths(d, o, need_train, check_data);
   o.batch_size = d.Int("batch_size", o.batch_size);
   Require(o.batch_size >= 1, d, "batch_size", "must be a positive integer");
@@ -86,7 +128,7 @@ DataOptions ParseData(const YamlSection& d, const YamlSection& syn, bool need_tr
   o.prefetch = static_cast<int>(d.Int("prefetch", o.prefetch));
   Require(o.prefetch >= 1, d, "prefetch", "must be >= 1");
   o.shuffle = d.Bool("shuffle", o.shuffle);
-  o.flip = d.Bool("flip", o.flip);
+  o.flip = d.Bool("flip", detection || o.flip);  // SSD's recipe flips
   o.drop_last = d.Bool("drop_last", o.drop_last);
   o.mean = d.Floats("mean", {});
   o.std = d.Floats("std", {});
@@ -101,6 +143,7 @@ DataOptions ParseData(const YamlSection& d, const YamlSection& syn, bool need_tr
   const std::vector<double> ratio = ParseRange(d, "ratio", o.ratio_min, o.ratio_max, false);
   o.ratio_min = ratio[0];
   o.ratio_max = ratio[1];
+  if (detection) ParseDetection(d, o, check_data);
   ParseSynthetic(syn, o);
   return o;
 }

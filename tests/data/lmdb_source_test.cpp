@@ -8,9 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <numeric>
 #include <optional>
 #include <set>
 
+#include "data/annotated_datum.h"
 #include "data/converter.h"
 #include "data/datum.h"
 #include "data/lmdb.h"
@@ -490,6 +492,313 @@ TEST_F(LmdbSourceTest, ConfigErrorsNameTheKey) {
   o = Options();
   o.val_resize = 16;  // below the crop
   EXPECT_THROW(MakeEvalSource(o, ShardSpec{}), Error);
+}
+
+// Detection sources: a VOC set converted here, read as SSD trains and evaluates on it.
+class DetectionSourceTest : public ::testing::Test {
+ protected:
+  // 30 images of assorted sizes, each with 0..3 objects of classes a, b, c (some difficult).
+  static void SetUpTestSuite() {
+    SetNumThreads(2);
+    dir_ = new TempDir();
+    const std::string root = *dir_ / "VOC";
+    std::string list;
+    const char* const kNames[3] = {"a", "b", "c"};
+    for (int i = 0; i < 30; ++i) {
+      const int w = 40 + (i * 13) % 50, h = 30 + (i * 7) % 40;
+      const std::string id = StrCat("img", i);
+      WriteFile(root + "/JPEGImages/" + id + ".jpg", EncodeJpeg(MakeImage(w, h, 3, i), 90));
+      std::string xml =
+          StrCat("<annotation><size><width>", w, "</width><height>", h, "</height></size>");
+      for (int k = 0; k < i % 4; ++k) {
+        const int x0 = 1 + (k * 9 + i) % (w / 2), y0 = 1 + (k * 5 + i) % (h / 2);
+        xml += StrCat("<object><name>", kNames[(i + k) % 3], "</name><difficult>",
+                      (i + k) % 5 == 0 ? 1 : 0, "</difficult><bndbox><xmin>", x0, "</xmin><ymin>",
+                      y0, "</ymin><xmax>", x0 + w / 3, "</xmax><ymax>", y0 + h / 3,
+                      "</ymax></bndbox></object>");
+      }
+      WriteFile(root + "/Annotations/" + id + ".xml", xml + "</annotation>");
+      list += id + "\n";
+    }
+    WriteFile(root + "/ImageSets/Main/trainval.txt", list);
+    ConvertOptions o;
+    o.root = root;
+    o.split = "trainval";
+    o.out = *dir_ / "db";
+    ConvertImages(o);
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static DataOptions Options() {
+    DataOptions o;
+    o.type = "lmdb";
+    o.task = "detection";
+    o.train = o.val = *dir_ / "db";
+    o.batch_size = 4;
+    o.resize = 48;
+    o.threads = 2;
+    o.prefetch = 2;
+    o.flip = true;
+    return o;
+  }
+
+  // A batch's images and boxes, copied (the source reuses its buffers).
+  struct Copy {
+    std::vector<float> images, boxes;
+    std::vector<int32_t> counts;
+  };
+  static Copy CopyOf(const Batch& b) { return Copy{Floats(b.images), Floats(b.boxes), Labels(b)}; }
+
+  // The image number i of record `record` (keys sort as "000000NN_VOC/JPEGImages/img<i>.jpg").
+  static int RecordImage(int64_t record) {
+    static const std::vector<int> images = [] {
+      LmdbReader reader(*dir_ / "db");
+      std::vector<int> out;
+      for (int64_t r = 0; r < reader.size(); ++r) {
+        const std::string key(reader.key(r));
+        out.push_back(std::stoi(key.substr(key.rfind("img") + 3)));
+      }
+      return out;
+    }();
+    return images.at(static_cast<size_t>(record));
+  }
+
+  static TempDir* dir_;
+};
+TempDir* DetectionSourceTest::dir_ = nullptr;
+
+TEST_F(DetectionSourceTest, TrainBatchesCarryTheirObjects) {
+  auto source = MakeTrainSource(Options(), ShardSpec{}, 3);
+  EXPECT_EQ(source->sample_shape(), (Shape{3, 48, 48}));
+  EXPECT_EQ(source->num_classes(), 4);  // background, a, b, c
+  EXPECT_EQ(source->batches_per_epoch(), 7);
+  Batch batch;
+  std::set<int64_t> object_counts;
+  int64_t objects = 0, difficult = 0;
+  for (int b = 0; b < 14; ++b) {  // two epochs
+    ASSERT_TRUE(source->Next(batch));
+    EXPECT_EQ(batch.images.shape(), (Shape{4, 3, 48, 48}));
+    ASSERT_EQ(batch.boxes.ndim(), 4);
+    ASSERT_EQ(batch.boxes.dim(3), 8);
+    const int64_t g = batch.boxes.dim(2);
+    object_counts.insert(g);
+    // labels: the objects of each image; rows grouped by image in order.
+    const std::vector<int32_t> counts = Labels(batch);
+    EXPECT_EQ(std::accumulate(counts.begin(), counts.end(), int64_t{0}), g);
+    const float* r = batch.boxes.data<float>();
+    std::vector<int32_t> seen(4, 0);
+    for (int64_t i = 0; i < g; ++i, r += 8) {
+      ASSERT_GE(r[0], 0);
+      ASSERT_LT(r[0], 4);
+      if (i > 0) {
+        ASSERT_GE(r[0], r[-8]) << "rows in item order";
+      }
+      ++seen[static_cast<size_t>(r[0])];
+      EXPECT_GE(r[1], 1);
+      EXPECT_LE(r[1], 3);
+      EXPECT_GE(r[2], 0);  // instance id
+      EXPECT_GE(r[3], 0.0f);
+      EXPECT_GE(r[4], 0.0f);
+      EXPECT_LE(r[5], 1.0f);
+      EXPECT_LE(r[6], 1.0f);
+      EXPECT_GT(r[5], r[3]);
+      EXPECT_GT(r[6], r[4]);
+      EXPECT_TRUE(r[7] == 0 || r[7] == 1);
+      difficult += r[7] == 1;
+    }
+    EXPECT_EQ(seen, counts);
+    objects += g;
+    // info: the record and its stored size (img<i>: 40 + 13i % 50 wide, 30 + 7i % 40 high).
+    ASSERT_EQ(batch.info.shape(), (Shape{4, 3}));
+    for (int64_t item = 0; item < 4; ++item) {
+      const int32_t* info = batch.info.data<int32_t>() + 3 * item;
+      const int i = RecordImage(info[0]);
+      EXPECT_EQ(info[1], 40 + (i * 13) % 50) << "record " << info[0];
+      EXPECT_EQ(info[2], 30 + (i * 7) % 40) << "record " << info[0];
+    }
+  }
+  EXPECT_GT(object_counts.size(), 2u) << "batches of different object counts";
+  EXPECT_GT(objects, 20);
+  EXPECT_GT(difficult, 0);
+  EXPECT_EQ(source->stats().skipped_records, 0);
+}
+
+TEST_F(DetectionSourceTest, SameBatchesWhateverTheThreadCountAndAfterResume) {
+  DataOptions one = Options(), many = Options();
+  one.threads = 1;
+  many.prefetch = 4;
+  auto a = MakeTrainSource(one, ShardSpec{}, 11);
+  auto b = MakeTrainSource(many, ShardSpec{}, 11);
+  auto resumed = MakeTrainSource(many, ShardSpec{}, 11);
+  resumed->Start(1, 2);  // epoch 1, batch 2
+  Batch ba, bb, br;
+  for (int i = 0; i < 7 + 4; ++i) {
+    ASSERT_TRUE(a->Next(ba));
+    ASSERT_TRUE(b->Next(bb));
+    const Copy ca = CopyOf(ba), cb = CopyOf(bb);
+    EXPECT_EQ(ca.images, cb.images) << "batch " << i;
+    EXPECT_EQ(ca.boxes, cb.boxes) << "batch " << i;
+    EXPECT_EQ(ca.counts, cb.counts) << "batch " << i;
+    if (i >= 7 + 2) {
+      ASSERT_TRUE(resumed->Next(br));
+      EXPECT_EQ(Floats(br.boxes), ca.boxes) << "batch " << i;
+      EXPECT_EQ(Floats(br.images), ca.images) << "batch " << i;
+    }
+  }
+  // Another seed augments differently.
+  auto c = MakeTrainSource(one, ShardSpec{}, 12);
+  Batch bc;
+  ASSERT_TRUE(c->Next(bc));
+  a->Start(0, 0);
+  ASSERT_TRUE(a->Next(ba));
+  EXPECT_NE(Floats(bc.images), Floats(ba.images));
+}
+
+TEST_F(DetectionSourceTest, EvaluationGivesTheRecordedObjects) {
+  // The records' objects, read directly.
+  LmdbReader reader(*dir_ / "db");
+  auto txn = reader.BeginRead();
+  AnnotatedDatumParser parser;
+  std::string why;
+  std::vector<std::vector<BoxAnnotation>> recorded;
+  for (int64_t i = 0; i < reader.size(); ++i) {
+    const std::string_view r = txn.Get(i);
+    ASSERT_TRUE(parser.Parse(r.data(), r.size(), &why)) << why;
+    recorded.push_back(parser.boxes());
+  }
+  DataOptions o = Options();
+  o.val_batch_size = 7;
+  auto source = MakeEvalSource(o, ShardSpec{});
+  Batch batch;
+  int64_t record = 0;
+  while (source->Next(batch)) {
+    const float* r = batch.boxes.data<float>();
+    for (int64_t item = 0; item < batch.size; ++item, ++record) {
+      ASSERT_EQ(Labels(batch)[static_cast<size_t>(item)],
+                static_cast<int32_t>(recorded[static_cast<size_t>(record)].size()));
+      for (const BoxAnnotation& b : recorded[static_cast<size_t>(record)]) {
+        const std::vector<float> want = {
+            float(item), float(b.label), float(b.instance_id),   b.xmin, b.ymin,
+            b.xmax,      b.ymax,         b.difficult ? 1.f : 0.f};
+        EXPECT_EQ(std::vector<float>(r, r + 8), want) << "record " << record;
+        r += 8;
+      }
+    }
+    EXPECT_EQ(r, batch.boxes.data<float>() + batch.boxes.numel());
+  }
+  EXPECT_EQ(record, 30);
+}
+
+TEST_F(DetectionSourceTest, RefusesTheOtherTasksRecords) {
+  DataOptions o = Options();
+  o.task = "classification";
+  try {
+    MakeTrainSource(o, ShardSpec{}, 1);
+    FAIL() << "read detection records as classification ones";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds detection records (Caffe SSD AnnotatedDatum) but "
+                                         "data.task is classification; set data.task: detection"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Caffe SSD's convert_annoset writes no completion record, label map or class list beside its
+// records; raw (BGR) records are read too. data.label_map gives the classes; an object outside
+// them stops the run.
+TEST_F(DetectionSourceTest, ReadsCaffeSsdDatabasesWithALabelMap) {
+  const std::string db = *dir_ / "caffe_ssd";
+  std::filesystem::create_directories(db);
+  {
+    LmdbWriter writer(db);
+    for (int i = 0; i < 6; ++i) {
+      DatumFields f;
+      f.channels = 3;
+      f.height = 8;
+      f.width = 10;
+      f.label = -1;
+      std::string planes(3 * 8 * 10, static_cast<char>(20 * i));
+      const std::vector<BoxAnnotation> boxes = {
+          BoxAnnotation{1 + i % 2, 0, 0.1f, 0.2f, 0.6f, 0.9f, false}};
+      writer.Put(StrCat("0000000", i, "_VOC2007/JPEGImages/x.jpg"),
+                 SerializeAnnotatedDatum(f, planes, boxes));
+    }
+    writer.Close();
+  }
+  WriteFile(*dir_ / "map.prototxt",
+            "item { name: \"none_of_the_above\" label: 0 display_name: \"background\" }\n"
+            "item { name: \"cat\" label: 1 }\nitem { name: \"dog\" label: 2 }\n");
+  DataOptions o = Options();
+  o.val = db;
+  o.label_map = *dir_ / "map.prototxt";
+  o.mean = {0};
+  o.std = {1.0 / 255};
+  auto source = MakeEvalSource(o, ShardSpec{});
+  EXPECT_EQ(source->num_classes(), 3);
+  Batch batch;
+  ASSERT_TRUE(source->Next(batch));
+  ASSERT_EQ(batch.size, 4);
+  EXPECT_EQ(batch.boxes.dim(2), 4);
+  EXPECT_EQ(batch.boxes.data<float>()[8 + 1], 2.0f);                  // record 1's label
+  EXPECT_NEAR(batch.images.data<float>()[3 * 48 * 48], 20.0f, 0.5f);  // record 1's grey 20
+  // A label map of one class: record 1's dog is outside it.
+  WriteFile(*dir_ / "cats.prototxt", "item { name: \"cat\" label: 1 }\n");
+  o.label_map = *dir_ / "cats.prototxt";
+  auto wrong = MakeEvalSource(o, ShardSpec{});
+  try {
+    while (wrong->Next(batch)) {
+    }
+    FAIL() << "an object outside the label map was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has an object of label 2, outside 1..1"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(DetectionSourceTest, CorruptRecordsAreReplacedInTrainingAndLeftOutOfEvaluation) {
+  const std::string db = *dir_ / "corrupt";
+  std::filesystem::create_directories(db);
+  {
+    LmdbReader good(*dir_ / "db");
+    auto txn = good.BeginRead();
+    LmdbWriter writer(db);
+    for (int64_t i = 0; i < 8; ++i) {
+      // Records 2 and 5: an image that does not decode, and a box that is not one.
+      std::string value(txn.Get(i));
+      if (i == 2) value = SerializeAnnotatedDatum(DatumFields{3, 4, 4, -1, true}, "junk", {});
+      if (i == 5) {
+        value =
+            SerializeAnnotatedDatum(DatumFields{3, 4, 4, -1, true}, EncodeJpeg(MakeImage(8, 8, 3)),
+                                    {BoxAnnotation{1, 0, 0.5f, 0.5f, 0.1f, 0.9f, false}});
+      }
+      writer.Put(std::string(good.key(i)), value);
+    }
+    writer.Close();
+  }
+  DataOptions o = Options();
+  o.train = o.val = db;
+  o.val_batch_size = 8;
+  auto eval = MakeEvalSource(o, ShardSpec{});
+  Batch batch;
+  ASSERT_TRUE(eval->Next(batch));
+  EXPECT_EQ(batch.size, 6);
+  // Item ids follow the images that remain: records 3, 4, 6, 7 are items 2, 3, 4, 5.
+  const float* r = batch.boxes.data<float>();
+  std::vector<int32_t> per_item(6, 0);
+  for (int64_t i = 0; i < batch.boxes.dim(2); ++i) ++per_item[static_cast<size_t>(r[8 * i])];
+  EXPECT_EQ(per_item, Labels(batch));
+  EXPECT_EQ(per_item, (std::vector<int32_t>{0, 1, 3, 0, 2, 3}));  // records 0 1 3 4 6 7: i % 4
+  std::vector<int32_t> records;
+  for (int64_t item = 0; item < batch.size; ++item)
+    records.push_back(batch.info.data<int32_t>()[3 * item]);
+  EXPECT_EQ(records, (std::vector<int32_t>{0, 1, 3, 4, 6, 7}));
+  EXPECT_EQ(eval->stats().skipped_records, 2);
+  o.batch_size = 8;
+  auto train = MakeTrainSource(o, ShardSpec{}, 1);
+  ASSERT_TRUE(train->Next(batch));
+  EXPECT_EQ(batch.size, 8);
+  EXPECT_EQ(train->stats().skipped_records, 2);
 }
 
 }  // namespace

@@ -15,7 +15,9 @@
 
 #include "bootstrap/store_wire.h"
 #include "cortado/dist/error.h"
+#include "data/detection_sets.h"
 #include "data/idx_source.h"
+#include "data/label_map.h"
 #include "data/record_decoder.h"
 #include "engine/base/error.h"
 #include "engine/base/log.h"
@@ -199,6 +201,56 @@ void Record(const uint8_t* data, size_t size) {
   }
 }
 
+// A detection record as the detection loader decodes it: AnnotatedDatum, image, SSD's
+// augmentation and the evaluation resize. Rows that come out must be whole, normalized boxes.
+void DetectionRecord(const uint8_t* data, size_t size) {
+  DetectionTransformOptions options;
+  options.size = 16;
+  static DetectionDecoder decoder(options);  // reused across inputs, as a loader thread does
+  std::vector<float> image(3 * 16 * 16), rows;
+  const std::string_view bytes(reinterpret_cast<const char*>(data), size);
+  for (bool train : {true, false}) {
+    try {
+      if (!decoder.Decode(bytes, train, size, image.data(), &rows)) continue;
+    } catch (const Error&) {
+      continue;
+    }
+    bool ok = rows.size() % kBoxRowWidth == 0;
+    for (size_t r = 0; ok && train && r < rows.size(); r += kBoxRowWidth) {
+      const float* b = &rows[r + 2];  // xmin ymin xmax ymax
+      ok = b[0] >= 0 && b[1] >= 0 && b[2] <= 1 && b[3] <= 1 && b[2] > b[0] && b[3] > b[1];
+    }
+    if (!ok) {
+      std::fprintf(stderr, "detection record gave %zu floats of rows, not whole boxes in [0, 1]\n",
+                   rows.size());
+      std::abort();
+    }
+  }
+}
+
+// An annotation as `cortado convert` reads one: a Pascal VOC XML file, and the same bytes as a
+// Caffe SSD label map (protobuf text format).
+void Annotation(const uint8_t* data, size_t size) {
+  const std::string text = Text(data, size);
+  DetectionItem item;
+  std::string why;
+  try {
+    if (ParseVocAnnotation(text, &item, &why)) {
+      for (const PixelBox& b : item.boxes) {
+        if (!(b.xmax >= b.xmin && b.ymax >= b.ymin) || b.name.empty()) {
+          std::fprintf(stderr, "VOC annotation accepted with a box that is not one\n");
+          std::abort();
+        }
+      }
+    }
+  } catch (const Error&) {
+  }
+  try {
+    ParseLabelMap(text, "fuzz.prototxt");
+  } catch (const Error&) {
+  }
+}
+
 // An IDX images file followed by its labels file (split at the first labels magic after the
 // images header), as ReadIdxDataset parses them once decompressed. A pair it accepts must hold
 // count x height x width pixels and count labels; the last pixel is read, so that a size that
@@ -352,6 +404,10 @@ const Target kTargets[] = {
     {"checkpoint", "checkpoint file and payload: ParseCheckpoint, then resumed from",
      CheckpointFile},
     {"record", "LMDB record: Datum parser, image decode, transforms (RecordDecoder)", Record},
+    {"detection_record",
+     "detection LMDB record: AnnotatedDatum, image decode, SSD augmentation (DetectionDecoder)",
+     DetectionRecord},
+    {"annotation", "Pascal VOC annotation XML and Caffe SSD label map text", Annotation},
     {"weights", "weights file: ParseSafetensors + LoadWeights into a ResNet-18", Weights},
     {"idx", "IDX images and labels files (MNIST's format): ParseIdxDataset", Idx},
     {"frames", "TCP transport frames: handshake, hello check, header checks, control payloads",
