@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "data/datum.pb.h"
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 namespace cortado {
 

@@ -12,7 +12,7 @@
 #include <set>
 #include <sstream>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 namespace cortado {
 namespace fs = std::filesystem;

@@ -5,8 +5,8 @@
 #include <opencv2/core.hpp>
 #include <opencv2/imgproc.hpp>
 
-#include "engine/error.h"
-#include "engine/random.h"
+#include "engine/base/error.h"
+#include "engine/base/random.h"
 
 namespace cortado {
 namespace {

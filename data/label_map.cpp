@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "data/datum.pb.h"
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 namespace cortado {
 namespace {

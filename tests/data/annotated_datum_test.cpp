@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/label_map.h"
-#include "engine/error.h"
+#include "engine/base/error.h"
 #include "tests/data/test_images.h"
 #include "tests/data/wire_format.h"
 

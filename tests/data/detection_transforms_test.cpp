@@ -10,7 +10,7 @@
 #include <map>
 #include <set>
 
-#include "engine/random.h"
+#include "engine/base/random.h"
 #include "tests/data/test_images.h"
 
 namespace cortado {

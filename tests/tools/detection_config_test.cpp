@@ -3,8 +3,8 @@
 // of each value.
 #include <gtest/gtest.h>
 
-#include "engine/error.h"
-#include "engine/yaml_config.h"
+#include "engine/base/error.h"
+#include "engine/io/yaml_config.h"
 #include "tests/support/errors.h"
 #include "tools/run_config.h"
 
