@@ -20,7 +20,7 @@
 #include "engine/cuda/cudnn_conv.h"
 #include "tests/support/errors.h"
 #include "tests/support/files.h"
-#include "tests/support/net_convolutions.h"
+#include "tests/support/net_shapes.h"
 
 namespace cortado::cuda {
 namespace {

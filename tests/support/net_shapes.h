@@ -75,6 +75,43 @@ inline std::vector<NetConvolution> ConvolutionsOf(const TrainedNet& trained) {
   return convolutions;
 }
 
+struct NetInnerProduct {
+  std::string net, layer;
+  int64_t batch, inputs, outputs;  // x (batch x inputs), W (outputs x inputs)
+};
+
+// The inner products of a net, in order. The net is built up to its first InnerProduct, whose
+// input gives the features; each later one takes the previous one's outputs (ReLU and dropout
+// between them keep the shape), so VGG-16's 120 M classifier weights are never initialized.
+inline std::vector<NetInnerProduct> InnerProductsOf(const TrainedNet& trained) {
+  ModelOptions options;
+  options.in_channels = trained.channels;
+  options.height = trained.height;
+  options.width = trained.width;
+  options.num_classes = trained.num_classes;
+  options.batch_size = 1;
+  NetSpec spec = BuildModel(trained.model, options);
+  std::vector<LayerSpec> products;
+  for (const LayerSpec& layer : spec.layers) {
+    if (layer.type == "InnerProduct") products.push_back(layer);
+  }
+  if (products.empty()) return {};
+  size_t first = 0;
+  while (spec.layers[first].type != "InnerProduct") ++first;
+  spec.layers.resize(first);
+  Net net(spec, /*seed=*/1, DType::kF32, NetOptions{.mode = NetMode::kInference});
+  const Shape& x = net.blob(products[0].inputs[0])->data.shape();
+  int64_t inputs = 1;
+  for (size_t d = 1; d < x.size(); ++d) inputs *= x[d];
+  std::vector<NetInnerProduct> out;
+  for (const LayerSpec& layer : products) {
+    const int64_t outputs = layer.settings.GetInt("num_output");
+    out.push_back({trained.model, layer.name, trained.batch, inputs, outputs});
+    inputs = outputs;
+  }
+  return out;
+}
+
 // Every net's convolutions, each geometry once (the first layer that has it).
 inline std::vector<NetConvolution> DistinctNetConvolutions() {
   std::vector<NetConvolution> distinct;
