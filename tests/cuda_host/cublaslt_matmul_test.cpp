@@ -242,5 +242,19 @@ TEST(CublasLtOnHost, EveryNetInnerProductsDescriptorsSayWhatTheCaseAsks) {
   EXPECT_EQ(products, 7 * 3 * 6);
 }
 
+TEST(CublasLtOnHost, ABadPointerIsRefusedBeforeAnyGpuCall) {
+  alignas(16) static char memory[64];
+  const MatmulCase c = Forward(2, 4, 4);
+  const std::string error =
+      ErrorOf([&] { RunMatmul(0, c, {.a = memory, .b = memory, .c = memory}); });
+  EXPECT_NE(error.find("matmul C (2 x 4) = A (2 x 4) B^T (4 x 4), f32 -> f32, bias: bias at "),
+            std::string::npos)
+      << error;
+  EXPECT_NE(ErrorOf([&] {
+              RunMatmul(0, InputGrad(2, 4, 4), {.a = memory + 8, .b = memory, .c = memory});
+            }).find(": A at "),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace cortado::cuda

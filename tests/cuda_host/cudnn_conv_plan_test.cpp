@@ -39,24 +39,26 @@ const std::vector<NetConvolution>& NetConvolutions() {
 }
 
 // The ways a layer runs a convolution: the net's dtype and format (f32 on NCHW is the plain
-// path; NHWC for every dtype as `model.layout: auto` picks on a GPU).
+// path; NHWC for every dtype as `model.layout: auto` picks on a GPU), and NHWC activations with
+// the net's own OIHW weights (no reordered copy).
 std::vector<ConvCase> CasesOf(const ConvGeometry& geometry) {
   std::vector<ConvCase> cases;
   struct Math {
     DType dtype;
     bool tf32;
-    ConvFormat format;
+    ConvFormat format, filter_format;
   };
-  const Math maths[] = {{DType::kF32, false, ConvFormat::kNCHW},
-                        {DType::kF32, false, ConvFormat::kNHWC},
-                        {DType::kF32, true, ConvFormat::kNHWC},
-                        {DType::kF16, false, ConvFormat::kNHWC},
-                        {DType::kBF16, false, ConvFormat::kNHWC}};
+  const Math maths[] = {{DType::kF32, false, ConvFormat::kNCHW, ConvFormat::kNCHW},
+                        {DType::kF32, false, ConvFormat::kNHWC, ConvFormat::kNHWC},
+                        {DType::kF32, true, ConvFormat::kNHWC, ConvFormat::kNHWC},
+                        {DType::kF16, false, ConvFormat::kNHWC, ConvFormat::kNHWC},
+                        {DType::kBF16, false, ConvFormat::kNHWC, ConvFormat::kNHWC},
+                        {DType::kF16, false, ConvFormat::kNHWC, ConvFormat::kNCHW}};
   for (ConvPass pass : {ConvPass::kForward, ConvPass::kBackwardData, ConvPass::kBackwardFilter}) {
     for (const Math& m : maths) {
       ConvCase c;
       c.geometry = geometry;
-      c.format = c.filter_format = m.format;
+      c.format = m.format, c.filter_format = m.filter_format;
       c.dtype = m.dtype, c.allow_tf32 = m.tf32, c.pass = pass;
       cases.push_back(c);
     }
@@ -352,6 +354,22 @@ TEST(CudnnOnHost, NoEngineNamesTheLayersGeometry) {
       << error;
   EXPECT_NE(error.find("B of workspace, over the limit of -1"), std::string::npos) << error;
   EXPECT_EQ(cache.size(), 0u);
+}
+
+TEST(CudnnOnHost, ABadPointerIsRefusedBeforeAnyGpuCall) {
+  ConvCase c;
+  c.geometry = {.n = 2, .c = 8, .h = 8, .w = 8, .k = 8, .kh = 3, .kw = 3};
+  alignas(16) static char memory[64];
+  const std::string misaligned =
+      ErrorOf([&] { RunConvolution(0, c, {.x = memory, .w = memory + 4, .y = memory}); });
+  EXPECT_NE(misaligned.find("convolution forward, NHWC (filter OHWI), f32 (no TF32), N=2 C=8"),
+            std::string::npos)
+      << misaligned;
+  EXPECT_NE(misaligned.find(": tensor w at "), std::string::npos) << misaligned;
+  EXPECT_NE(misaligned.find(" is not a device pointer aligned to 16 bytes"), std::string::npos);
+  EXPECT_NE(
+      ErrorOf([&] { RunConvolution(0, c, {.x = memory, .w = memory}); }).find(": tensor y at "),
+      std::string::npos);
 }
 
 }  // namespace
