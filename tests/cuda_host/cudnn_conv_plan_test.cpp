@@ -356,6 +356,23 @@ TEST(CudnnOnHost, NoEngineNamesTheLayersGeometry) {
   EXPECT_EQ(cache.size(), 0u);
 }
 
+TEST(CudnnOnHost, TheVariantPackIsBuiltAndOnlyExecutionWantsTheGpu) {
+  // The variant pack (uids, pointers, workspace) finalizes without a GPU; executing needs a handle,
+  // which needs one: here cuDNN refuses the null handle, naming no variant-pack problem.
+  ConvPlanCache cache(DevicePropertiesFromJson(ModeledH100Json()));
+  ConvCase c;
+  c.geometry = {.n = 4, .c = 16, .h = 8, .w = 8, .k = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1};
+  const ConvPlan& plan = cache.Get(c);
+  alignas(16) static char memory[3][16];
+  void* const pointers[3] = {memory[0], memory[1], memory[2]};
+  const std::string error =
+      ErrorOf([&] { ExecutePlan(nullptr, plan.plan, kConvUids, pointers, nullptr); });
+  EXPECT_NE(error.find("cuDNN: executing the plan of engine " + std::to_string(plan.plan.engine)),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("failed: CUDNN_STATUS_BAD_PARAM"), std::string::npos) << error;
+}
+
 TEST(CudnnOnHost, ABadPointerIsRefusedBeforeAnyGpuCall) {
   ConvCase c;
   c.geometry = {.n = 2, .c = 8, .h = 8, .w = 8, .k = 8, .kh = 3, .kw = 3};
