@@ -55,6 +55,13 @@ void CheckMatmulCase(const MatmulCase& c) {
   if (c.out_dtype != c.dtype && c.out_dtype != DType::kF32) {
     Fail("matmul ", MatmulKey(c), ": the output is f32 or the inputs' dtype");
   }
+  // BGRADB as fused dense layers use it (cuBLASLt's B, our A, transposed): other shapes are not
+  // documented to have kernels.
+  if (c.epilogue == MatmulEpilogue::kBiasGradient && (!c.transpose_a || c.transpose_b)) {
+    Fail("matmul ", MatmulKey(c),
+         ": the bias gradient is fused into A^T B products only (the "
+         "weight gradient dy^T x)");
+  }
 }
 
 LtOperands LtOperandsOf(const MatmulCase& c) {

@@ -5,7 +5,7 @@
 // optional epilogue fused into the same kernel:
 //   kBias          C += bias (n), each row alike; bias in C's dtype (cuBLASLt's rule)
 //   kBiasGradient  also writes bias_grad (m): bias_grad[i] = sum over k of op(A)[i, k], in C's
-//                  dtype
+//                  dtype; for A^T B products only (the weight gradient's shape)
 // The inner product layer's three products (x: N x K_in, W: K_out x K_in, row-major):
 //   forward       y (N x K_out)     = x W^T + b     m=N,     n=K_out, k=K_in,  transpose_b, kBias
 //   weight grad   dW (K_out x K_in) = dy^T x        m=K_out, n=K_in,  k=N,     transpose_a,
@@ -51,7 +51,8 @@ struct MatmulCase {
 //   "C (256 x 1000) = A (256 x 2048) B^T (2048 x 1000), f16 -> f16, bias"
 // (A^T / B^T where transposed; "f32 (TF32 allowed)" for f32 with TF32).
 std::string MatmulKey(const MatmulCase& c);
-// Throws naming the case when a size is not positive or the dtypes are not a supported pair.
+// Throws naming the case when a size is not positive, the dtypes are not a supported pair or the
+// bias gradient is asked of a product that is not A^T B.
 void CheckMatmulCase(const MatmulCase& c);
 
 // One matrix as cuBLASLt is told it: the stored matrix seen column-major (rows, cols, leading

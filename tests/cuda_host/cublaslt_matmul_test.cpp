@@ -145,6 +145,15 @@ TEST(MatmulKey, RefusesWhatCublasLtDoesNotMultiply) {
               CheckMatmulCase(c);
             }).find("cuBLASLt products take f32, f16 or bf16 matrices, not f64"),
             std::string::npos);
+  c = WeightGrad(4, 8, 2);
+  EXPECT_EQ(ErrorOf([&] { CheckMatmulCase(c); }), "");
+  c.transpose_b = true;
+  EXPECT_NE(ErrorOf([&] {
+              CheckMatmulCase(c);
+            }).find("bias gradient: the bias gradient is fused into A^T B products only"),
+            std::string::npos);
+  c.transpose_a = c.transpose_b = false;
+  EXPECT_NE(ErrorOf([&] { CheckMatmulCase(c); }).find("A^T B products only"), std::string::npos);
   c = InputGrad(0, 8, 2);
   EXPECT_NE(ErrorOf([&] { MatmulDescriptors d(c); }).find("sizes must be positive"),
             std::string::npos);
