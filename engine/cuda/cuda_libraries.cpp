@@ -28,15 +28,41 @@ void Resolve(void* handle, const char* soname, const char* name, Fn*& fn) {
 
 CudaLibraries Load() {
   CudaLibraries l{};
-  void* cudnn = Open("libcudnn.so.9");
-  Resolve(cudnn, "libcudnn.so.9", "cudnnCreate", l.cudnnCreate);
-  Resolve(cudnn, "libcudnn.so.9", "cudnnSetStream", l.cudnnSetStream);
-  Resolve(cudnn, "libcudnn.so.9", "cudnnGetErrorString", l.cudnnGetErrorString);
-  void* lt = Open("libcublasLt.so.13");
-  Resolve(lt, "libcublasLt.so.13", "cublasLtCreate", l.cublasLtCreate);
-  void* blas = Open("libcublas.so.13");
-  Resolve(blas, "libcublas.so.13", "cublasGetStatusName", l.cublasGetStatusName);
-  Resolve(blas, "libcublas.so.13", "cublasGetStatusString", l.cublasGetStatusString);
+  const char* soname = "libcudnn.so.9";
+  void* lib = Open(soname);
+#define CORTADO_RESOLVE(name) Resolve(lib, soname, #name, l.name)
+  CORTADO_RESOLVE(cudnnCreate);
+  CORTADO_RESOLVE(cudnnSetStream);
+  CORTADO_RESOLVE(cudnnGetErrorString);
+  CORTADO_RESOLVE(cudnnGetLastErrorString);
+  CORTADO_RESOLVE(cudnnGetVersion);
+  CORTADO_RESOLVE(cudnnBackendCreateDescriptor);
+  CORTADO_RESOLVE(cudnnBackendDestroyDescriptor);
+  CORTADO_RESOLVE(cudnnBackendSetAttribute);
+  CORTADO_RESOLVE(cudnnBackendGetAttribute);
+  CORTADO_RESOLVE(cudnnBackendFinalize);
+  CORTADO_RESOLVE(cudnnBackendExecute);
+  soname = "libcublasLt.so.13";
+  lib = Open(soname);
+  CORTADO_RESOLVE(cublasLtCreate);
+  CORTADO_RESOLVE(cublasLtGetVersion);
+  CORTADO_RESOLVE(cublasLtMatmulDescCreate);
+  CORTADO_RESOLVE(cublasLtMatmulDescDestroy);
+  CORTADO_RESOLVE(cublasLtMatmulDescSetAttribute);
+  CORTADO_RESOLVE(cublasLtMatmulDescGetAttribute);
+  CORTADO_RESOLVE(cublasLtMatrixLayoutCreate);
+  CORTADO_RESOLVE(cublasLtMatrixLayoutDestroy);
+  CORTADO_RESOLVE(cublasLtMatrixLayoutGetAttribute);
+  CORTADO_RESOLVE(cublasLtMatmulPreferenceCreate);
+  CORTADO_RESOLVE(cublasLtMatmulPreferenceDestroy);
+  CORTADO_RESOLVE(cublasLtMatmulPreferenceSetAttribute);
+  CORTADO_RESOLVE(cublasLtMatmulAlgoGetHeuristic);
+  CORTADO_RESOLVE(cublasLtMatmul);
+  soname = "libcublas.so.13";
+  lib = Open(soname);
+  CORTADO_RESOLVE(cublasGetStatusName);
+  CORTADO_RESOLVE(cublasGetStatusString);
+#undef CORTADO_RESOLVE
   return l;
 }
 
