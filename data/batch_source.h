@@ -1,5 +1,6 @@
 // BatchSource: where the trainer gets its batches (Fashion-MNIST IDX files, synthetic data,
-// an LMDB of JPEGs). A source yields fixed-size batches of float32 NCHW images and int32
+// an LMDB of JPEGs). A source yields fixed-size batches of float32 (N, C, H, W) images, in NCHW
+// memory or channels-last (DataOptions::channels_last: the tensor's format says which), and int32
 // labels for one data-parallel rank.
 //
 // Positions: a training source is an endless stream of epochs; Start(epoch, batch) places it
@@ -24,7 +25,7 @@
 namespace cortado {
 
 struct Batch {
-  Tensor images;  // f32 [N, C, H, W]
+  Tensor images;  // f32 [N, C, H, W], NCHW or NHWC in memory (images.format())
   Tensor labels;  // i32 [N]; detection: the number of objects of each image
   // Detection only (undefined otherwise): the ground truth of the whole batch as Caffe SSD's
   // AnnotatedData layer gives it, f32 (1, 1, G, 8), G >= 0 objects, one row each:

@@ -48,6 +48,11 @@ struct DataOptions {
   int64_t synthetic_classes = 1000;
   int64_t synthetic_samples = 12800;
   int64_t synthetic_val_samples = 0;  // evaluation samples; 0: no evaluation
+
+  // Not a config key: set by the tools from the net's layout (model.layout). Sources then write
+  // their images channels-last (HWC per sample, batches labeled MemoryFormat::kNHWC), as the net
+  // reads them, so no reorder runs per batch; decoded JPEGs are HWC already.
+  bool channels_last = false;
 };
 
 // Whether the options name data to evaluate on: data.val, or synthetic validation samples.

@@ -297,7 +297,8 @@ bool DetectionTransformer::Pixels(const ImageU8& image, const std::vector<BoxAnn
   }
   if (!train) {
     ResizeImage(image, size, size, &resized_);
-    NormalizeImage(resized_, PixelLayout::kRGB, options_.mean, options_.std, planes_, out);
+    NormalizeImage(resized_, PixelLayout::kRGB, options_.mean, options_.std, options_.channels_last,
+                   planes_, out);
     *out_boxes = boxes;
     return true;
   }
@@ -354,7 +355,8 @@ bool DetectionTransformer::Pixels(const ImageU8& image, const std::vector<BoxAnn
     FlipBoxes(out_boxes);
     result = &flipped_;
   }
-  NormalizeImage(*result, PixelLayout::kRGB, options_.mean, options_.std, planes_, out);
+  NormalizeImage(*result, PixelLayout::kRGB, options_.mean, options_.std, options_.channels_last,
+                 planes_, out);
   return true;
 }
 

@@ -52,6 +52,7 @@ struct DetectionTransformOptions {
   // (123, 117, 104) and std 1/255, so the net sees 0..255 pixels minus the mean.
   std::array<float, 3> mean = {0.48235f, 0.45882f, 0.40784f};
   std::array<float, 3> std = {1.0f / 255, 1.0f / 255, 1.0f / 255};
+  bool channels_last = false;  // write HWC (the net's layout is nhwc), else CHW
 };
 
 // The minimum IoUs of SSD's constrained samplers.

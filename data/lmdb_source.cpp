@@ -45,6 +45,7 @@ TransformOptions TransformOptionsFrom(const DataOptions& options) {
   t.ratio_min = options.ratio_min;
   t.ratio_max = options.ratio_max;
   t.flip = options.flip;
+  t.channels_last = options.channels_last;
   SetChannels(options.mean, "mean", &t.mean);
   SetChannels(options.std, "std", &t.std);
   for (float s : t.std) CORTADO_CHECK(s > 0, "data.std must be positive, got ", s);
@@ -63,6 +64,7 @@ DetectionTransformOptions DetectionTransformOptionsFrom(const DataOptions& optio
   t.max_expand_ratio = options.max_expand_ratio;
   t.iou_crop = options.iou_crop;
   t.flip = options.flip;
+  t.channels_last = options.channels_last;
   SetChannels(options.mean, "mean", &t.mean);
   SetChannels(options.std, "std", &t.std);
   for (float s : t.std) CORTADO_CHECK(s > 0, "data.std must be positive, got ", s);
@@ -148,6 +150,7 @@ class LmdbSourceBase : public BatchSource {
         batch_size_(batch_size),
         train_(train),
         detection_(IsDetection(options)),
+        channels_last_(options.channels_last),
         sample_shape_(LmdbSampleShape(options)),
         num_classes_(detection_ ? DetectionNumClasses(options, path) : ReadNumClasses(path)) {
     CORTADO_CHECK(batch_size > 0, "data batch size must be positive, got ", batch_size);
@@ -209,6 +212,11 @@ class LmdbSourceBase : public BatchSource {
          " but data.task is ", task, "; set data.task: ", done->task);
   }
 
+  // The transformer wrote HWC samples: the batch is channels-last.
+  void LabelFormat(Batch& out) const {
+    if (channels_last_) out.images.set_format(MemoryFormat::kNHWC);
+  }
+
   // Under the loader's lock: the record indices of batch `batch` since the last Start.
   virtual void Plan(int64_t batch, std::vector<int64_t>* samples) = 0;
   // The augmentation key of a sample of batch `batch` (training only).
@@ -217,7 +225,8 @@ class LmdbSourceBase : public BatchSource {
   std::shared_ptr<const LmdbReader> reader_;
   int64_t batch_size_;
   bool train_;
-  bool detection_;  // AnnotatedDatum records, rows of objects with every sample
+  bool detection_;      // AnnotatedDatum records, rows of objects with every sample
+  bool channels_last_;  // samples are written HWC (the net's layout is nhwc)
   Shape sample_shape_;
   int64_t num_classes_;
   std::unique_ptr<BatchLoader> loader_;
@@ -348,6 +357,7 @@ class LmdbTrainSource final : public LmdbSourceBase {
     if (!started_) Start(0, 0);
     const bool got = loader_->Next(out, &wait_seconds_, &skipped_);
     CORTADO_ASSERT(got);  // a training stream never ends
+    LabelFormat(out);
     return true;
   }
 
@@ -409,7 +419,9 @@ class LmdbEvalSource final : public LmdbSourceBase {
 
   bool Next(Batch& out) override {
     if (!started_) Start(0, 0);
-    return loader_->Next(out, &wait_seconds_, &skipped_);
+    const bool got = loader_->Next(out, &wait_seconds_, &skipped_);
+    if (got) LabelFormat(out);
+    return got;
   }
 
  protected:

@@ -16,6 +16,7 @@ class SyntheticSource final : public BatchSource {
         classes_(o.synthetic_classes),
         batch_size_(training || o.val_batch_size <= 0 ? o.batch_size : o.val_batch_size),
         training_(training),
+        channels_last_(o.channels_last),
         seed_(seed) {
     CORTADO_CHECK(shape_.size() == 3 && shape_[0] > 0 && shape_[1] > 0 && shape_[2] > 0,
                   "data.synthetic_shape must be [C, H, W] with positive sizes");
@@ -31,6 +32,12 @@ class SyntheticSource final : public BatchSource {
     pool_.resize(kPool * per);
     Rng rng(HashCombine(seed, 0x53594e5448ull + static_cast<uint64_t>(shard.rank)));
     for (float& v : pool_) v = static_cast<float>(rng.Normal(0.0, 1.0));
+    if (channels_last_) {
+      // The same images, stored HWC: a channels-last net sees what an NCHW net sees.
+      const std::vector<float> chw = pool_;
+      ReorderHost(chw.data(), MemoryFormat::kNCHW, pool_.data(), MemoryFormat::kNHWC,
+                  {kPool, shape_[0], shape_[1], shape_[2]}, sizeof(float));
+    }
   }
   int64_t batch_size() const override { return batch_size_; }
   Shape sample_shape() const override { return shape_; }
@@ -50,6 +57,7 @@ class SyntheticSource final : public BatchSource {
     int64_t n = std::min(batch_size_, samples_ - next_);
     const int64_t per = ShapeNumel(shape_);
     out.images.Resize({n, shape_[0], shape_[1], shape_[2]}, DType::kF32);
+    out.images.set_format(channels_last_ ? MemoryFormat::kNHWC : MemoryFormat::kNCHW);
     out.labels.Resize({n}, DType::kI32);
     out.size = n;
     for (int64_t i = 0; i < n; ++i) {
@@ -69,6 +77,7 @@ class SyntheticSource final : public BatchSource {
   Shape shape_;
   int64_t classes_, batch_size_, samples_ = 0;
   bool training_;
+  bool channels_last_;
   uint64_t seed_;
   int64_t epoch_ = 0, next_ = 0;
   std::vector<float> pool_;

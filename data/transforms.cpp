@@ -182,13 +182,37 @@ void ImageTransformer::Finish(const ImageU8& image, const PixelRect& roi, PixelL
     FlipImage(resized_, &flipped_);
     result = &flipped_;
   }
-  NormalizeImage(*result, layout, options_.mean, options_.std, planes_, out);
+  NormalizeImage(*result, layout, options_.mean, options_.std, options_.channels_last, planes_,
+                 out);
 }
 
 void NormalizeImage(const ImageU8& image, PixelLayout layout, const std::array<float, 3>& mean,
-                    const std::array<float, 3>& std, ImageU8 (&scratch)[3], float* out) {
+                    const std::array<float, 3>& std, bool channels_last, ImageU8 (&scratch)[3],
+                    float* out) {
   const int w = image.width, h = image.height, c = image.channels;
   const cv::Mat src = MatOf(image);
+  if (channels_last) {
+    // Interleaved as decoded: one pass from the u8 pixels, (v / 255 - mean) / std per channel.
+    float alpha[3], beta[3];
+    for (int oc = 0; oc < 3; ++oc) {
+      alpha[oc] = static_cast<float>(1.0 / (255.0 * std[oc]));
+      beta[oc] = static_cast<float>(-mean[oc] / std[oc]);
+    }
+    int from[3] = {0, 0, 0};  // the source channel of each output channel
+    if (c == 3) {
+      for (int oc = 0; oc < 3; ++oc) from[oc] = layout == PixelLayout::kBGR ? 2 - oc : oc;
+    }
+    for (int y = 0; y < h; ++y) {
+      const uint8_t* row = src.ptr<uint8_t>(y);
+      float* o = out + static_cast<size_t>(y) * w * 3;
+      for (int x = 0; x < w; ++x) {
+        for (int oc = 0; oc < 3; ++oc) {
+          o[x * 3 + oc] = static_cast<float>(row[x * c + from[oc]]) * alpha[oc] + beta[oc];
+        }
+      }
+    }
+    return;
+  }
   cv::Mat planes[3];
   if (c == 3) {
     for (int i = 0; i < 3; ++i) {

@@ -4,8 +4,9 @@
 // [scale_min, scale_max] and a log-uniform aspect ratio in [ratio_min, ratio_max], else a
 // centre crop clamped to the ratio range), random horizontal flip, normalize. Validation: the
 // centre crop that "resize the shorter side to val_resize, centre crop `crop`" selects,
-// resized to crop x crop, normalize. Output: 3 x crop x crop float32 planes (CHW), RGB;
-// grey images are repeated to 3 channels.
+// resized to crop x crop, normalize. Output: 3 x crop x crop float32 planes (CHW), RGB, or with
+// channels_last the same values interleaved (HWC: crop x crop pixels of 3 channels); grey images
+// are repeated to 3 channels.
 //
 // The crop rectangle is chosen from the JPEG header before decoding, so the decoder only
 // decodes that rectangle, at the smallest DCT scale (1/8, 1/4, 1/2 or 1) that keeps it at
@@ -40,6 +41,8 @@ struct TransformOptions {
   std::array<float, 3> std = {0.229f, 0.224f, 0.225f};
   // Use DCT-domain downscaling when the crop allows (off: always decode at full size).
   bool dct_scaling = true;
+  // Write HWC (a channels-last net's layout) instead of CHW planes.
+  bool channels_last = false;
 };
 
 // torchvision.transforms.RandomResizedCrop.get_params with uniforms drawn from `key`.
@@ -105,8 +108,10 @@ void ResizeImage(const ImageU8& in, const PixelRect& roi, int width, int height,
 void FlipImage(const ImageU8& in, ImageU8* out);
 
 // An image (1 or 3 channels; `layout` for 3) to 3 float planes (CHW, RGB) of
-// (v / 255 - mean) / std; a grey image is repeated to three. `scratch` holds the split planes.
+// (v / 255 - mean) / std, or with `channels_last` the same values interleaved (HWC); a grey image
+// is repeated to three. `scratch` holds the split planes.
 void NormalizeImage(const ImageU8& image, PixelLayout layout, const std::array<float, 3>& mean,
-                    const std::array<float, 3>& std, ImageU8 (&scratch)[3], float* out);
+                    const std::array<float, 3>& std, bool channels_last, ImageU8 (&scratch)[3],
+                    float* out);
 
 }  // namespace cortado

@@ -1,10 +1,11 @@
 #include "layers/batch_norm.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <type_traits>
 
 #include "engine/base/thread_pool.h"
-#include "layers/layer_util.h"
 
 namespace cortado {
 
@@ -17,6 +18,7 @@ void BatchNormLayer::LayerSetUp(const std::vector<Blob*>& bottom, const std::vec
   sync_setting_ = settings().GetBool("sync", false);
   has_global_setting_ = settings().Has("use_global_stats");
   use_global_stats_ = settings().GetBool("use_global_stats", false);
+  relu_ = settings().GetBool("relu", false);
   if (!(eps_ > 0)) Fail(Describe(), ": key 'eps' must be positive, got ", eps_);
   if (!(momentum_ >= 0 && momentum_ <= 1)) {
     Fail(Describe(), ": key 'momentum' must be in [0, 1], got ", momentum_);
@@ -62,24 +64,201 @@ void BatchNormLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector
   num_ = x.dim(0);
   spatial_ = ShapeCount(x.shape(), 2, x.ndim());
   top[0]->data.Resize(x.shape(), x.dtype());
+  top[0]->data.set_format(x.format());
+}
+
+namespace {
+
+// Rows per block of a channels-last reduction: the partial sums of each block are added in block
+// order, so the statistics do not depend on the thread count.
+constexpr int64_t kRowBlock = 256;
+
+// The normalized value of the forward pass; the fused ReLU's backward recomputes it with the same
+// expression, so its mask is the forward's.
+template <typename T>
+inline T Affine(T a, T x, T m, T b) {
+  return a * (x - m) + b;
+}
+template <typename T>
+inline T Relu(T v) {
+  return v > T(0) ? v : T(0);
+}
+// Whether the fused ReLU's stored output of z is positive (the unfused ReLU's mask): z rounded to
+// the storage type first, so 16-bit values that round to 0 are masked as the stored 0 is.
+template <typename S, typename T>
+inline bool Positive(T z) {
+  return Widen(Narrow<S>(z)) > T(0);
+}
+// g where keep, else +0 (as the unfused ReLU's select, a NaN g included), written as a bit mask:
+// GCC turns `keep ? g : 0` inside these reductions into a branch and gives up vectorizing
+// (measured: the fused backward ran 3x slower than the unfused pair).
+template <typename T>
+inline T Masked(bool keep, T g) {
+  using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  return std::bit_cast<T>(std::bit_cast<U>(g) & (U(0) - static_cast<U>(keep)));
+}
+
+// Channels-last kernels over rows [r0, r1) of C contiguous channels, the channel loop innermost
+// (contiguous; restrict pointers so it vectorizes). The sums take four rows per visit of the
+// partial sums, so that their reads and writes do not outnumber the data's. (Tiles of 16
+// channels with the rows innermost, accumulators in registers, measured 2-3x slower: the strided
+// reads wait on memory.)
+constexpr int64_t kRowsPerVisit = 4;
+
+template <typename S>
+void SumRows(const S* __restrict x, int64_t r0, int64_t r1, int64_t c_n, double* __restrict s1,
+             double* __restrict s2) {
+  int64_t r = r0;
+  for (; r + kRowsPerVisit <= r1; r += kRowsPerVisit) {
+    const S* x0 = x + r * c_n;
+#pragma omp simd
+    for (int64_t c = 0; c < c_n; ++c) {
+      const double v0 = Widen(x0[c]), v1 = Widen(x0[c_n + c]);
+      const double v2 = Widen(x0[2 * c_n + c]), v3 = Widen(x0[3 * c_n + c]);
+      s1[c] += (v0 + v1) + (v2 + v3);
+      s2[c] += (v0 * v0 + v1 * v1) + (v2 * v2 + v3 * v3);
+    }
+  }
+  for (; r < r1; ++r) {
+    const S* row = x + r * c_n;
+#pragma omp simd
+    for (int64_t c = 0; c < c_n; ++c) {
+      const double v = Widen(row[c]);
+      s1[c] += v;
+      s2[c] += v * v;
+    }
+  }
+}
+
+template <typename S, bool kRelu, typename T>
+void NormalizeRows(const S* __restrict x, S* __restrict y, int64_t r0, int64_t r1, int64_t c_n,
+                   const T* __restrict a, const T* __restrict m, const T* __restrict b) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const S* xr = x + r * c_n;
+    S* yr = y + r * c_n;
+#pragma omp simd
+    for (int64_t c = 0; c < c_n; ++c) {
+      const T v = Affine(a[c], Widen(xr[c]), m[c], b[c]);
+      yr[c] = Narrow<S>(kRelu ? Relu(v) : v);
+    }
+  }
+}
+
+template <typename S, bool kRelu, typename T>
+void GradSumRows(const S* __restrict x, const S* __restrict dy, int64_t r0, int64_t r1, int64_t c_n,
+                 const T* __restrict a, const T* __restrict m, const T* __restrict b,
+                 double* __restrict sdy, double* __restrict sdyx) {
+  // g and g (x - m) of element c of row r.
+  auto terms = [&](const S* xr, const S* gr, int64_t c, double* g_out, double* gx_out) {
+    const T xv = Widen(xr[c]);
+    T g = Widen(gr[c]);
+    if constexpr (kRelu) g = Masked(Positive<S>(Affine(a[c], xv, m[c], b[c])), g);
+    *g_out = g;
+    *gx_out = static_cast<double>(g) * static_cast<double>(xv - m[c]);
+  };
+  int64_t r = r0;
+  for (; r + kRowsPerVisit <= r1; r += kRowsPerVisit) {
+    const S* x0 = x + r * c_n;
+    const S* g0 = dy + r * c_n;
+#pragma omp simd
+    for (int64_t c = 0; c < c_n; ++c) {
+      double g[kRowsPerVisit], gx[kRowsPerVisit];
+      for (int64_t k = 0; k < kRowsPerVisit; ++k)
+        terms(x0 + k * c_n, g0 + k * c_n, c, &g[k], &gx[k]);
+      sdy[c] += (g[0] + g[1]) + (g[2] + g[3]);
+      sdyx[c] += (gx[0] + gx[1]) + (gx[2] + gx[3]);
+    }
+  }
+  for (; r < r1; ++r) {
+#pragma omp simd
+    for (int64_t c = 0; c < c_n; ++c) {
+      double g, gx;
+      terms(x + r * c_n, dy + r * c_n, c, &g, &gx);
+      sdy[c] += g;
+      sdyx[c] += gx;
+    }
+  }
+}
+
+template <typename S, bool kRelu, typename T>
+void GradRows(const S* __restrict x, const S* __restrict dy, S* __restrict dx, int64_t r0,
+              int64_t r1, int64_t c_n, const T* __restrict a, const T* __restrict m,
+              const T* __restrict b, const T* __restrict ca, const T* __restrict cb,
+              const T* __restrict cc) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const S* xr = x + r * c_n;
+    const S* gr = dy + r * c_n;
+    S* dr = dx + r * c_n;
+#pragma omp simd
+    for (int64_t c = 0; c < c_n; ++c) {
+      const T xv = Widen(xr[c]);
+      T g = Widen(gr[c]);
+      if constexpr (kRelu) g = Masked(Positive<S>(Affine(a[c], xv, m[c], b[c])), g);
+      dr[c] = Narrow<S>(ca[c] * g + cb[c] * (xv - m[c]) + cc[c]);
+    }
+  }
+}
+
+// The same on one NCHW plane of s elements with the channel's coefficients.
+template <typename S, bool kRelu, typename T>
+void NormalizePlane(const S* __restrict x, S* __restrict y, int64_t s, T a, T m, T b) {
+  for (int64_t j = 0; j < s; ++j) {
+    const T v = Affine(a, Widen(x[j]), m, b);
+    y[j] = Narrow<S>(kRelu ? Relu(v) : v);
+  }
+}
+
+template <typename S, bool kRelu, typename T>
+void GradPlane(const S* __restrict x, const S* __restrict dy, S* __restrict dx, int64_t s, T a, T m,
+               T b, T ca, T cb, T cc) {
+  for (int64_t j = 0; j < s; ++j) {
+    const T xv = Widen(x[j]);
+    T g = Widen(dy[j]);
+    if constexpr (kRelu) g = Masked(Positive<S>(Affine(a, xv, m, b)), g);
+    dx[j] = Narrow<S>(ca * g + cb * (xv - m) + cc);
+  }
+}
+
+}  // namespace
+
+std::string BatchNormLayer::Note() const {
+  if (absorbed_) return " (folded into the convolution before it)";
+  return relu_ ? "+ReLU" : "";
+}
+
+void BatchNormLayer::InferenceAffine(std::vector<double>* scale, std::vector<double>* shift) const {
+  scale->resize(channels_);
+  shift->resize(channels_);
+  for (int64_t c = 0; c < channels_; ++c) {
+    const double invstd = 1.0 / std::sqrt(ElementAsDouble(buffers_[1].value, c) + eps_);
+    const double g = affine_ ? ElementAsDouble(params_[0].value, c) : 1.0;
+    const double beta = affine_ ? ElementAsDouble(params_[1].value, c) : 0.0;
+    (*scale)[c] = g * invstd;
+    (*shift)[c] = beta - ElementAsDouble(buffers_[0].value, c) * g * invstd;
+  }
+}
+
+template <typename T>
+void BatchNormLayer::ForwardAffine(std::vector<T>& a, std::vector<T>& m, std::vector<T>& b) const {
+  const T* gamma = affine_ ? params_[0].value.data<T>() : nullptr;
+  const T* beta = affine_ ? params_[1].value.data<T>() : nullptr;
+  a.resize(channels_);
+  m.resize(channels_);
+  b.resize(channels_);
+  for (int64_t c = 0; c < channels_; ++c) {
+    const double g = gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0;
+    a[c] = static_cast<T>(g * invstd_[c]);
+    m[c] = static_cast<T>(mean_[c]);
+    b[c] = beta != nullptr ? beta[c] : T(0);
+  }
 }
 
 template <typename S>
-void BatchNormLayer::ForwardT(const Tensor& xt, Tensor& yt) {
-  using T = Compute<S>;
+void BatchNormLayer::ForwardSums(const S* x, bool nhwc, std::vector<double>& s1,
+                                 std::vector<double>& s2) {
   const int64_t c_n = channels_, n = num_, s = spatial_;
-  const S* x = xt.data<S>();  // bottom: (N, C, S)
-  S* y = yt.data<S>();        // top: (N, C, S)
-  T* running_mean = buffers_[0].value.data<T>();
-  T* running_var = buffers_[1].value.data<T>();
-  const T* gamma = affine_ ? params_[0].value.data<T>() : nullptr;
-  const T* beta = affine_ ? params_[1].value.data<T>() : nullptr;
-  last_used_batch_stats_ = !UseGlobalStats();
-
-  if (last_used_batch_stats_) {
-    // Per channel: sum x and sum x^2, accumulated in double (as PyTorch's CPU kernels do), so
-    // that var = E[x^2] - E[x]^2 does not cancel when |mean| >> std.
-    std::vector<double> s1(c_n), s2(c_n);
+  if (!nhwc) {
+    // Per channel, over its N planes (sequentially, so the sums do not depend on threads).
     ParallelFor(c_n, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
         double a1 = 0, a2 = 0;
@@ -96,6 +275,143 @@ void BatchNormLayer::ForwardT(const Tensor& xt, Tensor& yt) {
         s2[c] = a2;
       }
     });
+    return;
+  }
+  const int64_t rows = n * s, blocks = (rows + kRowBlock - 1) / kRowBlock;
+  partials_.assign(static_cast<size_t>(blocks * 2 * c_n), 0.0);
+  ParallelFor(blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t k = b0; k < b1; ++k) {
+      double* p = partials_.data() + k * 2 * c_n;
+      SumRows(x, k * kRowBlock, std::min(rows, (k + 1) * kRowBlock), c_n, p, p + c_n);
+    }
+  });
+  std::fill(s1.begin(), s1.end(), 0.0);
+  std::fill(s2.begin(), s2.end(), 0.0);
+  for (int64_t k = 0; k < blocks; ++k) {
+    const double* p = partials_.data() + k * 2 * c_n;
+    for (int64_t c = 0; c < c_n; ++c) {
+      s1[c] += p[c];
+      s2[c] += p[c_n + c];
+    }
+  }
+}
+
+template <typename S, bool kRelu>
+void BatchNormLayer::Normalize(const S* x, bool nhwc, const std::vector<Compute<S>>& a,
+                               const std::vector<Compute<S>>& m, const std::vector<Compute<S>>& b,
+                               S* y) {
+  const int64_t c_n = channels_, n = num_, s = spatial_;
+  if (nhwc) {
+    ParallelFor(n * s, std::max<int64_t>(1, 8192 / c_n), [&](int64_t r0, int64_t r1) {
+      NormalizeRows<S, kRelu>(x, y, r0, r1, c_n, a.data(), m.data(), b.data());
+    });
+    return;
+  }
+  ParallelFor(n * c_n, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t plane = p0; plane < p1; ++plane) {
+      const int64_t c = plane % c_n;
+      NormalizePlane<S, kRelu>(x + plane * s, y + plane * s, s, a[c], m[c], b[c]);
+    }
+  });
+}
+
+template <typename S, bool kRelu>
+void BatchNormLayer::BackwardSums(const S* x, const S* dy, bool nhwc, std::vector<double>& sdy,
+                                  std::vector<double>& sdyx) {
+  using T = Compute<S>;
+  const int64_t c_n = channels_, n = num_, s = spatial_;
+  std::vector<T> a, m, b;
+  ForwardAffine(a, m, b);
+  if (!nhwc) {
+    ParallelFor(c_n, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const T mean = m[c], ac = a[c], bc = b[c];
+        double a1 = 0, a2 = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const S* xp = x + (i * c_n + c) * s;
+          const S* gp = dy + (i * c_n + c) * s;
+#pragma omp simd reduction(+ : a1, a2)
+          for (int64_t j = 0; j < s; ++j) {
+            const T xv = Widen(xp[j]);
+            T gv = Widen(gp[j]);
+            if constexpr (kRelu) gv = Masked(Positive<S>(Affine(ac, xv, mean, bc)), gv);
+            const double g = gv;
+            a1 += g;
+            a2 += g * static_cast<double>(xv - mean);
+          }
+        }
+        sdy[c] = a1;
+        sdyx[c] = a2;
+      }
+    });
+    return;
+  }
+  const int64_t rows = n * s, blocks = (rows + kRowBlock - 1) / kRowBlock;
+  partials_.assign(static_cast<size_t>(blocks * 2 * c_n), 0.0);
+  ParallelFor(blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t k = b0; k < b1; ++k) {
+      double* p = partials_.data() + k * 2 * c_n;
+      GradSumRows<S, kRelu>(x, dy, k * kRowBlock, std::min(rows, (k + 1) * kRowBlock), c_n,
+                            a.data(), m.data(), b.data(), p, p + c_n);
+    }
+  });
+  std::fill(sdy.begin(), sdy.end(), 0.0);
+  std::fill(sdyx.begin(), sdyx.end(), 0.0);
+  for (int64_t k = 0; k < blocks; ++k) {
+    const double* p = partials_.data() + k * 2 * c_n;
+    for (int64_t c = 0; c < c_n; ++c) {
+      sdy[c] += p[c];
+      sdyx[c] += p[c_n + c];
+    }
+  }
+}
+
+template <typename S, bool kRelu>
+void BatchNormLayer::InputGradient(const S* x, const S* dy, bool nhwc,
+                                   const std::vector<double>& coef_a,
+                                   const std::vector<double>& coef_b,
+                                   const std::vector<double>& coef_c, S* dx) {
+  using T = Compute<S>;
+  const int64_t c_n = channels_, n = num_, s = spatial_;
+  std::vector<T> a, m, b, ca(c_n), cb(c_n), cc(c_n);
+  ForwardAffine(a, m, b);
+  for (int64_t c = 0; c < c_n; ++c) {
+    ca[c] = static_cast<T>(coef_a[c]);
+    cb[c] = static_cast<T>(coef_b[c]);
+    cc[c] = static_cast<T>(coef_c[c]);
+  }
+  if (nhwc) {
+    ParallelFor(n * s, std::max<int64_t>(1, 8192 / c_n), [&](int64_t r0, int64_t r1) {
+      GradRows<S, kRelu>(x, dy, dx, r0, r1, c_n, a.data(), m.data(), b.data(), ca.data(), cb.data(),
+                         cc.data());
+    });
+    return;
+  }
+  ParallelFor(n * c_n, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t plane = p0; plane < p1; ++plane) {
+      const int64_t c = plane % c_n;
+      GradPlane<S, kRelu>(x + plane * s, dy + plane * s, dx + plane * s, s, a[c], m[c], b[c], ca[c],
+                          cb[c], cc[c]);
+    }
+  });
+}
+
+template <typename S>
+void BatchNormLayer::ForwardT(const Tensor& xt, Tensor& yt) {
+  using T = Compute<S>;
+  const int64_t c_n = channels_, n = num_, s = spatial_;
+  const bool nhwc = xt.channels_last();
+  const S* x = xt.data<S>();  // bottom: (N, C, S), or (N, H, W, C) channels-last
+  S* y = yt.data<S>();        // top: as bottom
+  T* running_mean = buffers_[0].value.data<T>();
+  T* running_var = buffers_[1].value.data<T>();
+  last_used_batch_stats_ = !UseGlobalStats();
+
+  if (last_used_batch_stats_) {
+    // Per channel: sum x and sum x^2, accumulated in double (as PyTorch's CPU kernels do), so
+    // that var = E[x^2] - E[x]^2 does not cancel when |mean| >> std.
+    std::vector<double> s1(c_n), s2(c_n);
+    ForwardSums(x, nhwc, s1, s2);
     double count = static_cast<double>(n * s);
     BatchStatsReducer* reducer = Reducer();
     if (reducer != nullptr) {
@@ -132,49 +448,32 @@ void BatchNormLayer::ForwardT(const Tensor& xt, Tensor& yt) {
 
   // y = a (x - mean) + beta per channel, with a = gamma invstd. (Subtracting the mean first
   // avoids the cancellation of a x + (beta - a mean) when |mean| >> std.)
-  ParallelFor(n * c_n, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t plane = p0; plane < p1; ++plane) {
-      const int64_t c = plane % c_n;
-      const double g = gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0;
-      const T a = static_cast<T>(g * invstd_[c]);
-      const T m = static_cast<T>(mean_[c]);
-      const T b = beta != nullptr ? beta[c] : T(0);
-      const S* src = x + plane * s;
-      S* dst = y + plane * s;
-      for (int64_t j = 0; j < s; ++j) dst[j] = Narrow<S>(a * (Widen(src[j]) - m) + b);
-    }
-  });
+  std::vector<T> a, m, b;
+  ForwardAffine(a, m, b);
+  if (relu_) {
+    Normalize<S, true>(x, nhwc, a, m, b, y);
+  } else {
+    Normalize<S, false>(x, nhwc, a, m, b, y);
+  }
 }
 
 template <typename S>
 void BatchNormLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propagate, Tensor* dxt) {
   using T = Compute<S>;
-  const int64_t c_n = channels_, n = num_, s = spatial_;
-  const S* x = xt.data<S>();    // bottom: (N, C, S)
-  const S* dy = dyt.data<S>();  // top grad: (N, C, S)
+  const int64_t c_n = channels_;
+  const bool nhwc = xt.channels_last();
+  const S* x = xt.data<S>();    // bottom: (N, C, S), or (N, H, W, C) channels-last
+  const S* dy = dyt.data<S>();  // top grad: as bottom
   const T* gamma = affine_ ? params_[0].value.data<T>() : nullptr;
 
-  // Per channel: sum dy and sum dy * (x - mean).
+  // Per channel: sum g and sum g * (x - mean), g = dy (masked by the fused ReLU).
   std::vector<double> sdy(c_n), sdyx(c_n);
-  ParallelFor(c_n, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const T mean = static_cast<T>(mean_[c]);
-      double a1 = 0, a2 = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const S* xp = x + (i * c_n + c) * s;
-        const S* gp = dy + (i * c_n + c) * s;
-#pragma omp simd reduction(+ : a1, a2)
-        for (int64_t j = 0; j < s; ++j) {
-          const double g = Widen(gp[j]);
-          a1 += g;
-          a2 += g * static_cast<double>(Widen(xp[j]) - mean);
-        }
-      }
-      sdy[c] = a1;
-      sdyx[c] = a2;
-    }
-  });
-  // Param grads are local: dgamma = sum dy * xhat, dbeta = sum dy.
+  if (relu_) {
+    BackwardSums<S, true>(x, dy, nhwc, sdy, sdyx);
+  } else {
+    BackwardSums<S, false>(x, dy, nhwc, sdy, sdyx);
+  }
+  // Param grads are local: dgamma = sum g * xhat, dbeta = sum g.
   if (affine_) {
     T* dgamma = params_[0].grad.data<T>();
     T* dbeta = params_[1].grad.data<T>();
@@ -185,15 +484,15 @@ void BatchNormLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propaga
   }
   if (!propagate) return;
 
-  // dx = A dy + B (x - mean) + C per channel.
+  // dx = A g + B (x - mean) + C per channel.
   std::vector<double> coef_a(c_n), coef_b(c_n), coef_c(c_n);
   if (last_used_batch_stats_) {
-    // dx = gamma invstd (dy - mean(dy) - xhat mean(dy xhat)), means over the global batch.
+    // dx = gamma invstd (g - mean(g) - xhat mean(g xhat)), means over the global batch.
     double count = count_;
     if (BatchStatsReducer* reducer = Reducer()) {
       reduce_buf_.resize(2 * c_n);
       std::copy(sdy.begin(), sdy.end(), reduce_buf_.begin());
-      std::copy(sdyx.begin(), sdyx.end(), reduce_buf_.begin() + c_n);  // sum dy * (x - mean)
+      std::copy(sdyx.begin(), sdyx.end(), reduce_buf_.begin() + c_n);  // sum g * (x - mean)
       reducer->AllReduceSum(reduce_buf_.data(), 2 * c_n);
       std::copy(reduce_buf_.begin(), reduce_buf_.begin() + c_n, sdy.begin());
       std::copy(reduce_buf_.begin() + c_n, reduce_buf_.end(), sdyx.begin());
@@ -214,20 +513,12 @@ void BatchNormLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propaga
       coef_c[c] = 0;
     }
   }
-  S* dx = dxt->data<S>();  // bottom grad: (N, C, S)
-  ParallelFor(n * c_n, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t plane = p0; plane < p1; ++plane) {
-      const int64_t c = plane % c_n;
-      const T a = static_cast<T>(coef_a[c]), b = static_cast<T>(coef_b[c]),
-              cc = static_cast<T>(coef_c[c]), m = static_cast<T>(mean_[c]);
-      const S* gp = dy + plane * s;
-      const S* xp = x + plane * s;
-      S* dp = dx + plane * s;
-      for (int64_t j = 0; j < s; ++j) {
-        dp[j] = Narrow<S>(a * Widen(gp[j]) + b * (Widen(xp[j]) - m) + cc);
-      }
-    }
-  });
+  S* dx = dxt->data<S>();  // bottom grad: as bottom
+  if (relu_) {
+    InputGradient<S, true>(x, dy, nhwc, coef_a, coef_b, coef_c, dx);
+  } else {
+    InputGradient<S, false>(x, dy, nhwc, coef_a, coef_b, coef_c, dx);
+  }
 }
 
 template class TypedLayer<BatchNormLayer, AllFloatTypes, KernelArgs::kOneInput>;

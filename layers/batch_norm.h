@@ -4,8 +4,19 @@
 // Settings: eps (1e-5), momentum (0.1: the weight of the new batch, PyTorch's convention),
 // affine (true), zero_init (false; true starts gamma at 0, for the last BN of a residual
 // block), use_global_stats (default: true in the test phase, false in training), sync
-// (synchronized statistics; default: the net-wide setting).
-// Shapes: bottom (N, C, *) (e.g. (N, C, H, W) or (N, C)); top has the same shape.
+// (synchronized statistics; default: the net-wide setting), relu (false: a ReLU fused into
+// the layer, y = max(BN(x), 0); the net's fusion rewrite sets it where a ReLU alone reads the
+// output, engine/graph/net.h).
+// Shapes: bottom (N, C, *) (e.g. (N, C, H, W) or (N, C)); top has the same shape. A 4-d input
+// may be channels-last (NHWC): the statistics then run over rows of C contiguous channels,
+// vectorized across channels, in fixed blocks of rows whose partial sums are added in block
+// order (the same sums at any thread count).
+//
+// Fused ReLU: forward writes max(z, 0) with z the normalized value, in the same pass; backward
+// recomputes z from x (instead of reading y, one stream less) and masks dy where the stored
+// output is not positive, then runs batch norm's backward on the masked gradient, all in the
+// two passes batch norm's backward has anyway. The arithmetic is the unfused pair's, in the
+// same order, so fused and unfused results are bitwise equal (tests/layers/fusion_test.cpp).
 // Params (affine only): <name>.weight (gamma, init 1) and <name>.bias (beta, init 0), both
 // ParamKind::kNorm. Buffers: <name>.running_mean (init 0), <name>.running_var (init 1).
 //
@@ -30,9 +41,11 @@
 // Threads: ParallelFor over channels (statistics) and over planes (elementwise passes).
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "engine/graph/typed_layer.h"
+#include "layers/layer_util.h"
 
 namespace cortado {
 
@@ -41,6 +54,16 @@ class BatchNormLayer : public TypedLayer<BatchNormLayer, AllFloatTypes, KernelAr
   using TypedLayer::TypedLayer;
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   bool BackwardReadsOutputs() const override { return false; }
+  bool TakesChannelsLast() const override { return true; }
+  std::string Note() const override;
+
+  // For a convolution that folds this layer into its weights at inference (ConvolutionLayer::
+  // AbsorbNext): whether forward normalizes with the running statistics in this net, and the
+  // per-channel scale gamma / sqrt(running_var + eps) and shift beta - mean * scale it applies
+  // then, in double; and whether a ReLU is fused.
+  bool UsesRunningStatistics() const { return UseGlobalStats(); }
+  void InferenceAffine(std::vector<double>* scale, std::vector<double>* shift) const;
+  bool fused_relu() const { return relu_; }
 
  protected:
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
@@ -52,6 +75,24 @@ class BatchNormLayer : public TypedLayer<BatchNormLayer, AllFloatTypes, KernelAr
   // The kernels' T is the activations' storage type; params, statistics and arithmetic in
   // Compute<T> (f32 for bf16 and f16, which thus run natively, without staging copies).
   CORTADO_TYPED_LAYER_ONE_INPUT_KERNELS();
+  // Per-channel sums of x and x^2 into s1, s2 (NCHW and channels-last).
+  template <typename S>
+  void ForwardSums(const S* x, bool nhwc, std::vector<double>& s1, std::vector<double>& s2);
+  // y = [relu](a (x - m) + b) per channel.
+  template <typename S, bool kRelu>
+  void Normalize(const S* x, bool nhwc, const std::vector<Compute<S>>& a,
+                 const std::vector<Compute<S>>& m, const std::vector<Compute<S>>& b, S* y);
+  // Per-channel sums of g and g (x - mean), g = dy (masked where the fused ReLU's output is 0).
+  template <typename S, bool kRelu>
+  void BackwardSums(const S* x, const S* dy, bool nhwc, std::vector<double>& sdy,
+                    std::vector<double>& sdyx);
+  // dx = A g + B (x - mean) + C per channel.
+  template <typename S, bool kRelu>
+  void InputGradient(const S* x, const S* dy, bool nhwc, const std::vector<double>& coef_a,
+                     const std::vector<double>& coef_b, const std::vector<double>& coef_c, S* dx);
+  // The per-channel a (gamma invstd), mean and b (beta) of the last forward, in T.
+  template <typename T>
+  void ForwardAffine(std::vector<T>& a, std::vector<T>& m, std::vector<T>& b) const;
 
   double eps_ = 1e-5;
   double momentum_ = 0.1;
@@ -60,6 +101,7 @@ class BatchNormLayer : public TypedLayer<BatchNormLayer, AllFloatTypes, KernelAr
   bool sync_setting_ = false;
   bool has_global_setting_ = false;
   bool use_global_stats_ = false;
+  bool relu_ = false;
   int64_t channels_ = 0;
   int64_t num_ = 0, spatial_ = 1;  // N, and the product of the dimensions after C
   // From the last Forward: whether it used batch statistics, and the per-channel mean and
@@ -68,6 +110,7 @@ class BatchNormLayer : public TypedLayer<BatchNormLayer, AllFloatTypes, KernelAr
   std::vector<double> mean_, invstd_;
   double count_ = 0;
   std::vector<double> reduce_buf_;  // all-reduce staging
+  std::vector<double> partials_;    // channels-last sums: one row of 2 C per block of rows
 };
 // Instantiated in the .cpp, where the kernels are defined.
 extern template class TypedLayer<BatchNormLayer, AllFloatTypes, KernelArgs::kOneInput>;

@@ -27,10 +27,26 @@ void ConcatLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<Bl
            ", which does not match input 0's ", ShapeString(s0), " outside axis ", axis_);
     }
     out[axis_] += s[axis_];
+    if (bottom[i]->data.format() != bottom[0]->data.format() &&
+        !bottom[i]->data.IsLayoutTrivial()) {
+      Fail(Describe(), ": input ", i, " ('", bottom[i]->name, "') is ", bottom[i]->data.ToString(),
+           " but input 0 ('", bottom[0]->name, "') is ", bottom[0]->data.ToString(),
+           "; all inputs must have the same memory format");
+    }
   }
-  outer_ = ShapeCount(s0, 0, axis_);
-  inner_ = ShapeCount(s0, axis_ + 1, ndim);
+  // The slices are cut along the axis as it lies in memory: channels-last tensors are
+  // (N, H, W, C) there, so joining channels copies C_i values per pixel.
+  Shape physical = s0;
+  int axis = axis_;
+  if (bottom[0]->data.channels_last()) {
+    physical = {s0[0], s0[2], s0[3], s0[1]};
+    constexpr int kPhysical[4] = {0, 3, 1, 2};  // logical axis -> its place in memory
+    axis = kPhysical[axis_];
+  }
+  outer_ = ShapeCount(physical, 0, axis);
+  inner_ = ShapeCount(physical, axis + 1, ndim);
   top[0]->data.Resize(out, bottom[0]->data.dtype());
+  top[0]->data.set_format(bottom[0]->data.format());
 }
 
 // Copies between the top (outer, top_axis, inner) and each bottom (outer, axis_i, inner) as

@@ -2,6 +2,7 @@
 //
 // Settings: axis (1; negative counts from the end).
 // Shapes: every input agrees on all dimensions but `axis`; top's `axis` dimension is the sum.
+// 4-d inputs may be channels-last (all in one format; the top takes it): the axis is logical.
 // Backward copies each input's slice of the top grad.
 // Threads: ParallelFor over the outer dimension (the product of dimensions before `axis`).
 #pragma once
@@ -16,6 +17,7 @@ class ConcatLayer : public TypedLayer<ConcatLayer, AllDTypes> {
   int MinInputs() const override { return 2; }
   int MaxInputs() const override { return -1; }
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  bool TakesChannelsLast() const override { return true; }
 
  protected:
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;

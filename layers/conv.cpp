@@ -4,10 +4,13 @@
 #include <atomic>
 #include <cstring>
 
+#include "engine/base/log.h"
 #include "engine/base/random.h"
 #include "engine/base/thread_pool.h"
 #include "engine/graph/math.h"
+#include "layers/batch_norm.h"
 #include "layers/layer_util.h"
+#include "layers/relu.h"
 
 namespace cortado {
 using im2col::AddKernel;  // the data-movement kernels of layers/im2col.h
@@ -114,6 +117,141 @@ void ConvolutionLayer::Reshape(const std::vector<Blob*>& bottom, const std::vect
     band_rows_ = std::clamp<int64_t>(column_budget() / (rows * ow), 1, oh);
   }
   top[0]->data.Resize({x.dim(0), num_output_, oh, ow}, x.dtype());
+  top[0]->data.set_format(x.format());
+  if (x.channels_last()) PrepareFast(x.dtype());
+}
+
+void ConvolutionLayer::PrepareFast(DType dtype) {
+  const ConvShape shape{channels_,   geo_.h,      geo_.w,    num_output_,
+                        geo_.oh,     geo_.ow,     kernel_h_, kernel_w_,
+                        stride_h_,   stride_w_,   pad_h_,    pad_w_,
+                        dilation_h_, dilation_w_, groups_,   has_bias_ || folded_bn_ != nullptr};
+  if (fast_tried_ && shape == fast_shape_ && dtype == fast_dtype_) return;
+  fast_tried_ = true;
+  fast_shape_ = shape;
+  fast_dtype_ = dtype;
+  if (!fast_) fast_ = std::make_unique<ChannelsLastConv>();
+  const bool train = !context().inference;
+  const int64_t images = (batch_ + NumThreads() - 1) / NumThreads();
+  fast_ready_ =
+      fast_->Prepare(shape, dtype, images, train, relu_post_, /*keep_weights=*/!train, &fast_why_);
+  if (fast_ready_) return;
+  // f64 is the gradient checks' reference dtype: expected there, not news.
+  const std::string line = StrCat(Describe(),
+                                  ": channels-last input runs the im2col path on "
+                                  "NCHW copies (",
+                                  fast_why_, ")");
+  if (dtype == DType::kF64) {
+    LogDebug(line);
+  } else {
+    LogInfo(line);
+  }
+}
+
+bool ConvolutionLayer::AbsorbNext(Layer& next) {
+  if (!context().inference || !fast_ready_ || relu_post_) return false;
+  if (auto* bn = dynamic_cast<BatchNormLayer*>(&next)) {
+    if (folded_bn_ != nullptr || !bn->UsesRunningStatistics()) return false;
+    folded_bn_ = bn;
+    relu_post_ = bn->fused_relu();
+  } else if (auto* relu = dynamic_cast<ReluLayer*>(&next)) {
+    if (relu->negative_slope() != 0) return false;
+    relu_post_ = true;
+  } else {
+    return false;
+  }
+  fast_tried_ = false;  // again, with the bias and the ReLU post-op
+  PrepareFast(fast_dtype_);
+  if (!fast_ready_) Fail(Describe(), ": could not fold the layer after it: ", fast_why_);
+  return true;
+}
+
+std::string ConvolutionLayer::Note() const {
+  std::string note;
+  if (folded_bn_ != nullptr) note += StrCat("+", folded_bn_->name());
+  if (relu_post_) note += "+ReLU";
+  return note;
+}
+
+std::string ConvolutionLayer::KernelInfo() const {
+  if (!fast_tried_) return "im2col";
+  return fast_ready_ ? StrCat("oneDNN ", fast_->Describe())
+                     : StrCat("im2col on NCHW copies (", fast_why_, ")");
+}
+
+ConvScratch ConvolutionLayer::FastScratch() {
+  std::vector<Tensor>& weights = Workspaces(kFastWeights);
+  if (weights.empty()) weights.resize(1);
+  ConvScratch scratch;
+  scratch.weights = &weights[0];
+  scratch.partials = &Workspaces(kFastPartials);
+  scratch.staging = &Workspaces(kFastStaging);
+  return scratch;
+}
+
+template <typename T>
+void ConvolutionLayer::ForwardChannelsLast(const Tensor& xt, Tensor& yt) {
+  if (!fast_ready_) {
+    // The reference path on NCHW copies (f64 gradient checks; geometries without a kernel).
+    const Tensor xn = xt.Reordered(MemoryFormat::kNCHW);
+    Tensor yn(yt.shape(), yt.dtype());
+    ForwardT<T>(xn, yn);
+    yt.ReorderFrom(yn);
+    return;
+  }
+  if constexpr (std::is_same_v<Compute<T>, float>) {
+    const float* w = params_[0].value.data<float>();  // (C_out, C_in / groups, kh, kw): the truth
+    const float* bias = has_bias_ ? params_[1].value.data<float>() : nullptr;
+    const float* scales = nullptr;
+    const bool changed = weights_version_ != context().params_version;
+    if (folded_bn_ != nullptr) {
+      if (changed || fold_scale_.empty()) {
+        // y = scale (conv(x) + b) + shift = conv_{w scale}(x) + (b scale + shift).
+        std::vector<double> scale, shift;
+        folded_bn_->InferenceAffine(&scale, &shift);
+        fold_scale_.resize(num_output_);
+        fold_bias_.resize(num_output_);
+        for (int64_t o = 0; o < num_output_; ++o) {
+          fold_scale_[o] = static_cast<float>(scale[o]);
+          fold_bias_[o] =
+              static_cast<float>((bias != nullptr ? bias[o] : 0.0) * scale[o] + shift[o]);
+        }
+      }
+      scales = fold_scale_.data();
+      bias = fold_bias_.data();
+    }
+    fast_->Forward(xt.dim(0), xt.raw_data(), w, scales, bias, yt.raw_data(), changed,
+                   FastScratch());
+    weights_version_ = context().params_version;
+  } else {
+    Fail(Describe(), ": no channels-last kernel for ", DTypeName(xt.dtype()));
+  }
+}
+
+template <typename T>
+void ConvolutionLayer::BackwardChannelsLast(const Tensor& xt, const Tensor& dyt, bool propagate,
+                                            Tensor* dxt) {
+  if (!fast_ready_) {
+    const Tensor xn = xt.Reordered(MemoryFormat::kNCHW);
+    const Tensor dyn = dyt.Reordered(MemoryFormat::kNCHW);
+    Tensor dxn;
+    if (propagate) dxn = Tensor(dxt->shape(), dxt->dtype());
+    BackwardT<T>(xn, dyn, propagate, propagate ? &dxn : nullptr);
+    if (propagate) dxt->ReorderFrom(dxn);
+    return;
+  }
+  if constexpr (std::is_same_v<Compute<T>, float>) {
+    const ConvScratch scratch = FastScratch();
+    const int64_t n = xt.dim(0);
+    fast_->BackwardWeights(n, xt.raw_data(), dyt.raw_data(), params_[0].grad.data<float>(),
+                           has_bias_ ? params_[1].grad.data<float>() : nullptr, scratch);
+    if (propagate) {
+      fast_->BackwardData(n, dyt.raw_data(), params_[0].value.data<float>(), dxt->raw_data(),
+                          scratch);
+    }
+  } else {
+    Fail(Describe(), ": no channels-last kernel for ", DTypeName(xt.dtype()));
+  }
 }
 
 std::vector<Tensor>& ConvolutionLayer::Workspaces(Scratch kind) {
@@ -141,6 +279,7 @@ T* ConvolutionLayer::Workspace(std::vector<Tensor>& pool, int thread, int64_t el
 // whose products accumulate in f32 and are rounded once when the output is stored).
 template <typename T>
 void ConvolutionLayer::ForwardT(const Tensor& xt, Tensor& yt) {
+  if (xt.channels_last()) return ForwardChannelsLast<T>(xt, yt);
   using A = Compute<T>;
   constexpr bool lowp = kIsLowPrecision<T>;
   const ConvGeometry& g = geo_;
@@ -268,6 +407,7 @@ void ConvolutionLayer::ForwardT(const Tensor& xt, Tensor& yt) {
 
 template <typename T>
 void ConvolutionLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propagate, Tensor* dxt) {
+  if (xt.channels_last()) return BackwardChannelsLast<T>(xt, dyt, propagate, dxt);
   using A = Compute<T>;
   constexpr bool lowp = kIsLowPrecision<T>;
   const ConvGeometry& g = geo_;

@@ -32,17 +32,33 @@
 // are the net's shared scratch (LayerContext::scratch: the layers of a net run one at a time, so
 // every convolution uses the same buffers); only a layer outside a net keeps its own. They are
 // kept across calls, so steady-state steps allocate nothing.
+//
+// Channels-last (NHWC) inputs (model.layout: nhwc) take the fast path: oneDNN's direct
+// convolutions, forward, backward-data and backward-weights (engine/graph/conv_onednn.h), f32,
+// bf16 (native where the CPU has AVX512_BF16, else widened to f32) and f16 (widened); the
+// output is channels-last too. The OIHW parameter stays the truth: each use reorders it into
+// oneDNN's format in a buffer the net's convolutions share (an inference net keeps its own copy,
+// reordered again when Net::ParamsChanged says so). A geometry or dtype oneDNN has no fast kernel
+// for (f64; shapes where it offers only its reference kernel) runs the im2col path above on
+// NCHW copies of its tensors, and the layer logs why once (KernelInfo() says it too). In an
+// inference net (NetOptions::fuse) the convolution absorbs a following BatchNorm (its running
+// statistics folded into the weights and bias at each reorder: w' = w gamma / sqrt(var + eps), b' =
+// (b - mean) gamma / sqrt(var + eps) + beta) and ReLU (a post-op of the primitive).
 #pragma once
 
 #include <array>
+#include <memory>
+#include <string>
 #include <vector>
 
+#include "engine/graph/conv_onednn.h"
 #include "engine/graph/typed_layer.h"
 #include "layers/im2col.h"
 
 namespace cortado {
 
 class ConvolutionLayer;
+class BatchNormLayer;
 extern template class TypedLayer<ConvolutionLayer, AllFloatTypes, KernelArgs::kOneInput>;
 
 // bf16 and f16: 16-bit activations and columns, products accumulated in f32 (native bf16 GEMM
@@ -54,6 +70,12 @@ class ConvolutionLayer : public TypedLayer<ConvolutionLayer, AllFloatTypes, Kern
   using TypedLayer::TypedLayer;
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   bool BackwardReadsOutputs() const override { return false; }
+  bool TakesChannelsLast() const override { return true; }
+  bool AbsorbNext(Layer& next) override;
+  std::string Note() const override;
+  std::string KernelInfo() const override;
+  // Whether the channels-last fast path (oneDNN) runs this layer at the current shapes.
+  bool fast_path() const { return fast_ready_; }
 
   // Images per GEMM block for the current shape (exposed for tests and profiles).
   int64_t block_images() const { return block_; }
@@ -100,6 +122,9 @@ class ConvolutionLayer : public TypedLayer<ConvolutionLayer, AllFloatTypes, Kern
     kBiasGrads,
     kWideColumns,
     kWideImage,
+    kFastWeights,   // channels-last: the weights in oneDNN's format (one buffer, slot 0)
+    kFastPartials,  // channels-last: per-thread weight-gradient partials
+    kFastStaging,   // channels-last, widened 16-bit: per-thread f32 activations
     kScratchKinds
   };
   std::vector<Tensor>& Workspaces(Scratch kind);
@@ -107,6 +132,26 @@ class ConvolutionLayer : public TypedLayer<ConvolutionLayer, AllFloatTypes, Kern
   // The 16-bit copy of the weight the bf16/f16 kernels read: the net's shared one, else own.
   Tensor& WeightCopy();
   Tensor own_weight_copy_;
+
+  // The channels-last path.
+  template <typename T>
+  void ForwardChannelsLast(const Tensor& x, Tensor& y);
+  template <typename T>
+  void BackwardChannelsLast(const Tensor& x, const Tensor& dy, bool propagate, Tensor* dx);
+  // Prepares fast_ for the current geometry and input dtype (once per change), logging a
+  // fall-back.
+  void PrepareFast(DType dtype);
+  ConvScratch FastScratch();
+  std::unique_ptr<ChannelsLastConv> fast_;
+  ConvShape fast_shape_{};
+  DType fast_dtype_ = DType::kF32;
+  bool fast_tried_ = false, fast_ready_ = false;
+  std::string fast_why_;  // why the fast path does not run (fall-back), once tried
+  // Inference fusion: the batch norm folded into this convolution, and a ReLU post-op.
+  BatchNormLayer* folded_bn_ = nullptr;
+  bool relu_post_ = false;
+  uint64_t weights_version_ = 0;  // LayerContext::params_version of the kept reordered copy
+  std::vector<float> fold_scale_, fold_bias_;
 };
 
 }  // namespace cortado

@@ -33,6 +33,7 @@ void DropoutLayer::LayerSetUp(const std::vector<Blob*>& bottom, const std::vecto
 void DropoutLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
   CheckFloatInput(*this, bottom[0]->data, "input");
   top[0]->data.Resize(bottom[0]->data.shape(), bottom[0]->data.dtype());
+  top[0]->data.set_format(bottom[0]->data.format());
   mask_.Resize(bottom[0]->data.shape(), DType::kU8);
 }
 
@@ -57,11 +58,16 @@ void DropoutLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
       std::max<int64_t>(1, bottom[0]->data.ndim() > 0 ? bottom[0]->data.dim(0) : 1);
   const int64_t per_sample = n / samples;
   const int64_t sample_base = context().sample_base, stride = context().sample_stride;
+  // Channels-last: memory element f = (h W + w) C + c of a sample is logical c H W + h W + w.
+  const bool nhwc = bottom[0]->data.channels_last() && !bottom[0]->data.IsLayoutTrivial();
+  const int64_t channels = nhwc ? bottom[0]->data.dim(1) : 1;
+  const int64_t plane = nhwc ? per_sample / channels : 1;
   ParallelFor(n, kDropoutChunk, [&](int64_t begin, int64_t end) {
     int64_t j = per_sample > 0 ? begin / per_sample : 0;
     int64_t f = begin - j * per_sample;
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t global = (sample_base + j * stride) * per_sample + f;
+      const int64_t logical = nhwc ? (f % channels) * plane + f / channels : f;
+      const int64_t global = (sample_base + j * stride) * per_sample + logical;
       mask[i] = KeyToUniform(HashCombine(base, static_cast<uint64_t>(global))) >= ratio ? 1 : 0;
       if (++f == per_sample) {
         f = 0;

@@ -7,7 +7,9 @@
 //   KeyToUniform(HashCombine(HashCombine(HashCombine(seed, HashString(name)), iteration), g))
 // is below `ratio`, with seed and iteration from the layer context and g the element's index in
 // the global batch (element f of local sample j is element f of global sample
-// context.sample_base + j * context.sample_stride; g = i in a single process). The mask
+// context.sample_base + j * context.sample_stride; g = i in a single process), counting elements
+// in the logical (N, C, H, W) order whatever the memory format, so a channels-last net draws
+// the masks an NCHW net draws. The mask
 // therefore depends only on (run seed, layer name, iteration, global element index): a resumed
 // run draws the same masks as an uninterrupted one, W data-parallel ranks draw the masks one
 // process draws for the combined batch, and the result does not depend on the thread count.
@@ -23,6 +25,7 @@ class DropoutLayer : public TypedLayer<DropoutLayer, WideFloatTypes> {
   using TypedLayer::TypedLayer;
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   bool BackwardReadsInputs() const override { return false; }  // by the saved mask
+  bool TakesChannelsLast() const override { return true; }
 
  protected:
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;

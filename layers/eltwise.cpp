@@ -20,6 +20,10 @@ void EltwiseLayer::LayerSetUp(const std::vector<Blob*>& bottom, const std::vecto
   } else {
     Fail(Describe(), ": key 'operation' expects sum, prod or max, got '", op, "'");
   }
+  relu_ = settings().GetBool("relu", false);
+  if (relu_ && op_ != Op::kSum) {
+    Fail(Describe(), ": key 'relu' applies only to operation 'sum', not '", op, "'");
+  }
   const bool has_coeffs = settings().Has("coeffs");
   coeffs_ = settings().GetFloats("coeffs", std::vector<double>(bottom.size(), 1.0));
   if (has_coeffs && op_ != Op::kSum) {
@@ -40,11 +44,18 @@ void EltwiseLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<B
            ShapeString(bottom[i]->data.shape()), " but input 0 ('", bottom[0]->name, "') has ",
            ShapeString(bottom[0]->data.shape()), "; all inputs must have the same shape");
     }
+    if (bottom[i]->data.format() != bottom[0]->data.format() &&
+        !bottom[0]->data.IsLayoutTrivial()) {
+      Fail(Describe(), ": input ", i, " ('", bottom[i]->name, "') is ", bottom[i]->data.ToString(),
+           " but input 0 ('", bottom[0]->name, "') is ", bottom[0]->data.ToString(),
+           "; all inputs must have the same memory format");
+    }
   }
   if (in_place_) {
     top[0]->data = bottom[0]->data;  // the same storage: the sum accumulates into input 0
   } else {
     top[0]->data.Resize(bottom[0]->data.shape(), bottom[0]->data.dtype());
+    top[0]->data.set_format(bottom[0]->data.format());
   }
   if (op_ == Op::kMax) argmax_.Resize(bottom[0]->data.shape(), DType::kI32);
 }
@@ -75,6 +86,33 @@ void ScaleAddKernel(T a, T* __restrict y, T b, const T* __restrict x, int64_t n)
 template <typename T>
 void ScaleKernel(T a, const T* __restrict x, T* __restrict y, int64_t n) {  // y = a x
   for (int64_t i = 0; i < n; ++i) y[i] = a * x[i];
+}
+
+// The fused ReLU: y = max(y, 0) as ReluLayer computes it (NaN to 0).
+template <typename T>
+void ReluKernel(T* __restrict y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T v = y[i];
+    y[i] = v > T(0) ? v : T(0);
+  }
+}
+
+// The fused ReLU's backward: dx = a dy where y > 0, else 0 (ReluLayer's mask, then the sum's
+// scale, as the unfused pair computes it).
+template <typename T>
+void MaskedScaleKernel(T a, const T* __restrict y, const T* __restrict dy, T* __restrict dx,
+                       int64_t n) {
+  if (a == T(1)) {
+    for (int64_t i = 0; i < n; ++i) {
+      const T g = dy[i];
+      dx[i] = y[i] > T(0) ? g : T(0);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const T g = y[i] > T(0) ? dy[i] : T(0);
+      dx[i] = a * g;
+    }
+  }
 }
 
 template <typename T>
@@ -123,6 +161,7 @@ void EltwiseLayer::ForwardChunk(const std::vector<const T*>& x, T* y, int32_t* a
         AxpbyKernel(static_cast<T>(coeffs_[0]), x[0], static_cast<T>(coeffs_[1]), x[1], y, n);
       }
       for (size_t j = 2; j < k; ++j) AxpyKernel(static_cast<T>(coeffs_[j]), x[j], y, n);
+      if (relu_) ReluKernel(y, n);
       break;
     case Op::kProd:
       MulKernel(x[0], x[1], y, n);
@@ -172,10 +211,12 @@ void EltwiseLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
 
 template <typename T>
 void EltwiseLayer::BackwardChunk(size_t j, const T* dy, const std::vector<const T*>& x,
-                                 const int32_t* arg, T* dx, int64_t n) const {
+                                 const int32_t* arg, const T* y, T* dx, int64_t n) const {
   switch (op_) {
     case Op::kSum:
-      if (coeffs_[j] == 1.0) {
+      if (relu_) {
+        MaskedScaleKernel(static_cast<T>(coeffs_[j]), y, dy, dx, n);
+      } else if (coeffs_[j] == 1.0) {
         std::copy(dy, dy + n, dx);
       } else {
         ScaleKernel(static_cast<T>(coeffs_[j]), dy, dx, n);
@@ -205,7 +246,8 @@ template <typename T>
 void EltwiseLayer::BackwardT(const Blobs& top, const std::vector<bool>& propagate_down,
                              const Blobs& bottom) {
   using A = Compute<T>;
-  const T* dy = top[0]->grad.data<T>();  // top: any shape
+  const T* dy = top[0]->grad.data<T>();                   // top: any shape
+  const T* y = relu_ ? top[0]->data.data<T>() : nullptr;  // the fused ReLU's output
   const int32_t* arg = op_ == Op::kMax ? argmax_.data<int32_t>() : nullptr;
   const size_t k = bottom.size();
   std::vector<const T*> x;
@@ -219,24 +261,26 @@ void EltwiseLayer::BackwardT(const Blobs& top, const std::vector<bool>& propagat
       if constexpr (!kIsLowPrecision<T>) {
         std::vector<const T*> xb;
         for (const T* p : x) xb.push_back(p + begin);
-        BackwardChunk<T>(j, dy + begin, xb, arg != nullptr ? arg + begin : nullptr, dx + begin,
-                         end - begin);
-      } else if (op_ == Op::kSum && coeffs_[j] == 1.0) {
+        BackwardChunk<T>(j, dy + begin, xb, arg != nullptr ? arg + begin : nullptr,
+                         y != nullptr ? y + begin : nullptr, dx + begin, end - begin);
+      } else if (op_ == Op::kSum && coeffs_[j] == 1.0 && !relu_) {
         std::copy(dy + begin, dy + end, dx + begin);  // the gradient passes through unrounded
       } else {
         std::vector<std::vector<A>> wide(x.size(), std::vector<A>(kEltwiseChunk));
         std::vector<A> wide_dy(kEltwiseChunk), wide_dx(kEltwiseChunk);
+        std::vector<A> wide_y(relu_ ? kEltwiseChunk : 0);
         std::vector<const A*> xb(x.size());
         for (int64_t b0 = begin; b0 < end; b0 += kEltwiseChunk) {
           const int64_t n = std::min(kEltwiseChunk, end - b0);
           WidenSpan<T>(dy + b0, n, wide_dy.data());
+          if (relu_) WidenSpan<T>(y + b0, n, wide_y.data());
           for (size_t m = 0; m < x.size(); ++m) {
             if (m == j) continue;  // dx_j does not read x_j
             WidenSpan<T>(x[m] + b0, n, wide[m].data());
             xb[m] = wide[m].data();
           }
           BackwardChunk<A>(j, wide_dy.data(), xb, arg != nullptr ? arg + b0 : nullptr,
-                           wide_dx.data(), n);
+                           relu_ ? wide_y.data() : nullptr, wide_dx.data(), n);
           NarrowSpan<T>(wide_dx.data(), n, dx + b0);
         }
       }

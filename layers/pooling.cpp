@@ -64,6 +64,7 @@ void PoolingLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<B
          x.ToString());
   }
   planes_ = x.dim(0) * x.dim(1);
+  channels_ = x.dim(1);
   height_ = x.dim(2);
   width_ = x.dim(3);
   if (global_) {
@@ -79,6 +80,7 @@ void PoolingLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<B
     }
   }
   top[0]->data.Resize({x.dim(0), x.dim(1), out_h_, out_w_}, x.dtype());
+  top[0]->data.set_format(x.format());
   if (!is_max_) return;
   if (context().inference && context().scratch != nullptr) {
     // Nothing reads the argmax after this forward: every pooling layer of the net uses one.
@@ -254,7 +256,180 @@ void PoolingLayer::ForwardPlane(const T* xp, T* yp, int32_t* argp) const {
 }
 
 template <typename T>
+void PoolingLayer::ForwardRowNhwc(const T* x, int64_t oh, T* y, int32_t* arg) const {
+  const int64_t w = width_, c_n = channels_, ow_n = out_w_;
+  const int64_t hs_pad = oh * sh_ - ph_;
+  const int64_t he_pad = std::min(hs_pad + kh_, height_ + ph_);
+  const int64_t hs = std::max<int64_t>(hs_pad, 0), he = std::min(he_pad, height_);
+  for (int64_t ow = 0; ow < ow_n; ++ow) {
+    const int64_t ws_pad = ow * sw_ - pw_;
+    const int64_t ws = std::max<int64_t>(ws_pad, 0), we = std::min(ws_pad + kw_, w);
+    T* __restrict yo = y + ow * c_n;
+    if (is_max_) {
+      // NCHW's visiting order (rows, then columns of the window), its tie and NaN rules.
+      int32_t* __restrict ao = arg + ow * c_n;
+      const int32_t first = static_cast<int32_t>(hs * w + ws);
+      for (int64_t c = 0; c < c_n; ++c) {
+        yo[c] = -std::numeric_limits<T>::infinity();
+        ao[c] = first;
+      }
+      for (int64_t ih = hs; ih < he; ++ih) {
+        for (int64_t iw = ws; iw < we; ++iw) {
+          const T* __restrict xi = x + (ih * w + iw) * c_n;
+          const int32_t at = static_cast<int32_t>(ih * w + iw);
+          for (int64_t c = 0; c < c_n; ++c) {
+            const T v = xi[c];
+            const T cur = yo[c];
+            const bool take = v > cur || v != v;
+            yo[c] = take ? v : cur;
+            ao[c] = take ? at : ao[c];
+          }
+        }
+      }
+    } else {
+      for (int64_t c = 0; c < c_n; ++c) yo[c] = T(0);
+      for (int64_t ih = hs; ih < he; ++ih) {
+        for (int64_t iw = ws; iw < we; ++iw) {
+          const T* __restrict xi = x + (ih * w + iw) * c_n;
+          for (int64_t c = 0; c < c_n; ++c) yo[c] += xi[c];
+        }
+      }
+      const int64_t divisor = AverageDivisor(hs_pad, he_pad, ow);
+      for (int64_t c = 0; c < c_n; ++c) {
+        yo[c] = divisor == 0 ? T(0) : yo[c] / static_cast<T>(divisor);
+      }
+    }
+  }
+}
+
+template <typename T>
+void PoolingLayer::BackwardImageNhwc(const T* dy, const int32_t* arg, T* dx) const {
+  const int64_t c_n = channels_, in_plane = height_ * width_, ow_n = out_w_;
+  const int64_t out_plane = out_h_ * ow_n;
+  std::fill(dx, dx + in_plane * c_n, T(0));
+  if (is_max_) {
+    for (int64_t o = 0; o < out_plane; ++o) {
+      const T* g = dy + o * c_n;
+      const int32_t* a = arg + o * c_n;
+      for (int64_t c = 0; c < c_n; ++c) dx[a[c] * c_n + c] += g[c];
+    }
+    return;
+  }
+  // NCHW's order of additions (rows of the window, its columns, then the outputs), so every
+  // input element sums the same terms in the same order.
+  std::vector<T> share(ow_n * c_n);  // one output row's gradients, divided among their windows
+  for (int64_t oh = 0; oh < out_h_; ++oh) {
+    const int64_t hs_pad = oh * sh_ - ph_;
+    const int64_t he_pad = std::min(hs_pad + kh_, height_ + ph_);
+    const int64_t hs = std::max<int64_t>(hs_pad, 0), he = std::min(he_pad, height_);
+    for (int64_t ow = 0; ow < ow_n; ++ow) {
+      const int64_t divisor = AverageDivisor(hs_pad, he_pad, ow);
+      const T* g = dy + (oh * ow_n + ow) * c_n;
+      for (int64_t c = 0; c < c_n; ++c) {
+        share[ow * c_n + c] = divisor == 0 ? T(0) : g[c] / static_cast<T>(divisor);
+      }
+    }
+    for (int64_t ih = hs; ih < he; ++ih) {
+      for (int64_t kj = 0; kj < kw_; ++kj) {
+        int64_t lo, hi;
+        ValidRange(kj - pw_, sw_, width_, ow_n, &lo, &hi);
+        for (int64_t ow = lo; ow < hi; ++ow) {
+          T* __restrict d = dx + (ih * width_ + ow * sw_ + kj - pw_) * c_n;
+          const T* __restrict sh = share.data() + ow * c_n;
+          for (int64_t c = 0; c < c_n; ++c) d[c] += sh[c];
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void PoolingLayer::ForwardNhwc(const Tensor& xt, Tensor& yt) {
+  using A = Compute<T>;
+  const T* x = xt.data<T>();  // bottom: (N, H, W, C) in memory
+  T* y = yt.data<T>();        // top: (N, H_out, W_out, C)
+  const int64_t c_n = channels_, n = xt.dim(0);
+  const int64_t in_image = height_ * width_ * c_n, out_row = out_w_ * c_n;
+  int32_t* arg = is_max_ ? argmax_.data<int32_t>() : nullptr;
+  if (global_ && !is_max_) {
+    // Global average: one running sum per channel over the image's positions.
+    ParallelFor(n, 1, [&](int64_t i0, int64_t i1) {
+      std::vector<A> acc(c_n);
+      for (int64_t i = i0; i < i1; ++i) {
+        std::fill(acc.begin(), acc.end(), A(0));
+        const T* xi = x + i * in_image;
+        for (int64_t p = 0; p < height_ * width_; ++p) {
+          for (int64_t c = 0; c < c_n; ++c) acc[c] += Widen(xi[p * c_n + c]);
+        }
+        for (int64_t c = 0; c < c_n; ++c) acc[c] /= static_cast<A>(height_ * width_);
+        NarrowSpan<T>(acc.data(), c_n, y + i * c_n);
+      }
+    });
+    return;
+  }
+  ParallelFor(n * out_h_, 1, [&](int64_t r0, int64_t r1) {
+    // 16-bit storage: each image widened once per task, pooled in f32, each row rounded back.
+    std::vector<A> wide_x(kIsLowPrecision<T> ? in_image : 0);
+    std::vector<A> wide_y(kIsLowPrecision<T> ? out_row : 0);
+    int64_t widened = -1;
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t i = r / out_h_, oh = r % out_h_;
+      int32_t* argr = arg != nullptr ? arg + r * out_row : nullptr;
+      if constexpr (kIsLowPrecision<T>) {
+        if (widened != i) {
+          WidenSpan<T>(x + i * in_image, in_image, wide_x.data());
+          widened = i;
+        }
+        ForwardRowNhwc<A>(wide_x.data(), oh, wide_y.data(), argr);
+        NarrowSpan<T>(wide_y.data(), out_row, y + r * out_row);
+      } else {
+        ForwardRowNhwc<T>(x + i * in_image, oh, y + r * out_row, argr);
+      }
+    }
+  });
+}
+
+template <typename T>
+void PoolingLayer::BackwardNhwc(const Tensor& dyt, Tensor* dxt) {
+  using A = Compute<T>;
+  const T* dy = dyt.data<T>();  // top grad: (N, H_out, W_out, C) in memory
+  T* dx = dxt->data<T>();       // bottom grad: (N, H, W, C)
+  const int64_t c_n = channels_, n = dyt.dim(0);
+  const int64_t in_image = height_ * width_ * c_n, out_image = out_h_ * out_w_ * c_n;
+  const int32_t* arg = is_max_ ? argmax_.data<int32_t>() : nullptr;
+  ParallelFor(n, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<A> wide_dy(kIsLowPrecision<T> ? out_image : 0);
+    std::vector<A> wide_dx(kIsLowPrecision<T> ? in_image : 0);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int32_t* argi = arg != nullptr ? arg + i * out_image : nullptr;
+      if (global_ && !is_max_) {
+        // dx = dy / (H W) at every position of the channel (NCHW's value, rounded once).
+        std::vector<A> g(c_n);
+        std::vector<T> row(c_n);
+        for (int64_t c = 0; c < c_n; ++c) {
+          g[c] = Widen(dy[i * c_n + c]) / static_cast<A>(height_ * width_);
+        }
+        NarrowSpan<T>(g.data(), c_n, row.data());
+        T* dxi = dx + i * in_image;
+        for (int64_t p = 0; p < height_ * width_; ++p) {
+          std::copy(row.begin(), row.end(), dxi + p * c_n);
+        }
+        continue;
+      }
+      if constexpr (kIsLowPrecision<T>) {
+        WidenSpan<T>(dy + i * out_image, out_image, wide_dy.data());
+        BackwardImageNhwc<A>(wide_dy.data(), argi, wide_dx.data());
+        NarrowSpan<T>(wide_dx.data(), in_image, dx + i * in_image);
+      } else {
+        BackwardImageNhwc<T>(dy + i * out_image, argi, dx + i * in_image);
+      }
+    }
+  });
+}
+
+template <typename T>
 void PoolingLayer::ForwardT(const Tensor& xt, Tensor& yt) {
+  if (xt.channels_last()) return ForwardNhwc<T>(xt, yt);
   using A = Compute<T>;
   const T* x = xt.data<T>();  // bottom: (N, C, H, W)
   T* y = yt.data<T>();        // top: (N, C, H_out, W_out)
@@ -317,6 +492,7 @@ void PoolingLayer::BackwardPlane(const T* dyp, T* dxp, const int32_t* argp,
 template <typename T>
 void PoolingLayer::BackwardT(const Tensor&, const Tensor& dyt, bool propagate, Tensor* dxt) {
   if (!propagate) return;
+  if (dxt->channels_last()) return BackwardNhwc<T>(dyt, dxt);
   using A = Compute<T>;
   const T* dy = dyt.data<T>();  // top grad: (N, C, H_out, W_out)
   T* dx = dxt->data<T>();       // bottom grad: (N, C, H, W)

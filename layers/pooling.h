@@ -11,7 +11,10 @@
 // size counting padding (count_include_pad) or only the input elements it covers.
 // Max: ties go to the first element in the window (row-major), a NaN always wins, as in
 // PyTorch; backward routes the gradient to that element (indices kept from forward).
-// Threads: ParallelFor over the N * C planes.
+// Channels-last (NHWC) inputs run kernels of their own that visit each window in the same order
+// (so ties, NaN and sums come out as in NCHW) with the channels innermost, vectorized; the
+// argmax then holds, per output element, the plane index h * W + w of its input.
+// Threads: ParallelFor over the N * C planes (NHWC: over output rows forward, images backward).
 #pragma once
 
 #include "engine/graph/typed_layer.h"
@@ -23,6 +26,7 @@ class PoolingLayer : public TypedLayer<PoolingLayer, AllFloatTypes, KernelArgs::
   using TypedLayer::TypedLayer;
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   bool BackwardReadsInputs() const override { return false; }  // by the saved argmax, or evenly
+  bool TakesChannelsLast() const override { return true; }
 
  protected:
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
@@ -34,6 +38,16 @@ class PoolingLayer : public TypedLayer<PoolingLayer, AllFloatTypes, KernelArgs::
   void ForwardPlane(const T* xp, T* yp, int32_t* argp) const;
   template <typename T>
   void BackwardPlane(const T* dyp, T* dxp, const int32_t* argp, std::vector<T>& g) const;
+  // Channels-last: output row oh of one image (x: (H, W, C), y and arg: (W_out, C) of that row);
+  // backward of one image (dy, arg: (H_out, W_out, C); dx: (H, W, C)).
+  template <typename T>
+  void ForwardRowNhwc(const T* x, int64_t oh, T* y, int32_t* arg) const;
+  template <typename T>
+  void BackwardImageNhwc(const T* dy, const int32_t* arg, T* dx) const;
+  template <typename T>
+  void ForwardNhwc(const Tensor& xt, Tensor& yt);
+  template <typename T>
+  void BackwardNhwc(const Tensor& dyt, Tensor* dxt);
   // Average pooling's divisor for output (oh, ow), the window's rows [hs_pad, he_pad) with
   // padding: the elements it covers (with count_include_pad, padding included), or 0 when it
   // covers no input element (its output is 0).
@@ -46,6 +60,7 @@ class PoolingLayer : public TypedLayer<PoolingLayer, AllFloatTypes, KernelArgs::
   int64_t kernel_h_ = 0, kernel_w_ = 0, stride_h_ = 1, stride_w_ = 1, pad_h_ = 0, pad_w_ = 0;
   // Current geometry (set by Reshape).
   int64_t planes_ = 0, height_ = 0, width_ = 0, out_h_ = 0, out_w_ = 0;
+  int64_t channels_ = 0;
   int64_t kh_ = 0, kw_ = 0, sh_ = 1, sw_ = 1, ph_ = 0, pw_ = 0;
   // i32 (N, C, H_out, W_out): index h * W + w within the plane (max only); in an inference net
   // the net's ScratchSpace::ForwardOnly buffer, shared by every pooling layer.

@@ -109,6 +109,7 @@ void ReluLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob
     top[0]->data = bottom[0]->data;  // the same storage
   } else {
     top[0]->data.Resize(bottom[0]->data.shape(), bottom[0]->data.dtype());
+    top[0]->data.set_format(bottom[0]->data.format());
   }
 }
 

@@ -1,9 +1,9 @@
 // ReLU: y = x for x > 0, negative_slope * x otherwise (leaky when negative_slope != 0).
 //
 // Settings: negative_slope (0.0).
-// Shapes: any; top has bottom's shape. Backward passes the gradient where x > 0 (PyTorch's
-// rule for slope 0: the gradient at exactly 0 is 0), read from the output's sign when the
-// slope is not negative (y > 0 exactly where x > 0), so the layer can run in place: the net
+// Shapes: any; top has bottom's shape and memory format. Backward passes the gradient where x > 0
+// (PyTorch's rule for slope 0: the gradient at exactly 0 is 0), read from the output's sign when
+// the slope is not negative (y > 0 exactly where x > 0), so the layer can run in place: the net
 // lets the output overwrite the input (Layer::CanRunInPlace) where nothing else needs it.
 // Threads: ParallelFor over contiguous element ranges.
 #pragma once
@@ -17,6 +17,8 @@ class ReluLayer : public TypedLayer<ReluLayer, WideFloatTypes> {
   using TypedLayer::TypedLayer;
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   bool CanRunInPlace() const override { return negative_slope_ >= 0; }
+  bool TakesChannelsLast() const override { return true; }  // element-wise
+  double negative_slope() const { return negative_slope_; }
   // The gradient's mask comes from y where the slope is not negative (y > 0 iff x > 0).
   bool BackwardReadsInputs() const override { return negative_slope_ < 0; }
 

@@ -18,6 +18,7 @@ class SplitLayer : public TypedLayer<SplitLayer, AllFloatTypes> {
   void Reshape(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
   bool BackwardReadsInputs() const override { return false; }  // the sum of the top gradients
   int SharesInputStorage(int) const override { return 0; }
+  bool TakesChannelsLast() const override { return true; }
 
  protected:
   // Forward shares storage, so one implementation serves every dtype.

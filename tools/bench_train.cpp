@@ -68,14 +68,14 @@ struct Subject {
 // An inference net (no gradients, no solver state, activations given back as soon as the next
 // layer has read them) on one batch of the training data, fed once, after --warmup passes.
 Subject StartInference(const BenchTrainArgs& a, const RunConfig& config, const World& world) {
+  DataOptions data = config.data;
+  data.channels_last = ConfigLayout(config) == MemoryFormat::kNHWC;  // the net's format
   std::unique_ptr<BatchSource> source =
-      MakeTrainSource(config.data, ShardSpec{world.rank, world.size}, config.seed);
-  NetOptions options;
-  options.mode = NetMode::kInference;
+      MakeTrainSource(data, ShardSpec{world.rank, world.size}, config.seed);
   Subject s;
   s.infer_net = std::make_unique<Net>(
       MakeNetSpec(config, source->sample_shape(), source->num_classes(), config.data.batch_size),
-      config.seed, config.precision.compute, options);
+      config.seed, config.precision.compute, ConfigNetOptions(config, NetMode::kInference));
   source->Start(0, 0);
   Batch batch;
   CORTADO_CHECK(source->Next(batch), config.data.train, ": no batch to measure on");

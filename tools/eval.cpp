@@ -104,9 +104,8 @@ std::unique_ptr<Net> MakeEvalNet(const EvalArgs& a, EvalInputs& in, const BatchS
   int64_t batch =
       config.data.val_batch_size > 0 ? config.data.val_batch_size : config.data.batch_size;
   NetSpec spec = MakeNetSpec(config, val.sample_shape(), val.num_classes(), batch);
-  NetOptions options;
-  options.mode = NetMode::kInference;
-  auto net = std::make_unique<Net>(spec, config.seed, config.precision.compute, options);
+  auto net = std::make_unique<Net>(spec, config.seed, config.precision.compute,
+                                   ConfigNetOptions(config, NetMode::kInference));
   if (a.weights.empty()) {
     net->LoadState(in.ckpt, in.ckpt_path);
     in.ckpt.tensors = {};  // the net holds its own copy: not the weights twice while evaluating
@@ -151,6 +150,7 @@ void RunEval(const EvalArgs& a) {
   World world = JoinWorld(in.config.distributed);
   JoinAsRank(world);
   ApplyThreadBudget(a.threads, world.local_size);
+  in.config.data.channels_last = ConfigLayout(in.config) == MemoryFormat::kNHWC;  // the net's
   std::unique_ptr<BatchSource> val =
       MakeEvalSource(in.config.data, ShardSpec{world.rank, world.size});
   std::unique_ptr<Net> net = MakeEvalNet(a, in, *val);

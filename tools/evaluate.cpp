@@ -60,12 +60,20 @@ void FeedBatch(Net& net, const Batch& batch) {
           batch.images.dim(2) == data.dim(2) && batch.images.dim(3) == data.dim(3),
       "data source produced images ", batch.images.ToString(), " but the net expects [N, ",
       data.dim(1), ", ", data.dim(2), ", ", data.dim(3), "]");
-  if (data.dtype() == DType::kF32) {
+  const bool same_format = batch.images.format() == data.format() || batch.images.IsLayoutTrivial();
+  if (data.dtype() == DType::kF32 && same_format) {
     data = batch.images;
+    data.set_format(data.ndim() == 4 ? net.layout() : MemoryFormat::kNCHW);
+  } else if (data.dtype() == DType::kF32) {
+    // A source that wrote another memory format than the net's (the loader writes the net's):
+    // reordered into the net's own input tensor.
+    data.Resize(batch.images.shape(), data.dtype());
+    data.ReorderFrom(batch.images);
   } else {
     // An f64 net (precision.compute: fp64) gets a converted copy in its own input tensor.
+    Tensor images = batch.images.Reordered(data.format());
     data.Resize(batch.images.shape(), data.dtype());
-    data.ConvertFrom(batch.images);
+    data.ConvertFrom(images);
   }
   net.input("label") = batch.labels;
 }

@@ -237,11 +237,9 @@ std::string Megabytes(size_t bytes) { return StrCat(Fixed(static_cast<double>(by
 // The activation memory plan of the config's net (engine/tensor/memory_plan.h): bytes alive while
 // each layer's forward and backward run in training, and in inference, and the peaks.
 std::string MemoryPlanTable(const NetSpec& spec, const RunConfig& config) {
-  NetOptions train_options, infer_options;
-  train_options.plan_memory = true;
-  infer_options.mode = NetMode::kInference;
-  Net train(spec, config.seed, config.precision.compute, train_options);
-  Net infer(spec, config.seed, config.precision.compute, infer_options);
+  Net train(spec, config.seed, config.precision.compute, ConfigNetOptions(config, NetMode::kTrain));
+  Net infer(spec, config.seed, config.precision.compute,
+            ConfigNetOptions(config, NetMode::kInference));
   const MemoryPlan& t = train.memory_plan();
   const MemoryPlan& f = infer.memory_plan();
   size_t all = 0;  // every activation (not their gradients) alive at once
@@ -323,8 +321,10 @@ void AddInspectCommand(CLI::App& app) {
       std::unique_ptr<BatchSource> source = MakeTrainSource(config.data, ShardSpec{}, config.seed);
       NetSpec spec = MakeNetSpec(config, source->sample_shape(), source->num_classes(),
                                  config.data.batch_size);
-      Net net(spec, config.seed, config.precision.compute);
+      Net net(spec, config.seed, config.precision.compute,
+              ConfigNetOptions(config, NetMode::kTrain));
       std::printf("%s", NetTable(net).c_str());
+      std::printf("%s", LayoutSummary(config, net).c_str());
       std::printf("%s", MemoryPlanTable(spec, config).c_str());
       std::printf("%s", DataSummary(config, *source).c_str());
     }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
 #include <sstream>
 
 #include "data/lmdb_source.h"
@@ -9,6 +10,44 @@
 #include "models/builders.h"
 
 namespace cortado {
+
+MemoryFormat ConfigLayout(const RunConfig& config) {
+  if (config.model.layout == "nchw") return MemoryFormat::kNCHW;
+  if (config.model.layout == "nhwc") return MemoryFormat::kNHWC;
+  return AutoLayout(Device::CPU(), config.precision.compute);
+}
+
+NetOptions ConfigNetOptions(const RunConfig& config, NetMode mode) {
+  NetOptions options;
+  options.mode = mode;
+  options.plan_memory = true;
+  options.layout = ConfigLayout(config);
+  options.fuse = true;
+  return options;
+}
+
+std::string LayoutSummary(const RunConfig& config, const Net& net) {
+  std::string reorders;
+  for (const std::string& r : net.reorders()) reorders += StrCat(reorders.empty() ? "" : "; ", r);
+  std::string out =
+      StrCat("layout: ", MemoryFormatName(net.layout()), " (model.layout: ", config.model.layout,
+             "); reorders: ", reorders.empty() ? std::string("none") : reorders, "\n");
+  // Which kernels run the convolutions, grouped.
+  std::map<std::string, int> kernels;
+  for (const auto& layer : net.layers()) {
+    if (layer->type() == "Convolution") ++kernels[layer->KernelInfo()];
+  }
+  if (!kernels.empty()) {
+    out += "convolutions:";
+    bool first = true;
+    for (const auto& [what, count] : kernels) {
+      out += StrCat(first ? " " : "; ", count, " on ", what);
+      first = false;
+    }
+    out += "\n";
+  }
+  return out;
+}
 
 NetSpec MakeNetSpec(const RunConfig& config, const Shape& sample_shape, int64_t num_classes,
                     int64_t batch_size) {
@@ -48,7 +87,7 @@ std::string NetTable(Net& net) {
     const std::string shape = !outs.empty() && net.has_blob(outs[0])
                                   ? ShapeString(net.blob(outs[0])->data.shape())
                                   : std::string("-");
-    rows.push_back({layer->name(), layer->type(), shape, std::to_string(n)});
+    rows.push_back({layer->name(), layer->type() + layer->Note(), shape, std::to_string(n)});
   }
   // Each column as wide as its longest entry plus two spaces: a long layer name never runs
   // into its type.
@@ -77,9 +116,9 @@ std::string NetTableWithoutData(const RunConfig& config) {
                            ? Shape(d.synthetic_shape.begin(), d.synthetic_shape.end())
                            : LmdbSampleShape(d);
   const int64_t classes = d.type == "synthetic" ? d.synthetic_classes : -1;
-  Net net(MakeNetSpec(config, sample, classes, d.batch_size), config.seed,
-          config.precision.compute);
-  return StrCat(NetTable(net), "(built from the config alone: ",
+  Net net(MakeNetSpec(config, sample, classes, d.batch_size), config.seed, config.precision.compute,
+          ConfigNetOptions(config, NetMode::kTrain));
+  return StrCat(NetTable(net), LayoutSummary(config, net), "(built from the config alone: ",
                 config.model.num_classes > 0 ? config.model.num_classes : classes,
                 " classes, input ", ShapeString(sample), ")\n");
 }

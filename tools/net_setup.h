@@ -12,12 +12,22 @@
 
 namespace cortado {
 
+// The activations' memory format: model.layout, auto resolved for this build and the compute
+// dtype (engine/graph/net.h, AutoLayout).
+MemoryFormat ConfigLayout(const RunConfig& config);
+// What every tool builds the config's net with: its layout, the fusion rewrites, and `mode`
+// (a training net follows its memory plan).
+NetOptions ConfigNetOptions(const RunConfig& config, NetMode mode);
+// One line for logs and tables: "layout: nhwc (model.layout: auto); ..." with the reorders the
+// net inserted, and a line on which kernels run its convolutions.
+std::string LayoutSummary(const RunConfig& config, const Net& net);
+
 // Builds the config's model for inputs of the given sample shape {C, H, W}.
 NetSpec MakeNetSpec(const RunConfig& config, const Shape& sample_shape, int64_t num_classes,
                     int64_t batch_size);
 
-// The net as a table (layer, type, output shape, parameters), columns as wide as their
-// longest entry, and the total.
+// The net as a table (layer, type with its fusion note, output shape, parameters), columns as
+// wide as their longest entry, and the total.
 std::string NetTable(Net& net);
 
 // NetTable of a config whose data is not on this machine (inspect, a dry run): the net built

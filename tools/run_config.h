@@ -26,6 +26,8 @@ struct ModelConfig {
   int64_t base_width = 0;        // ImageNet ResNets' first-stage channels; 0: 64
   std::string weights;           // a safetensors file to initialize from (tools/weights.h); "" none
   bool weights_partial = false;  // load what fits even outside the final classifier
+  // Memory format of the activations: auto | nchw | nhwc (tools/net_setup.h resolves auto).
+  std::string layout = "auto";
 };
 
 struct SolverConfig {

@@ -69,7 +69,8 @@ LayerSpec ParseLayer(const YamlConfig& yaml, const YAML::Node& node, size_t inde
 
 constexpr std::string_view kModelKeys[] = {"builder",     "layers",          "num_classes",
                                            "in_channels", "label_smoothing", "zero_init_residual",
-                                           "base_width",  "weights",         "weights_partial"};
+                                           "base_width",  "weights",         "weights_partial",
+                                           "layout"};
 
 std::span<const std::string_view> ModelKeys() { return kModelKeys; }
 
@@ -105,6 +106,9 @@ ModelConfig ParseModel(const YamlConfig& yaml, const YamlSection& m) {
           "applies to the resnet18 ... resnet152 builders, not to a layers graph");
   model.weights = m.String("weights", "");
   model.weights_partial = m.Bool("weights_partial", false);
+  model.layout = m.String("layout", "auto");
+  Require(model.layout == "auto" || model.layout == "nchw" || model.layout == "nhwc", m, "layout",
+          "must be auto, nchw or nhwc, got '" + model.layout + "'");
   return model;
 }
 

@@ -77,6 +77,7 @@ int DryRun(RunConfig config, const TrainOptions& options) {
   std::printf("# resolved config (%s with the --set overrides)\n%s\n", file.c_str(),
               resolved.c_str());
   std::printf("%s", NetTable(trainer.net()).c_str());
+  std::printf("%s", LayoutSummary(copy, trainer.net()).c_str());
   std::unique_ptr<BatchSource> train = MakeTrainSource(copy.data, ShardSpec{}, copy.seed);
   std::printf("%s", DataSummary(copy, *train).c_str());
   std::printf("training: from iteration %lld to %lld; checkpoints in '%s'%s%s\n",

@@ -45,6 +45,18 @@ std::string PrecisionLine(DType compute, const LossScaler* scaler) {
                        : std::string("none"));
 }
 
+// Where 16-bit compute is slower than fp32: the CPU has no 16-bit dot product for it (f16
+// never does on CPUs; bf16 without AVX512_BF16), so every convolution and product widens its
+// operands to f32 and runs the f32 kernels, and the conversions come on top.
+std::string SlowLowPrecisionLine(DType compute) {
+  const char* name = compute == DType::kBF16 ? "bf16" : "fp16";
+  return StrCat("this CPU has no ", name, " dot product (",
+                compute == DType::kBF16 ? "AVX512_BF16" : "no CPU has one",
+                "): every convolution and product widens its operands to f32, so ", name,
+                " computes slower than fp32 here; it still halves the activations' memory. For "
+                "speed use precision.compute: fp32");
+}
+
 }  // namespace
 
 TrainReporter::TrainReporter(Trainer& trainer) : trainer_(trainer) {}
@@ -101,8 +113,18 @@ void TrainReporter::Banner() const {
           ranks > 1 ? " per rank" : "", " per epoch; ", NumThreads(), " thread(s)",
           ranks > 1 ? " per rank" : "");
   LogInfo("cpu: ", CpuDescription());
+  // "layout: ..." and "convolutions: ..." (the net's memory format, reorders, kernels).
+  const std::string layout = LayoutSummary(config, trainer_.net());
+  for (size_t at = 0; at < layout.size();) {
+    const size_t end = layout.find('\n', at);
+    LogInfo(layout.substr(at, end - at));
+    at = end == std::string::npos ? layout.size() : end + 1;
+  }
   if (IsLowPrecision(config.precision.compute)) {
     LogInfo("precision: ", PrecisionLine(config.precision.compute, t.loss_scaler()));
+    if (config.precision.compute == DType::kF16 || !NativeBF16GemmAvailable()) {
+      LogWarning(SlowLowPrecisionLine(config.precision.compute));
+    }
   }
   // The learning rate goes with the global batch: say both, on one rank too (a recipe's rate
   // is for its global batch).

@@ -30,6 +30,8 @@ Trainer::Trainer(RunConfig config, World world)
       reporter_(std::make_unique<TrainReporter>(*this)) {
   const uint64_t seed = config_.seed;
   const ShardSpec shard{world_.rank, world_.size};
+  // The sources write batches in the net's memory format.
+  config_.data.channels_last = ConfigLayout(config_) == MemoryFormat::kNHWC;
   train_source_ = MakeTrainSource(config_.data, shard, seed);
   if (HasValidation(config_.data)) {
     val_source_ = MakeEvalSource(config_.data, shard);
@@ -40,9 +42,8 @@ Trainer::Trainer(RunConfig config, World world)
                              config_.data.batch_size);
   // Activations follow the net's memory plan: each goes back to the pool after the last
   // backward that reads it (engine/tensor/memory_plan.h).
-  NetOptions net_options;
-  net_options.plan_memory = true;
-  net_ = std::make_unique<Net>(spec, seed, config_.precision.compute, net_options);
+  net_ = std::make_unique<Net>(spec, seed, config_.precision.compute,
+                               ConfigNetOptions(config_, NetMode::kTrain));
   solver_ = std::make_unique<SgdSolver>(net_->params(), config_.solver.sgd);
   if (config_.precision.loss_scaling) {
     scaler_ = std::make_unique<LossScaler>(config_.precision.scaler);

@@ -158,6 +158,7 @@ WeightsReport LoadWeights(Net& net, const std::string& builder, const Safetensor
   };
   for (Param* p : net.params()) load(p->name, p->value);
   for (Buffer* b : net.buffers()) load(b->name, b->value);
+  net.ParamsChanged();  // layers that keep derived copies of their weights refresh them
   // A larger architecture's file (resnet34's into resnet18) fills every tensor of the net; only
   // its extra blocks, left over here, tell that it is another architecture's.
   const std::string file_classifier =

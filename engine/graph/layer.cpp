@@ -39,10 +39,13 @@ void Layer::SetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& to
 
 namespace {
 
-// Staging tensor `index` of `pool` as f32 of `shape` (reused across calls; grows as needed).
-Tensor& Staged(std::vector<Tensor>& pool, size_t index, const Shape& shape) {
+// Staging tensor `index` of `pool` as f32 of `shape` in `format` (reused across calls; grows as
+// needed).
+Tensor& Staged(std::vector<Tensor>& pool, size_t index, const Shape& shape,
+               MemoryFormat format = MemoryFormat::kNCHW) {
   if (pool.size() <= index) pool.resize(index + 1);
   pool[index].Resize(shape, DType::kF32);
+  pool[index].set_format(shape.size() == 4 ? format : MemoryFormat::kNCHW);
   return pool[index];
 }
 
@@ -55,6 +58,12 @@ void Layer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& 
     Fail(Describe(), ": input '", bottom[0]->name,
          "' is on a device this build has no kernels for");
   }
+  if (absorbed_) {
+    // The layer before computes this one's output in its own; the output shares the input.
+    top[0]->data = bottom[0]->data;
+    return;
+  }
+  CheckFormats(bottom, false);
   switch (x.dtype()) {
     case DType::kF32:
       return ForwardF32(bottom, top);
@@ -72,6 +81,10 @@ void Layer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& 
 void Layer::Backward(const std::vector<Blob*>& top, const std::vector<bool>& propagate_down,
                      const std::vector<Blob*>& bottom) {
   CORTADO_CHECK(!bottom.empty(), Describe(), ": Backward without inputs");
+  CORTADO_CHECK(!absorbed_, Describe(),
+                ": Backward of a layer absorbed by the one before it "
+                "(absorption is for inference nets only)");
+  CheckFormats(top, true);
   switch (bottom[0]->data.dtype()) {
     case DType::kF32:
       return BackwardF32(top, propagate_down, bottom);
@@ -83,6 +96,17 @@ void Layer::Backward(const std::vector<Blob*>& top, const std::vector<bool>& pro
       return BackwardF16(top, propagate_down, bottom);
     default:
       return BackwardOtherDType(top, propagate_down, bottom);
+  }
+}
+
+void Layer::CheckFormats(const Blobs& blobs, bool grads) const {
+  if (TakesChannelsLast()) return;
+  for (const Blob* b : blobs) {
+    const Tensor& t = grads ? b->grad : b->data;
+    if (t.channels_last() && !t.IsLayoutTrivial()) {
+      Fail(Describe(), ": ", grads ? "gradient of '" : "input '", b->name, "' is ", t.ToString(),
+           ", channels-last, but this layer takes NCHW only (a net inserts a Reorder before it)");
+    }
   }
 }
 
@@ -124,7 +148,7 @@ void Layer::ForwardInF32(const Blobs& bottom, const Blobs& top) {
     Blob& w = wide[i];
     w.name = bottom[i]->name;
     if (IsLowPrecision(bottom[i]->data.dtype())) {
-      w.data = Staged(pool, next++, bottom[i]->data.shape());
+      w.data = Staged(pool, next++, bottom[i]->data.shape(), bottom[i]->data.format());
       w.data.ConvertFrom(bottom[i]->data);
     } else {
       w.data = bottom[i]->data;
@@ -134,8 +158,9 @@ void Layer::ForwardInF32(const Blobs& bottom, const Blobs& top) {
   for (size_t j = 0; j < top.size(); ++j) {
     Blob& w = wide[bottom.size() + j];
     w.name = top[j]->name;
-    w.data = IsLowPrecision(top[j]->data.dtype()) ? Staged(pool, next++, top[j]->data.shape())
-                                                  : top[j]->data;
+    w.data = IsLowPrecision(top[j]->data.dtype())
+                 ? Staged(pool, next++, top[j]->data.shape(), top[j]->data.format())
+                 : top[j]->data;
     wide_top.push_back(&w);
   }
   ForwardF32(wide_bottom, wide_top);
@@ -151,7 +176,7 @@ void Layer::BackwardInF32(const Blobs& top, const std::vector<bool>& propagate_d
   // Widens a low-precision tensor into the next staging buffer (others are shared).
   auto widen = [&](const Tensor& t) {
     if (!IsLowPrecision(t.dtype()) || !t.defined()) return t;
-    Tensor& w = Staged(pool, next++, t.shape());
+    Tensor& w = Staged(pool, next++, t.shape(), t.format());
     w.ConvertFrom(t);
     return w;
   };
@@ -173,7 +198,7 @@ void Layer::BackwardInF32(const Blobs& top, const std::vector<bool>& propagate_d
     w.data = reads_inputs ? widen(bottom[i]->data) : bottom[i]->data;
     const bool wants = i < propagate_down.size() && propagate_down[i];
     if (wants && IsLowPrecision(bottom[i]->grad.dtype())) {
-      w.grad = Staged(pool, next++, bottom[i]->grad.shape());
+      w.grad = Staged(pool, next++, bottom[i]->grad.shape(), bottom[i]->grad.format());
     } else {
       w.grad = bottom[i]->grad;
     }

@@ -27,6 +27,10 @@
 // stored activations are half the size and the arithmetic is the reference's.
 // Params take bottom[0]'s dtype at SetUp, except that low-precision nets keep their params
 // (the master weights) and buffers in f32; loss and accuracy outputs are f32 there too.
+// Memory format: a layer whose kernels take channels-last (NHWC) 4-d tensors says so
+// (TakesChannelsLast) and gives its 4-d outputs its input's format in Reshape; one that does not
+// gets NCHW inputs (or inputs whose layout is the same in both, Tensor::IsLayoutTrivial), which
+// the net ensures by inserting a Reorder layer before it, and Forward/Backward check it.
 // Threads: Forward/Backward are called from one thread and may use ParallelFor inside.
 #pragma once
 
@@ -80,7 +84,7 @@ class BatchStatsReducer {
 // instead of a set per layer: for ResNet-50 at batch 16 that is 625 MB less.
 class ScratchSpace {
  public:
-  static constexpr int kKinds = 8;
+  static constexpr int kKinds = 16;
   // The per-thread buffers of `kind` (a layer type's own small numbers, below kKinds).
   std::vector<Tensor>& Buffers(int kind) { return kinds_.at(static_cast<size_t>(kind)); }
   // The f32 staging buffers of layers that compute a low-precision dtype in f32.
@@ -115,6 +119,10 @@ struct LayerContext {
   ScratchSpace* scratch = nullptr;
   // An inference net: AddParam makes no gradient tensor (nothing will run backward).
   bool inference = false;
+  // Incremented whenever parameters or buffers are written from outside the solver's step
+  // (Net::LoadState, Net::ParamsChanged): an inference net's layers that keep derived copies
+  // of their weights (a convolution's reordered, folded weights) refresh them then.
+  uint64_t params_version = 1;
 };
 
 struct LayerSpec {
@@ -146,6 +154,23 @@ class Layer {
   virtual int NumOutputs() const { return 1; }
   // Whether a gradient can flow to input i (false for labels).
   virtual bool CanBackpropTo(int input_index) const { return true; }
+  // Whether the kernels take 4-d inputs in channels-last memory (MemoryFormat::kNHWC), giving
+  // 4-d outputs the input's format. False: NCHW only (the net reorders before such a layer).
+  virtual bool TakesChannelsLast() const { return false; }
+  // Inference fusion (Net, NetOptions::fuse): offered the layer that alone reads this layer's
+  // only output, a layer may take over its computation (a convolution folds the batch norm after
+  // it into its weights) and return true; `next` is then told set_absorbed(true) and passes its
+  // input through (its output shares its input's storage, its forward does nothing). Called
+  // after SetUp of both, before the first Forward.
+  virtual bool AbsorbNext(Layer& next) { return false; }
+  void set_absorbed(bool on) { absorbed_ = on; }
+  bool absorbed() const { return absorbed_; }
+  // What the layer computes besides its type, as a suffix for tables ("+ReLU": a fused ReLU;
+  // "+bn1+ReLU": folded in; " (absorbed)"); "" when nothing.
+  virtual std::string Note() const { return absorbed_ ? " (absorbed)" : ""; }
+  // Which kernels run the layer, where it has a choice ("oneDNN brgconv:avx512_core / ...",
+  // "im2col: <why>"); "" for layers with one implementation.
+  virtual std::string KernelInfo() const { return ""; }
   // Loss layers output a scalar that the net adds, times loss_weight, to the total loss.
   virtual bool IsLoss() const { return false; }
   // Floating-point operations of one forward pass at the current shapes (a multiply-add is 2),
@@ -165,7 +190,9 @@ class Layer {
   // Which input's storage output `output` shares after Reshape (a view, a split, or an in-place
   // layer's input 0), or -1 when it has storage of its own; the memory plan keeps the shared
   // buffer alive for every blob on it.
-  virtual int SharesInputStorage(int output) const { return in_place_ && output == 0 ? 0 : -1; }
+  virtual int SharesInputStorage(int output) const {
+    return (in_place_ || absorbed_) && output == 0 ? 0 : -1;
+  }
   void set_in_place(bool on) { in_place_ = on; }
   bool in_place() const { return in_place_; }
 
@@ -221,7 +248,11 @@ class Layer {
   Buffer& AddBuffer(const std::string& suffix, const Shape& shape, DType dtype);
   // Seed for this layer's initialization: depends on the run's seed and the layer's name.
   uint64_t InitSeed() const;
+  // Throws naming the layer and the blob when a 4-d tensor this layer reads is channels-last
+  // while the layer takes NCHW only.
+  void CheckFormats(const Blobs& blobs, bool grads) const;
   bool in_place_ = false;
+  bool absorbed_ = false;
 
   LayerSpec spec_;
   std::vector<Tensor> own_staging_;  // ForwardInF32's buffers outside a net

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "engine/base/log.h"
+#include "engine/graph/conv_onednn.h"
 
 namespace cortado {
 namespace {
@@ -15,8 +16,48 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 }
 }  // namespace
 
-Net::Net(const NetSpec& spec, uint64_t seed, DType dtype, NetOptions options)
-    : options_(options), name_(spec.name) {
+MemoryFormat AutoLayout(Device device, DType compute) {
+  if (device.type != DeviceType::kCPU) return MemoryFormat::kNCHW;
+  const bool fast = ChannelsLastConv::Built() && compute != DType::kF64;
+  return fast ? MemoryFormat::kNHWC : MemoryFormat::kNCHW;
+}
+
+NetSpec FuseSpec(const NetSpec& spec) {
+  std::map<std::string, std::vector<size_t>> readers;  // blob -> the layers that read it
+  for (size_t i = 0; i < spec.layers.size(); ++i) {
+    for (const std::string& in : spec.layers[i].inputs) readers[in].push_back(i);
+  }
+  NetSpec out = spec;
+  out.layers.clear();
+  std::vector<bool> dropped(spec.layers.size(), false);
+  for (size_t i = 0; i < spec.layers.size(); ++i) {
+    if (dropped[i]) continue;
+    LayerSpec layer = spec.layers[i];
+    const bool bn = layer.type == "BatchNorm";
+    const bool sum =
+        layer.type == "Eltwise" &&
+        (!layer.settings.Has("operation") || layer.settings.GetString("operation", "") == "sum");
+    if ((bn || sum) && !layer.settings.Has("relu") && layer.outputs.size() == 1) {
+      const std::vector<size_t>& r = readers[layer.outputs[0]];
+      if (r.size() == 1 && r[0] > i) {
+        const LayerSpec& next = spec.layers[r[0]];
+        const bool plain_relu = next.type == "ReLU" && next.inputs.size() == 1 &&
+                                next.settings.GetFloat("negative_slope", 0.0) == 0.0;
+        if (plain_relu) {
+          layer.settings.Set("relu", true);
+          layer.outputs = next.outputs;
+          dropped[r[0]] = true;
+        }
+      }
+    }
+    out.layers.push_back(std::move(layer));
+  }
+  return out;
+}
+
+Net::Net(const NetSpec& original_spec, uint64_t seed, DType dtype, NetOptions options)
+    : options_(options), name_(original_spec.name) {
+  const NetSpec spec = options_.fuse ? FuseSpec(original_spec) : original_spec;
   if (inference()) {
     options_.plan_memory = true;
     context_.phase = Phase::kTest;
@@ -37,6 +78,7 @@ Net::Net(const NetSpec& spec, uint64_t seed, DType dtype, NetOptions options)
     const bool floating = in.dtype == DType::kF32 || in.dtype == DType::kF64;
     const DType t = floating && !in.keep_dtype ? dtype : in.dtype;
     blob->data = Tensor(in.shape, t);
+    if (in.shape.size() == 4) blob->data.set_format(options_.layout);
     blob->data.Zero();
     blob_index_[in.name] = blobs_.size();
     blobs_.push_back(std::move(blob));
@@ -82,8 +124,51 @@ Net::Net(const NetSpec& spec, uint64_t seed, DType dtype, NetOptions options)
       AddLayer(split);
     }
   }
+  if (inference() && options_.fuse) AbsorbLayers();
   PlanInPlaceLayers();
   layer_times_.resize(layers_.size());
+}
+
+void Net::AbsorbLayers() {
+  std::vector<int> readers(blobs_.size(), 0), reader(blobs_.size(), -1);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    for (Blob* b : bottoms_[i]) {
+      const size_t index = blob_index_.at(b->name);
+      ++readers[index];
+      reader[index] = static_cast<int>(i);
+    }
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (tops_[i].size() != 1 || layers_[i]->absorbed()) continue;
+    const size_t out = blob_index_.at(tops_[i][0]->name);
+    if (readers[out] != 1) continue;
+    const size_t j = static_cast<size_t>(reader[out]);
+    if (bottoms_[j].size() != 1 || tops_[j].size() != 1) continue;
+    if (layers_[i]->AbsorbNext(*layers_[j])) layers_[j]->set_absorbed(true);
+  }
+}
+
+MemoryFormat Net::WantedFormat(const Layer& layer) const {
+  return layer.TakesChannelsLast() ? options_.layout : MemoryFormat::kNCHW;
+}
+
+std::string Net::ReorderedInput(const Layer& layer, const std::string& name) {
+  const Tensor& t = blobs_[blob_index_.at(name)]->data;
+  const MemoryFormat want = WantedFormat(layer);
+  if (t.ndim() != 4 || t.format() == want || t.IsLayoutTrivial()) return name;
+  LayerSpec reorder;
+  reorder.name = StrCat(name, ".to_", MemoryFormatName(want));
+  for (int k = 2; blob_index_.count(reorder.name); ++k) {
+    reorder.name = StrCat(name, ".to_", MemoryFormatName(want), "_", k);
+  }
+  reorder.type = "Reorder";
+  reorder.inputs = {name};
+  reorder.outputs = {reorder.name};
+  reorder.settings.Set("format", MemoryFormatName(want));
+  reorders_.push_back(StrCat(reorder.name, " (", name, " ", MemoryFormatName(t.format()), " -> ",
+                             MemoryFormatName(want), ", before ", layer.Describe(), ")"));
+  AddLayer(reorder);
+  return reorder.name;
 }
 
 void Net::PlanInPlaceLayers() {
@@ -112,6 +197,12 @@ void Net::AddLayer(LayerSpec spec) {
   std::string at = spec.where.empty() ? "" : " at " + spec.where;
   std::unique_ptr<Layer> layer = LayerRegistry::Create(spec);
   layer->set_context(&context_);
+  // 4-d inputs in another format than the layer takes go through a Reorder first.
+  if (spec.type != "Reorder") {
+    for (std::string& name : spec.inputs) {
+      if (blob_index_.count(name)) name = ReorderedInput(*layer, name);
+    }
+  }
   std::vector<Blob*> bottom, top;
   std::vector<bool> propagate;
   for (size_t i = 0; i < spec.inputs.size(); ++i) {
@@ -252,6 +343,7 @@ void Net::TakeBuffers(int step) {
     } else {
       held = Tensor(shape, dtype);  // larger than planned (shapes changed): storage of its own
     }
+    held.set_format(owner.data.format());  // a gradient lies like its activation
     (plan_.group_is_grad[group] ? owner.grad : owner.data) = held;
   }
 }
@@ -265,7 +357,9 @@ void Net::KeepWithinPlan(int step) {
     if (plan_.group_is_grad[group]) continue;
     Tensor& data = blobs_[static_cast<size_t>(plan_.group_blob[group])]->data;
     if (data.nbytes() > held_[group].nbytes() && activation_pool_.Holds(data)) {
+      const MemoryFormat format = data.format();
       data = Tensor(data.shape(), data.dtype());
+      data.set_format(format);
     }
   }
 }
@@ -295,7 +389,7 @@ double Net::Forward() {
     auto t0 = std::chrono::steady_clock::now();
     Layer& layer = *layers_[i];
     if (plan) TakeBuffers(static_cast<int>(i));
-    layer.Reshape(bottoms_[i], tops_[i]);
+    if (!layer.absorbed()) layer.Reshape(bottoms_[i], tops_[i]);
     if (plan) KeepWithinPlan(static_cast<int>(i));
     layer.Forward(bottoms_[i], tops_[i]);
     if (plan) GiveBackBuffers(static_cast<int>(i));
@@ -348,6 +442,7 @@ void Net::Backward(double loss_scale) {
     const size_t index = blob_index_.at(blob->name);
     if (plan || grad_pooled_[index]) return;  // planned: TakeBuffers did
     blob->grad = grad_pool_.Acquire(blob->data.shape(), blob->data.dtype());
+    blob->grad.set_format(blob->data.format());
     grad_pooled_[index] = true;
   };
   // A gradient is written by a consumer that propagates to it; all others must read as zero.
@@ -439,6 +534,7 @@ void Net::LoadState(const Checkpoint& checkpoint, const std::string& path) {
   };
   for (Param* p : params()) load("param/" + p->name, p->value, "parameter '" + p->name + "'");
   for (Buffer* b : buffers()) load("buffer/" + b->name, b->value, "buffer '" + b->name + "'");
+  ParamsChanged();
 }
 
 int64_t Net::num_parameters() {

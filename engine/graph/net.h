@@ -24,6 +24,20 @@
 // pass. An inference net (NetMode::kInference) runs in test phase only, plans its memory for
 // forward alone (a buffer goes back once its last reader has run) and has no parameter
 // gradients, no activation gradients and no Split layers; Backward throws.
+//
+// Layout (NetOptions::layout, model.layout): a net runs its 4-d activations in one memory format.
+// In kNHWC the image inputs are channels-last, every layer that takes it (Layer::
+// TakesChannelsLast) passes it on, and before a layer that takes NCHW only (InnerProduct on a 4-d
+// input, say) the net inserts a Reorder layer, listed like any other (`cortado inspect`); a blob
+// whose layout is the same in both formats (a pooled (N, C, 1, 1)) needs none. Gradients take
+// their activation's format.
+//
+// Fusion (NetOptions::fuse): before building, a BatchNorm or an Eltwise sum whose output only a
+// ReLU (slope 0) reads becomes one layer with `relu: true` (one pass over memory instead of two,
+// forward and backward); in an inference net a layer may then absorb the one after it
+// (Layer::AbsorbNext: a channels-last convolution folds its batch norm, and a ReLU, into its
+// weights and its oneDNN primitive). Parameters keep their names and canonical shapes either way,
+// so checkpoints move between fused and unfused nets, and between layouts.
 #pragma once
 
 #include <chrono>
@@ -66,7 +80,22 @@ struct NetOptions {
   // Fills every buffer the plan gives back with NaN (float blobs): a test mode that makes a read
   // of a given-back activation show up in the results.
   bool poison_released = false;
+  // Memory format of the 4-d activations (see the header paragraph).
+  MemoryFormat layout = MemoryFormat::kNCHW;
+  // Fusion rewrites (see the header paragraph).
+  bool fuse = false;
 };
+
+// model.layout: auto's choice for a net on `device` computing in `compute`: channels-last where
+// fast kernels take it (the CPU with oneDNN: its convolutions in f32, bf16 and f16), NCHW
+// otherwise (f64, which they do not take; a build without oneDNN; devices whose backend has not
+// said yet: a GPU backend answers for its own).
+MemoryFormat AutoLayout(Device device, DType compute);
+
+// The spec with the fusion rewrites of NetOptions::fuse applied: a BatchNorm, or an Eltwise sum,
+// whose only output is read by nothing but one ReLU with slope 0 takes `relu: true` and that
+// ReLU's outputs, and the ReLU is left out. A pure function of the spec (tests call it).
+NetSpec FuseSpec(const NetSpec& spec);
 
 class Net : public CheckpointState {
  public:
@@ -105,6 +134,7 @@ class Net : public CheckpointState {
   void SetBatchSize(int64_t batch);
 
   std::vector<std::unique_ptr<Layer>>& layers() { return layers_; }
+  const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
   // All learnable parameters, in forward order of their layers.
   std::vector<Param*> params();
   std::vector<Buffer*> buffers();
@@ -114,6 +144,10 @@ class Net : public CheckpointState {
   // first one that is missing or has another shape.
   void SaveState(Checkpoint& checkpoint) const override;
   void LoadState(const Checkpoint& checkpoint, const std::string& path) override;
+  // Tells the layers that parameters or buffers were written from outside (a weights file
+  // loaded into them): layers that keep derived copies refresh them (LayerContext::
+  // params_version). LoadState calls it itself.
+  void ParamsChanged() { ++context_.params_version; }
   // Whether a checkpoint entry is the net's own ("param/..." or "buffer/..."): the filter with
   // which an inference net's checkpoint loads without the solver state (momentum).
   static bool IsNetState(const std::string& name);
@@ -138,10 +172,20 @@ class Net : public CheckpointState {
   const std::vector<LayerTime>& layer_times() const { return layer_times_; }
   // Human-readable summary: layers, output shapes, parameter count.
   std::string Summary();
+  MemoryFormat layout() const { return options_.layout; }
+  // The Reorder layers the net inserted, as "name (blob nhwc -> nchw, before layer)" lines.
+  const std::vector<std::string>& reorders() const { return reorders_; }
   int64_t num_parameters();
 
  private:
   void AddLayer(LayerSpec spec);
+  // The format layer `layer` wants its 4-d input `blob` in: the net's layout where it takes
+  // channels-last, else NCHW.
+  MemoryFormat WantedFormat(const Layer& layer) const;
+  // Input `name` as `layer` wants it: the blob itself, or the output of a Reorder inserted now.
+  std::string ReorderedInput(const Layer& layer, const std::string& name);
+  // Offers each layer the single reader of its single output (Layer::AbsorbNext).
+  void AbsorbLayers();
   // Marks the layers that may overwrite their input (Layer::CanRunInPlace).
   void PlanInPlaceLayers();
   // The graph as the memory planner sees it, at the blobs' current shapes.
@@ -174,6 +218,7 @@ class Net : public CheckpointState {
   ArenaPool activation_pool_;   // activations and their gradients (plan_memory)
   bool profiling_ = false;
   std::vector<LayerTime> layer_times_;
+  std::vector<std::string> reorders_;
   std::string name_;        // the spec's, for errors
   bool forwarded_ = false;  // a Forward has completed and no Backward has run since
 };

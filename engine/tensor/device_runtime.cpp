@@ -11,6 +11,13 @@ namespace cortado {
 DeviceRuntime& CudaRuntime();
 #endif
 
+void DeviceRuntime::Reorder(Tensor& dst, const Tensor& src) {
+  Fail("reorder of ", src.ToString(), " to ", MemoryFormatName(dst.format()), " on ",
+       dst.device().ToString(),
+       ": this device's backend has no memory-format reorder yet; run the net with "
+       "model.layout: nchw");
+}
+
 DeviceRuntime* FindDeviceRuntime(DeviceType type) {
 #ifdef CORTADO_HAVE_CUDA
   if (type == DeviceType::kCUDA) return &CudaRuntime();

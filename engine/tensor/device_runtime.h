@@ -41,6 +41,10 @@ class DeviceRuntime {
   virtual void Fill(Tensor& t, double value) = 0;
   // dst = src converted between floating dtypes on the device, rounded as Tensor::ConvertFrom.
   virtual void Convert(Tensor& dst, const Tensor& src) = 0;
+  // dst = src moved between memory formats (Tensor::ReorderFrom: same shape and dtype, 4-d, the
+  // formats differ). The default refuses, naming the device: a backend that runs channels-last
+  // nets implements it.
+  virtual void Reorder(Tensor& dst, const Tensor& src);
   virtual void Synchronize(int index) = 0;
 };
 

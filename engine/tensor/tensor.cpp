@@ -28,6 +28,10 @@ int64_t ShapeNumel(const Shape& shape) {
   return n;
 }
 
+const char* MemoryFormatName(MemoryFormat format) {
+  return format == MemoryFormat::kNHWC ? "nhwc" : "nchw";
+}
+
 std::string Device::ToString() const {
   return type == DeviceType::kCPU ? "cpu" : StrCat("cuda:", index);
 }
@@ -72,6 +76,16 @@ int64_t Tensor::dim(int i) const {
   return shape_[j];
 }
 
+void Tensor::set_format(MemoryFormat format) {
+  CORTADO_CHECK(format == MemoryFormat::kNCHW || ndim() == 4, "tensor ", ToString(), " cannot be ",
+                MemoryFormatName(format), ": only 4-d (N, C, H, W) tensors can");
+  format_ = format;
+}
+
+bool Tensor::IsLayoutTrivial() const {
+  return ndim() != 4 || shape_[1] == 1 || shape_[2] * shape_[3] == 1;
+}
+
 void Tensor::Resize(const Shape& shape) { Resize(shape, dtype_); }
 
 void Tensor::Resize(const Shape& shape, DType dtype) {
@@ -90,13 +104,18 @@ void Tensor::Resize(const Shape& shape, DType dtype) {
   shape_ = shape;
   numel_ = n;
   dtype_ = dtype;
+  if (shape_.size() != 4) format_ = MemoryFormat::kNCHW;
 }
 
 Tensor Tensor::View(const Shape& shape) const {
   CORTADO_CHECK(ShapeNumel(shape) == numel_, "cannot view ", ToString(), " as ",
                 ShapeString(shape));
   Tensor t = *this;
+  if (shape == shape_) return t;
+  CORTADO_CHECK(!channels_last() || IsLayoutTrivial(), "cannot view ", ToString(), " as ",
+                ShapeString(shape), ": its elements are in NHWC order; reorder it to NCHW first");
   t.shape_ = shape;
+  t.format_ = MemoryFormat::kNCHW;
   return t;
 }
 
@@ -104,10 +123,13 @@ Tensor Tensor::View(const Shape& shape, int64_t offset) const {
   const int64_t n = ShapeNumel(shape);
   CORTADO_CHECK(offset >= 0 && offset + n <= numel_, "cannot view elements [", offset, ", ",
                 offset + n, ") of ", ToString());
+  CORTADO_CHECK(!channels_last() || IsLayoutTrivial(), "cannot view elements of ", ToString(),
+                ": its elements are in NHWC order; reorder it to NCHW first");
   Tensor t = *this;
   t.shape_ = shape;
   t.numel_ = n;
   t.offset_ = offset_ + offset;
+  t.format_ = MemoryFormat::kNCHW;
   return t;
 }
 
@@ -143,13 +165,21 @@ void Tensor::Fill(double value) {
 
 Tensor Tensor::Clone() const {
   Tensor t(shape_, dtype_, allocator_);
+  t.format_ = format_;
   t.CopyFrom(*this);
   return t;
+}
+
+void Tensor::CheckSameFormat(const Tensor& src, const char* what) const {
+  CORTADO_CHECK(src.format_ == format_ || (IsLayoutTrivial() && src.IsLayoutTrivial()), what, ": ",
+                src.ToString(), " into ", ToString(),
+                " mixes memory formats; use ReorderFrom to move elements between them");
 }
 
 void Tensor::CopyFrom(const Tensor& src) {
   CORTADO_CHECK(src.numel_ == numel_ && src.dtype_ == dtype_, "CopyFrom: ", src.ToString(),
                 " into ", ToString());
+  CheckSameFormat(src, "CopyFrom");
   CORTADO_CHECK(src.device() == device(), "CopyFrom across devices (", src.device().ToString(),
                 " to ", device().ToString(), ") must be explicit: use To(device)");
   if (numel_ == 0 || raw_data() == src.raw_data()) return;
@@ -164,7 +194,92 @@ Tensor Tensor::To(Device target) const {
   Tensor t(
       shape_, dtype_,
       target.type == DeviceType::kCPU ? CpuAllocator() : runtime.DeviceAllocator(target.index));
+  t.format_ = format_;
   if (numel_ > 0) runtime.Copy(t, *this);
+  return t;
+}
+
+namespace {
+
+// Transposes one image's (rows, cols) matrix into (cols, rows) in tiles that stay in cache:
+// NCHW -> NHWC is (C, HW) -> (HW, C), and back. U is an unsigned type of the element's size.
+template <typename U>
+void TransposeTiles(const U* __restrict src, U* __restrict dst, int64_t rows, int64_t cols,
+                    int64_t col_begin, int64_t col_end) {
+  constexpr int64_t kTile = 32;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    const int64_t r1 = std::min(r0 + kTile, rows);
+    for (int64_t c0 = col_begin; c0 < col_end; c0 += kTile) {
+      const int64_t c1 = std::min(c0 + kTile, col_end);
+      for (int64_t c = c0; c < c1; ++c) {
+        for (int64_t r = r0; r < r1; ++r) dst[c * rows + r] = src[r * cols + c];
+      }
+    }
+  }
+}
+
+template <typename U>
+void ReorderTyped(const void* src, MemoryFormat from, void* dst, const Shape& shape) {
+  const int64_t n = shape[0], c = shape[1], hw = shape[2] * shape[3];
+  const int64_t image = c * hw;
+  // (C, HW) -> (HW, C) from NCHW, (HW, C) -> (C, HW) from NHWC.
+  const int64_t rows = from == MemoryFormat::kNCHW ? c : hw;
+  const int64_t cols = from == MemoryFormat::kNCHW ? hw : c;
+  // Work items: column ranges of every image, so one large image uses every thread too.
+  const int64_t col_chunk = std::max<int64_t>(32, (cols + 7) / 8);
+  const int64_t chunks = (cols + col_chunk - 1) / col_chunk;
+  ParallelFor(n * chunks, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t img = i / chunks, k = i % chunks;
+      TransposeTiles(static_cast<const U*>(src) + img * image, static_cast<U*>(dst) + img * image,
+                     rows, cols, k * col_chunk, std::min(cols, (k + 1) * col_chunk));
+    }
+  });
+}
+
+}  // namespace
+
+void ReorderHost(const void* src, MemoryFormat from, void* dst, MemoryFormat to, const Shape& shape,
+                 size_t elem) {
+  CORTADO_CHECK(shape.size() == 4, "reorder of a ", shape.size(), "-d shape ", ShapeString(shape),
+                " (only 4-d tensors have a memory format)");
+  CORTADO_CHECK(src != dst || from == to, "reorder in place is not supported");
+  const int64_t n = ShapeNumel(shape);
+  if (from == to || shape[1] == 1 || shape[2] * shape[3] == 1) {
+    if (n > 0 && src != dst) std::memcpy(dst, src, static_cast<size_t>(n) * elem);
+    return;
+  }
+  switch (elem) {
+    case 1:
+      return ReorderTyped<uint8_t>(src, from, dst, shape);
+    case 2:
+      return ReorderTyped<uint16_t>(src, from, dst, shape);
+    case 4:
+      return ReorderTyped<uint32_t>(src, from, dst, shape);
+    case 8:
+      return ReorderTyped<uint64_t>(src, from, dst, shape);
+    default:
+      Fail("reorder: elements of ", elem, " bytes are not supported");
+  }
+}
+
+void Tensor::ReorderFrom(const Tensor& src) {
+  CORTADO_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_, "ReorderFrom: ", src.ToString(),
+                " into ", ToString(), " (same shape and dtype needed)");
+  CORTADO_CHECK(src.device() == device(), "ReorderFrom across devices (", src.device().ToString(),
+                " to ", device().ToString(), ") must be explicit: use To(device)");
+  if (src.format_ == format_ || IsLayoutTrivial()) return CopyFrom(src.View(shape_));
+  CORTADO_CHECK(raw_data() != src.raw_data(), "ReorderFrom: ", src.ToString(),
+                " into itself (a reorder cannot run in place)");
+  if (device().type != DeviceType::kCPU) return RuntimeFor(device()).Reorder(*this, src);
+  ReorderHost(src.raw_data(), src.format_, raw_data(), format_, shape_, DTypeSize(dtype_));
+}
+
+Tensor Tensor::Reordered(MemoryFormat format) const {
+  if (format == format_) return *this;
+  Tensor t(shape_, dtype_, allocator_);
+  t.set_format(format);
+  t.ReorderFrom(*this);
   return t;
 }
 
@@ -195,6 +310,7 @@ constexpr int64_t kConvertChunk = 65536;
 
 void Tensor::ConvertFrom(const Tensor& src) {
   CORTADO_CHECK(src.numel_ == numel_, "ConvertFrom: ", src.ToString(), " into ", ToString());
+  CheckSameFormat(src, "ConvertFrom");
   if (src.dtype_ == dtype_) return CopyFrom(src);
   if (device().type != DeviceType::kCPU || src.device().type != DeviceType::kCPU) {
     CORTADO_CHECK(src.device() == device(), "ConvertFrom across devices (", src.device().ToString(),
@@ -246,7 +362,9 @@ void Tensor::ConvertFrom(const Tensor& src) {
   }
 }
 
-std::string Tensor::ToString() const { return StrCat(DTypeName(dtype_), ShapeString(shape_)); }
+std::string Tensor::ToString() const {
+  return StrCat(DTypeName(dtype_), ShapeString(shape_), channels_last() ? " nhwc" : "");
+}
 
 void Tensor::CheckType(DType want) const {
   CORTADO_CHECK(want == dtype_, "tensor ", ToString(), " accessed as ", DTypeName(want));

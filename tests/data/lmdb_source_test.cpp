@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -111,6 +113,45 @@ TEST_F(LmdbSourceTest, TrainBatchesHaveTheRightShapeAndLabels) {
   EXPECT_GE(source->stats().loader_threads, 1);
   EXPECT_GT(source->stats().loader_cpu_seconds, 0.0);
   EXPECT_LT(source->stats().loader_cpu_seconds, 60.0);
+}
+
+// With channels_last the sources write the same images channels-last (the net's layout): the
+// same values at their NHWC places, the batch labeled NHWC; synthetic data alike, exactly.
+TEST_F(LmdbSourceTest, ChannelsLastBatchesHoldTheSameImages) {
+  DataOptions hwc = Options();
+  hwc.channels_last = true;
+  for (bool train : {true, false}) {
+    auto planes =
+        train ? MakeTrainSource(Options(), ShardSpec{}, 1) : MakeEvalSource(Options(), {});
+    auto interleaved = train ? MakeTrainSource(hwc, ShardSpec{}, 1) : MakeEvalSource(hwc, {});
+    Batch a, b;
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(planes->Next(a));
+      ASSERT_TRUE(interleaved->Next(b));
+      EXPECT_FALSE(a.images.channels_last());
+      EXPECT_TRUE(b.images.channels_last());
+      ASSERT_EQ(a.images.shape(), b.images.shape());
+      const Tensor back = b.images.Reordered(MemoryFormat::kNCHW);
+      for (int64_t k = 0; k < back.numel(); ++k) {
+        const float want = a.images.data<float>()[k], got = back.data<float>()[k];
+        // The same f32 formula, rounded alike to 2 ulps (see transforms_test.cpp).
+        ASSERT_LE(std::fabs(got - want), 2 * std::ldexp(std::fabs(want), -23) + 1e-30) << k;
+      }
+      EXPECT_EQ(Labels(a), Labels(b));
+    }
+  }
+  DataOptions synthetic;
+  synthetic.type = "synthetic";
+  synthetic.batch_size = 4;
+  synthetic.synthetic_shape = {3, 5, 7};
+  DataOptions synthetic_hwc = synthetic;
+  synthetic_hwc.channels_last = true;
+  Batch a, b;
+  ASSERT_TRUE(MakeTrainSource(synthetic, ShardSpec{}, 1)->Next(a));
+  ASSERT_TRUE(MakeTrainSource(synthetic_hwc, ShardSpec{}, 1)->Next(b));
+  EXPECT_TRUE(b.images.channels_last());
+  const Tensor back = b.images.Reordered(MemoryFormat::kNCHW);
+  EXPECT_EQ(0, std::memcmp(back.raw_data(), a.images.raw_data(), back.nbytes()));
 }
 
 TEST_F(LmdbSourceTest, SameBatchesWhateverTheThreadCountAndAfterResume) {

@@ -163,6 +163,39 @@ TEST(Transforms, FlipMirrorsTheCrop) {
   EXPECT_LT(flipped, 17);
 }
 
+// channels_last writes the same normalized values interleaved (HWC), for RGB, BGR and grey
+// sources, in training (crop, flip) and validation. Both compute (v / 255 - mean) / std in f32
+// from the same pixel: to within 2 ulps of each other (OpenCV's scaling and the loop may round
+// a multiply-add differently).
+TEST(Transforms, ChannelsLastWritesTheSameValuesInterleaved) {
+  TransformOptions o;
+  o.crop = 24;
+  o.val_resize = 28;
+  TransformOptions hwc = o;
+  hwc.channels_last = true;
+  ImageTransformer planes(o), interleaved(hwc);
+  const int n = 24 * 24;
+  std::vector<float> a(3 * n), b(3 * n);
+  for (int channels : {3, 1}) {
+    const ImageU8 img = MakeImage(40, 33, channels);
+    for (PixelLayout layout : {PixelLayout::kRGB, PixelLayout::kBGR}) {
+      for (bool train : {true, false}) {
+        for (uint64_t key = 0; key < 4; ++key) {
+          ASSERT_TRUE(planes.Pixels(img, layout, train, key, a.data()));
+          ASSERT_TRUE(interleaved.Pixels(img, layout, train, key, b.data()));
+          for (int c = 0; c < 3; ++c) {
+            for (int p = 0; p < n; ++p) {
+              const float want = a[c * n + p], got = b[p * 3 + c];
+              ASSERT_LE(std::fabs(got - want), 2 * std::ldexp(std::fabs(want), -23) + 1e-30)
+                  << "channel " << c << " pixel " << p;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Transforms, FallbackFormatsGiveTheSamePixels) {
   // A PNG (lossless, decoded by OpenCV) and raw pixels give identical outputs.
   TransformOptions o;

@@ -140,6 +140,40 @@ TEST(LowpGemm, ParallelSplitsEqualOneCall) {
   }
 }
 
+// Two threads multiplying at once, call after call, give what each gives alone. (oneDNN's
+// convolutions did not, with the library's scratchpad, in Debian's build: engine/graph/
+// conv_onednn.cpp gives them one per thread. The matmuls here, which also use a scratchpad to
+// pack their operands, are held to the same.)
+TEST(LowpGemm, NativeProductsOnTwoThreadsAtOnceRepeat) {
+  if (!NativeBF16GemmAvailable()) GTEST_SKIP() << "no native bf16 products on this CPU or build";
+  PathGuard guard;
+  SetBF16GemmPath(LowpGemmPath::kNative);
+  const int saved = NumThreads();
+  SetNumThreads(2);
+  Rng rng(9);
+  // Large enough that the kernels pack their operands (a scratchpad of 130-260 KB).
+  const int64_t m = 64, n = 784, k = 576;
+  std::vector<BFloat16> a(2 * m * k), b(2 * k * n);
+  for (auto& v : a) v = FloatToBFloat16(static_cast<float>(rng.Uniform(-1, 1)));
+  for (auto& v : b) v = FloatToBFloat16(static_cast<float>(rng.Uniform(-1, 1)));
+  std::vector<float> alone(2 * m * n);
+  for (int t = 0; t < 2; ++t) {
+    GemmLdLowp<BFloat16>(false, false, m, n, k, a.data() + t * m * k, k, b.data() + t * k * n, n,
+                         0.0f, alone.data() + t * m * n, n);
+  }
+  int differ = 0;
+  for (int rep = 0; rep < 100; ++rep) {
+    std::vector<float> both(2 * m * n);
+    ParallelTasks(2, [&](int t) {
+      GemmLdLowp<BFloat16>(false, false, m, n, k, a.data() + t * m * k, k, b.data() + t * k * n, n,
+                           0.0f, both.data() + t * m * n, n);
+    });
+    differ += both != alone;
+  }
+  EXPECT_EQ(differ, 0);
+  SetNumThreads(saved);
+}
+
 TEST(LowpGemm, NativeIsRefusedWhereUnavailable) {
   if (NativeBF16GemmAvailable()) GTEST_SKIP() << "this CPU has native bf16 products";
   EXPECT_THROW(SetBF16GemmPath(LowpGemmPath::kNative), Error);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -98,6 +99,68 @@ TEST(Tensor, ConvertBetweenFloatTypes) {
 
 // The dtype table: every DType's name parses back to it with its size, DTypeOf maps each C++
 // element type to the DType of the same position, and an unknown name lists the known ones.
+// A channels-last tensor holds element (n, c, h, w) at ((n H + h) W + w) C + c; ReorderFrom
+// moves every element to its place both ways, for each element size, on shapes whose sides are
+// not multiples of the transpose's tiles.
+TEST(Tensor, ReorderMovesEveryElementBetweenFormats) {
+  for (DType dtype : {DType::kF32, DType::kF64, DType::kBF16, DType::kU8}) {
+    const int64_t n = 2, c = 37, h = 5, w = 9;
+    Tensor a({n, c, h, w}, dtype);
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      const double v = static_cast<double>(i % 251);
+      if (dtype == DType::kF32) a.data<float>()[i] = static_cast<float>(v);
+      if (dtype == DType::kF64) a.data<double>()[i] = v;
+      if (dtype == DType::kBF16) a.data<BFloat16>()[i] = FloatToBFloat16(static_cast<float>(v));
+      if (dtype == DType::kU8) a.data<uint8_t>()[i] = static_cast<uint8_t>(v);
+    }
+    const Tensor b = a.Reordered(MemoryFormat::kNHWC);
+    EXPECT_TRUE(b.channels_last());
+    EXPECT_EQ(b.shape(), a.shape());  // the logical shape stays (N, C, H, W)
+    EXPECT_EQ(b.ToString(), StrCat(DTypeName(dtype), "[2, 37, 5, 9] nhwc"));
+    for (int64_t in = 0; in < n; ++in)
+      for (int64_t ic = 0; ic < c; ++ic)
+        for (int64_t ih = 0; ih < h; ++ih)
+          for (int64_t iw = 0; iw < w; ++iw) {
+            const int64_t nchw = ((in * c + ic) * h + ih) * w + iw;
+            const int64_t nhwc = ((in * h + ih) * w + iw) * c + ic;
+            ASSERT_EQ(ElementAsDouble(b, nhwc), ElementAsDouble(a, nchw)) << DTypeName(dtype);
+          }
+    Tensor back({n, c, h, w}, dtype);
+    back.ReorderFrom(b);
+    EXPECT_EQ(0, std::memcmp(back.raw_data(), a.raw_data(), a.nbytes()));
+  }
+}
+
+TEST(Tensor, FormatsAreLabelsThatOperationsRespect) {
+  Tensor a({2, 3, 4, 5}, DType::kF32);
+  a.Fill(1.0);
+  a.set_format(MemoryFormat::kNHWC);
+  EXPECT_TRUE(a.Clone().channels_last());
+  a.Resize({4, 3, 4, 5});  // still 4-d: keeps the format
+  EXPECT_TRUE(a.channels_last());
+  EXPECT_EQ(a.View(a.shape()).format(), MemoryFormat::kNHWC);
+  // Another shape would read NHWC memory as row-major: refused, naming the fix.
+  EXPECT_THROW(a.View({4, 60}), Error);
+  EXPECT_THROW(a.View({60}, 0), Error);
+  // Copies and conversions refuse to mix the formats (ReorderFrom moves elements).
+  Tensor nchw({4, 3, 4, 5}, DType::kF32);
+  EXPECT_THROW(nchw.CopyFrom(a), Error);
+  EXPECT_THROW(nchw.ConvertFrom(a), Error);
+  EXPECT_NO_THROW(nchw.ReorderFrom(a));
+  // Only 4-d tensors have a format.
+  Tensor v({3}, DType::kF32);
+  EXPECT_THROW(v.set_format(MemoryFormat::kNHWC), Error);
+  a.Resize({10});
+  EXPECT_EQ(a.format(), MemoryFormat::kNCHW);
+  // A pooled (N, C, 1, 1) or a 1-channel image lies the same in both: viewable, copyable.
+  Tensor pooled({2, 8, 1, 1}, DType::kF32);
+  pooled.set_format(MemoryFormat::kNHWC);
+  EXPECT_TRUE(pooled.IsLayoutTrivial());
+  EXPECT_EQ(pooled.View({2, 8}).shape(), (Shape{2, 8}));
+  Tensor flat({2, 8, 1, 1}, DType::kF32);
+  EXPECT_NO_THROW(flat.CopyFrom(pooled));
+}
+
 TEST(DType, NamesSizesAndElementTypes) {
   const std::pair<DType, size_t> sizes[] = {{DType::kF32, 4},  {DType::kF64, 8}, {DType::kF16, 2},
                                             {DType::kBF16, 2}, {DType::kI32, 4}, {DType::kU8, 1}};

@@ -346,7 +346,10 @@ class ThreadStatsReducer : public BatchStatsReducer {
 // rank on threads with synchronized statistics, and checks them against one layer on the whole
 // batch: outputs, input gradients and running statistics; parameter gradients summed over ranks
 // equal the full-batch ones. Returns how many all-reduce calls the ranks made.
-int CheckSynchronizedEqualsFullBatch(const std::vector<int64_t>& slices, Settings settings) {
+// The ranks may run channels-last (`format`): each sample is contiguous in either format, so the
+// slices are the same samples; results are compared in NCHW.
+int CheckSynchronizedEqualsFullBatch(const std::vector<int64_t>& slices, Settings settings,
+                                     MemoryFormat format = MemoryFormat::kNCHW) {
   const int64_t total = std::accumulate(slices.begin(), slices.end(), int64_t{0});
   const Shape full_shape{total, 3, 2, 3};
   const int64_t per_sample = 3 * 2 * 3;
@@ -370,8 +373,8 @@ int CheckSynchronizedEqualsFullBatch(const std::vector<int64_t>& slices, Setting
               xr.data<double>());
     at += slices[r];
     reducers.push_back(std::make_unique<ThreadStatsReducer>(&shared, r, n));
-    ranks.push_back(std::make_unique<LayerHarness>("BatchNorm", settings, std::vector<Tensor>{xr},
-                                                   1, Phase::kTrain, "bn"));
+    ranks.push_back(std::make_unique<LayerHarness>(
+        "BatchNorm", settings, std::vector<Tensor>{xr.Reordered(format)}, 1, Phase::kTrain, "bn"));
     ranks[r]->context().batch_stats = reducers[r].get();
     ranks[r]->context().sync_batch_norm = true;
   }
@@ -382,17 +385,19 @@ int CheckSynchronizedEqualsFullBatch(const std::vector<int64_t>& slices, Setting
       std::copy(dy.data<double>() + begin[r] * per_sample,
                 dy.data<double>() + (begin[r] + slices[r]) * per_sample, dyr.data<double>());
       ranks[r]->Forward();
-      ranks[r]->Backward({dyr});
+      ranks[r]->Backward({dyr.Reordered(format)});
     });
   }
   for (auto& t : threads) t.join();
   // The sums travel in f64: agreement to double rounding.
   const double tol = 1e-12;
   for (int r = 0; r < n; ++r) {
+    const Tensor y = ranks[r]->top()[0]->data.Reordered(MemoryFormat::kNCHW);
+    const Tensor dx = ranks[r]->bottom()[0]->grad.Reordered(MemoryFormat::kNCHW);
     for (int64_t i = 0; i < slices[r] * per_sample; ++i) {
-      EXPECT_NEAR(ranks[r]->top()[0]->data.data<double>()[i],
+      EXPECT_NEAR(y.data<double>()[i],
                   full.top()[0]->data.data<double>()[begin[r] * per_sample + i], tol);
-      EXPECT_NEAR(ranks[r]->bottom()[0]->grad.data<double>()[i],
+      EXPECT_NEAR(dx.data<double>()[i],
                   full.bottom()[0]->grad.data<double>()[begin[r] * per_sample + i], tol);
     }
     for (int b = 0; b < 2; ++b) {
@@ -418,6 +423,14 @@ int CheckSynchronizedEqualsFullBatch(const std::vector<int64_t>& slices, Setting
 TEST(BatchNorm, SynchronizedAcrossRanksEqualsFullBatch) {
   EXPECT_EQ(CheckSynchronizedEqualsFullBatch({3, 3}, Settings()), 2);  // forward + backward
   EXPECT_EQ(CheckSynchronizedEqualsFullBatch({2, 2, 2}, Settings()), 2);
+}
+
+// Channels-last ranks (model.layout: nhwc) sum the same statistics, with the fused ReLU too.
+TEST(BatchNorm, SynchronizedChannelsLastEqualsFullBatch) {
+  Settings relu;
+  relu.Set("relu", true);
+  EXPECT_EQ(CheckSynchronizedEqualsFullBatch({3, 3}, Settings(), MemoryFormat::kNHWC), 2);
+  EXPECT_EQ(CheckSynchronizedEqualsFullBatch({4, 2, 3}, relu, MemoryFormat::kNHWC), 2);
 }
 
 // A short last batch on one rank weighs by its size, not as much as a full one.

@@ -59,10 +59,12 @@ class LayerHarness {
   // Sizes the gradients like the data (bottom grads filled with NaN, so that a layer that
   // reads or skips part of them is caught), copies `top_grads` in and runs Backward for the
   // inputs that can take a gradient.
+  // (top_grads may be in either memory format: each is reordered into its output's.)
   void Backward(const std::vector<Tensor>& top_grads) {
     for (size_t j = 0; j < top_.size(); ++j) {
       top_[j]->grad.Resize(top_[j]->data.shape(), top_[j]->data.dtype());
-      top_[j]->grad.CopyFrom(top_grads[j]);
+      top_[j]->grad.set_format(top_[j]->data.format());  // a gradient lies like its data
+      top_[j]->grad.ReorderFrom(top_grads[j]);
     }
     std::vector<bool> propagate;
     for (size_t i = 0; i < bottom_.size(); ++i) {
@@ -73,6 +75,7 @@ class LayerHarness {
       propagate.push_back(p);
       if (p) {
         bottom_[i]->grad.Resize(bottom_[i]->data.shape(), bottom_[i]->data.dtype());
+        bottom_[i]->grad.set_format(bottom_[i]->data.format());
         bottom_[i]->grad.Fill(std::nan(""));
       }
     }

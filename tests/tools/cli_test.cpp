@@ -28,6 +28,8 @@
 #include "data/datum.h"
 #include "data/jpeg.h"
 #include "data/lmdb.h"
+#include "engine/graph/conv_onednn.h"
+#include "engine/graph/gemm_lowp.h"
 #include "engine/io/checkpoint.h"
 #include "tests/support/files.h"
 #include "tests/tools/fashion_slice.h"
@@ -1061,6 +1063,63 @@ TEST_F(CliTest, PlotScriptDrawsRunsAndWritesATable) {
       << err;
   EXPECT_EQ(RunShell("/usr/bin/python3 " + script + " " + dir_.string(), nullptr, &err), 1);
   EXPECT_NE(err.find("is a folder"), std::string::npos) << err;
+}
+
+// inspect says the net's layout and lists the reorders it inserted: in NHWC one before the
+// inner product on the pooled (N, 4, 13, 13) map, which also shows as a row of the table;
+// none in NCHW. auto is NHWC where oneDNN's convolutions are built in.
+TEST_F(CliTest, InspectShowsTheLayoutAndItsReorders) {
+  WriteFashionSlice(dir_, "train", 40);
+  const std::string config = Config();
+  std::string out, err;
+  ASSERT_EQ(Cortado("inspect --config " + config + " --set model.layout=nhwc", &out, &err), 0)
+      << err;
+  EXPECT_NE(out.find("layout: nhwc (model.layout: nhwc); reorders: pool.to_nchw (pool nhwc -> "
+                     "nchw, before layer 'logits' (InnerProduct))"),
+            std::string::npos)
+      << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("pool\\.to_nchw +Reorder +\\[32, 4, 13, 13\\]")))
+      << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("convolutions: 1 on (oneDNN|im2col)"))) << out;
+  ASSERT_EQ(Cortado("inspect --config " + config + " --set model.layout=nchw", &out, &err), 0)
+      << err;
+  EXPECT_NE(out.find("layout: nchw (model.layout: nchw); reorders: none"), std::string::npos)
+      << out;
+  EXPECT_FALSE(std::regex_search(out, std::regex(" Reorder "))) << out;
+  ASSERT_EQ(Cortado("inspect --config " + config, &out, &err), 0) << err;
+  EXPECT_NE(out.find(ChannelsLastConv::Built() ? "layout: nhwc (model.layout: auto)"
+                                               : "layout: nchw (model.layout: auto)"),
+            std::string::npos)
+      << out;
+}
+
+// Where 16-bit compute is slower than fp32 (no dot product for it on this CPU: fp16 anywhere,
+// bf16 without AVX512_BF16, as CORTADO_CPU_ISA=avx2 makes it here) the log says so and points
+// at fp32; where bf16 runs natively it does not.
+TEST_F(CliTest, TheLogSaysWhen16BitComputeIsSlowerThanFp32) {
+  WriteFashionSlice(dir_, "train", 40);
+  const std::string config = Config();
+  const std::string warning = "computes slower than fp32 here";
+  std::string err;
+  for (const char* isa : {"", "CORTADO_CPU_ISA=avx2 "}) {
+    for (const char* compute : {"bf16", "fp16"}) {
+      SCOPED_TRACE(StrCat(isa, compute));
+      const bool slow =
+          std::string(compute) == "fp16" || *isa != '\0' || !NativeBF16GemmAvailable();
+      ASSERT_EQ(
+          RunShell(StrCat(isa, "timeout 120 ", CortadoBinary(), " train --no-progress --config ",
+                          config, " --set precision.compute=", compute, " --set checkpoint.dir=",
+                          (dir_ / StrCat(compute, *isa != '\0' ? "_avx2" : "")).string(),
+                          " --stop-at-iter 1"),
+                   nullptr, &err),
+          130)
+          << err;
+      EXPECT_EQ(err.find(warning) != std::string::npos, slow) << err;
+      if (slow) {
+        EXPECT_NE(err.find("use precision.compute: fp32"), std::string::npos) << err;
+      }
+    }
+  }
 }
 
 TEST_F(CliTest, DryRunChecksEverythingAndLeavesNothingBehind) {

@@ -94,6 +94,9 @@ TEST_F(TrainTest, BadConfigsStopWithTheKeyAndPlace) {
             std::string::npos)
       << m;
 
+  m = ErrorOf(Config(), {"model.layout=chw"});
+  EXPECT_NE(m.find("model.layout: must be auto, nchw or nhwc, got 'chw'"), std::string::npos) << m;
+
   m = ErrorOf(Config(), {"precision.compute=fp8"});
   EXPECT_NE(m.find("precision.compute: must be fp32, fp64, bf16 or fp16, got 'fp8'"),
             std::string::npos)
