@@ -6,8 +6,6 @@
 #include <unordered_map>
 
 #ifdef CORTADO_HAVE_ONEDNN
-#include <omp.h>
-
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
 
@@ -15,6 +13,7 @@
 #include "engine/base/cpu_isa.h"
 #include "engine/base/error.h"
 #include "engine/base/thread_pool.h"
+#include "engine/graph/onednn_runtime.h"
 
 namespace cortado {
 
@@ -22,46 +21,16 @@ namespace cortado {
 namespace {
 
 using dnnl::memory;
+using onednn::Engine;
+using onednn::ThreadScratchpad;
+using onednn::ThreadStream;
 using Tag = memory::format_tag;
 using DataType = memory::data_type;
 
 // Elements of f32 staging per thread on the widened path (16 MB): a few images at a time.
 constexpr int64_t kStagingElements = int64_t{4} << 20;
 
-// Holds OpenMP at one thread on the calling thread (the pool splits the work), before the thread
-// creates or runs any primitive: oneDNN sizes a primitive's parallel work when it is created,
-// from the creating thread's OpenMP thread count.
-void SingleThreaded() {
-  static thread_local const bool single = (omp_set_num_threads(1), true);
-  (void)single;
-}
-
-dnnl::engine& Engine() {
-  SingleThreaded();
-  static dnnl::engine engine = (ApplyCpuIsaCap(), dnnl::engine(dnnl::engine::kind::cpu, 0));
-  return engine;
-}
-
-// The calling thread's stream.
-dnnl::stream& ThreadStream() {
-  SingleThreaded();
-  static thread_local dnnl::stream stream(Engine());
-  return stream;
-}
-
 bool IsReference(const char* impl) { return std::string(impl).rfind("ref", 0) == 0; }
-
-// The scratchpad of the primitive `pd` for the calling thread. oneDNN's own (library mode)
-// is one buffer shared by every primitive of the process unless it was built with
-// DNNL_ENABLE_CONCURRENT_EXEC (Debian's is not): two threads running primitives at once would
-// share it. So every primitive here takes a scratchpad from its caller (user mode), one per
-// thread, grown to the largest any primitive asks for and kept.
-memory ThreadScratchpad(const memory::desc& desc) {
-  static thread_local std::vector<uint64_t> buffer;  // 8-byte aligned; oneDNN asks for no more
-  const size_t words = (desc.get_size() + 7) / 8;
-  if (buffer.size() < words) buffer.resize(words);
-  return memory(desc, Engine(), buffer.data());
-}
 
 dist::CodecKind LowKind(DType dtype) {
   return dtype == DType::kBF16 ? dist::CodecKind::kBF16 : dist::CodecKind::kF16;
