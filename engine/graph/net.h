@@ -88,7 +88,7 @@ struct NetOptions {
   // and arena are allocated there (built on the host, then moved, once). The caller copies the
   // inputs in explicitly (input(name).CopyFrom(host.To(device))); Forward brings each loss back
   // through one copy of its scalar; SaveState writes host copies, LoadState copies onto it.
-  Device device;
+  Device device = Device::CPU();
 };
 
 // model.layout: auto's choice for a net on `device` computing in `compute`: channels-last where

@@ -44,8 +44,8 @@ void Route(const char* what, ElementOp op, const ElementArgs& args,
   const Device device = first.device();
   const DType dtype = first.dtype();
   const int64_t n = first.numel();
-  CORTADO_CHECK(dtype == DType::kF32 || dtype == DType::kF64, what, ": ", first.ToString(),
-                " on ", device.ToString(), " (the device kernels take f32 or f64)");
+  CORTADO_CHECK(dtype == DType::kF32 || dtype == DType::kF64, what, ": ", first.ToString(), " on ",
+                device.ToString(), " (the device kernels take f32 or f64)");
   for (const Tensor* t : operands) {
     CORTADO_CHECK(t->device() == device && t->dtype() == dtype && t->numel() == n, what, ": ",
                   t->name().empty() ? "" : StrCat("'", t->name(), "' "), t->ToString(), " on ",

@@ -88,8 +88,9 @@ class Guard {
   void Change(const void* ptr, int delta) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = Find(ptr);
-    CORTADO_CHECK(it != blocks_.end(), "test device: a kernel was given memory that is not a "
-                                       "test-device block");
+    CORTADO_CHECK(it != blocks_.end(),
+                  "test device: a kernel was given memory that is not a "
+                  "test-device block");
     Block& b = it->second;
     const int before = b.opens;
     b.opens += delta;
@@ -318,9 +319,8 @@ class TestRuntime final : public DeviceRuntime {
     // Between two test devices: after the source's queued work, and before its later work.
     if (dst_on && src_on && src.device().index != on.index) Synchronize(src.device().index);
     const size_t bytes = dst.nbytes();
-    Launch(on, {dst, src}, [d = dst.raw_data(), s = src.raw_data(), bytes] {
-      std::memcpy(d, s, bytes);
-    });
+    Launch(on, {dst, src},
+           [d = dst.raw_data(), s = src.raw_data(), bytes] { std::memcpy(d, s, bytes); });
     if (!dst_on) {
       Synchronize(on.index);  // the caller reads the host copy next
     } else if (!src_on) {
@@ -362,9 +362,8 @@ class TestRuntime final : public DeviceRuntime {
   void Reorder(Tensor& dst, const Tensor& src) override {
     Launch(dst.device(), {dst, src},
            [d = dst.raw_data(), to = dst.format(), s = src.raw_data(), from = src.format(),
-            shape = src.shape(), elem = DTypeSize(src.dtype())] {
-             ReorderHost(s, from, d, to, shape, elem);
-           });
+            shape = src.shape(),
+            elem = DTypeSize(src.dtype())] { ReorderHost(s, from, d, to, shape, elem); });
   }
 
   void Synchronize(int index) override {
@@ -375,22 +374,21 @@ class TestRuntime final : public DeviceRuntime {
   void Launch(Device device, std::vector<Tensor> tensors, std::function<void()> body) {
     CORTADO_CHECK(device.type == DeviceType::kTest, "test device launch on ", device.ToString());
     CheckIndex(device.index);
-    streams_[device.index].Enqueue(
-        [tensors = std::move(tensors), body = std::move(body)] {
-          std::vector<const void*> opened;
-          for (const Tensor& t : tensors) {
-            if (t.device().type != DeviceType::kTest || t.raw_data() == nullptr) continue;
-            Guard::Get().Open(t.raw_data());
-            opened.push_back(t.raw_data());
-          }
-          struct Closer {
-            std::vector<const void*>& blocks;
-            ~Closer() {
-              for (const void* p : blocks) Guard::Get().Close(p);
-            }
-          } closer{opened};
-          body();
-        });
+    streams_[device.index].Enqueue([tensors = std::move(tensors), body = std::move(body)] {
+      std::vector<const void*> opened;
+      for (const Tensor& t : tensors) {
+        if (t.device().type != DeviceType::kTest || t.raw_data() == nullptr) continue;
+        Guard::Get().Open(t.raw_data());
+        opened.push_back(t.raw_data());
+      }
+      struct Closer {
+        std::vector<const void*>& blocks;
+        ~Closer() {
+          for (const void* p : blocks) Guard::Get().Close(p);
+        }
+      } closer{opened};
+      body();
+    });
   }
 
  private:
@@ -446,8 +444,8 @@ std::vector<Tensor> TestDeviceHostAliases(const std::vector<Tensor>& tensors) {
     const auto [start, size] = Guard::Get().BlockOf(t.raw_data());
     Tensor& block = blocks[start];
     if (!block.defined()) {
-      block = Tensor({static_cast<int64_t>(size)}, DType::kU8,
-                     std::make_shared<AliasAllocator>(start));
+      block =
+          Tensor({static_cast<int64_t>(size)}, DType::kU8, std::make_shared<AliasAllocator>(start));
     }
     const int64_t at = static_cast<char*>(t.raw_data()) - start;
     Tensor alias = block.View({static_cast<int64_t>(t.nbytes())}, at);

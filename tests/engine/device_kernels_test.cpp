@@ -45,9 +45,9 @@ TEST_P(DeviceKernels, ReluForwardAndBackwardMatchTheCpuBitwise) {
     DeviceReluBackward(x, dy, dx, slope);
     for (int64_t i = 0; i < x.numel(); ++i) {
       const double v = ElementAsDouble(x, i);
-      const double leaky = dt == DType::kF32
-                               ? static_cast<double>(static_cast<float>(slope) * static_cast<float>(v))
-                               : slope * v;
+      const double leaky =
+          dt == DType::kF32 ? static_cast<double>(static_cast<float>(slope) * static_cast<float>(v))
+                            : slope * v;
       ASSERT_EQ(ElementAsDouble(y, i), v > 0 ? v : leaky) << i;
     }
     Tensor xd = x.To(kTest0), dyd = dy.To(kTest0);
@@ -102,8 +102,9 @@ TEST_P(DeviceKernels, TheFiniteCheckSetsOneFlagForEveryGradientOfAStep) {
   DeviceMarkNonFinite(a.To(kTest0), flag_d);
   DeviceMarkNonFinite(b.To(kTest0), flag_d);
   EXPECT_EQ(Host(flag_d).data<int32_t>()[0], 0);
-  for (double bad : {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
-                     std::numeric_limits<double>::quiet_NaN()}) {
+  for (double bad :
+       {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+        std::numeric_limits<double>::quiet_NaN()}) {
     Tensor c = b.Clone();
     Tensor one({1}, dt);
     one.Fill(bad);

@@ -4,9 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstring>
-#include <chrono>
 #include <thread>
 
 #include "engine/graph/layer.h"
@@ -167,9 +167,8 @@ TEST(TestDevice, ACopyFromPinnedMemoryHoldsItsBlockUntilTheStreamHasPassedIt) {
     first = pinned.raw_data();
     pinned.Fill(7.0);
     // Keep the stream busy so the copy is still queued when the pinned tensor is freed.
-    LaunchOnTestDevice(dev.device(), {dev}, [] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    });
+    LaunchOnTestDevice(dev.device(), {dev},
+                       [] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); });
     Tensor staged = pinned;
     rt.Copy(dev, staged);
   }
