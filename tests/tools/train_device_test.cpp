@@ -25,17 +25,20 @@ const char* kFashion = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyt
 
 struct Result {
   int code = -1;
-  std::string err;
+  std::string err, out;
 };
 
 Result Cortado(const std::string& args) {
   const std::string bin = std::string(CORTADO_BINARY_DIR) + "/tools/cortado";
-  const std::string errfile =
-      fs::temp_directory_path() / ("cortado_device_err_" + std::to_string(getpid()));
-  const int status = std::system((bin + " " + args + " >/dev/null 2>" + errfile).c_str());
+  const std::string base =
+      fs::temp_directory_path() / ("cortado_device_" + std::to_string(getpid()));
+  const int status =
+      std::system((bin + " " + args + " >" + base + ".out 2>" + base + ".err").c_str());
   Result r;
-  r.err = testing::ReadFileBytes(errfile);
-  fs::remove(errfile);
+  r.err = testing::ReadFileBytes(base + ".err");
+  r.out = testing::ReadFileBytes(base + ".out");
+  fs::remove(base + ".err");
+  fs::remove(base + ".out");
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
@@ -56,7 +59,8 @@ std::vector<std::string> TrainLosses(const fs::path& metrics) {
 class TrainOnDevice : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(kFashion)) GTEST_SKIP() << "Fashion-MNIST is not installed (" << kFashion << ")";
+    if (!fs::exists(kFashion))
+      GTEST_SKIP() << "Fashion-MNIST is not installed (" << kFashion << ")";
     dir_ = fs::temp_directory_path() / ("cortado_train_device_" + std::to_string(getpid()));
     fs::create_directories(dir_);
   }
@@ -67,11 +71,11 @@ class TrainOnDevice : public ::testing::Test {
   // Six iterations of configs/fashion_lenet.yaml on `device`; returns its train losses.
   std::vector<std::string> Train(const std::string& device) {
     const fs::path metrics = dir_ / (device + ".jsonl");
-    const Result r = Cortado(
-        "train --config " + std::string(CORTADO_SOURCE_DIR) + "/configs/fashion_lenet.yaml" +
-        " --device " + device + " --threads 1 --no-progress --stop-at-iter 6 --metrics " +
-        metrics.string() + " --set log.interval=1 --set checkpoint.dir=" +
-        (dir_ / device).string());
+    const Result r =
+        Cortado("train --config " + std::string(CORTADO_SOURCE_DIR) +
+                "/configs/fashion_lenet.yaml" + " --device " + device +
+                " --threads 1 --no-progress --stop-at-iter 6 --metrics " + metrics.string() +
+                " --set log.interval=1 --set checkpoint.dir=" + (dir_ / device).string());
     EXPECT_EQ(r.code, 130) << r.err;  // stopped at the iteration asked for, as documented
     return TrainLosses(metrics);
   }
@@ -84,6 +88,18 @@ TEST_F(TrainOnDevice, TheTestDeviceGivesTheCpusLosses) {
   const std::vector<std::string> test = Train("test");
   EXPECT_EQ(cpu.size(), 6u);
   EXPECT_EQ(cpu, test);  // as printed: bitwise up to the metrics' digits
+
+  // The checkpoint the test device saved evaluates alike on the CPU and on the test device.
+  const std::string eval = "eval --config " + std::string(CORTADO_SOURCE_DIR) +
+                           "/configs/fashion_lenet.yaml --checkpoint auto --threads 1 "
+                           "--no-progress --set checkpoint.dir=" +
+                           (dir_ / "test").string();
+  const Result on_cpu = Cortado(eval + " --device cpu");
+  const Result on_test = Cortado(eval + " --device test");
+  EXPECT_EQ(on_cpu.code, 0) << on_cpu.err;
+  EXPECT_EQ(on_test.code, 0) << on_test.err;
+  EXPECT_NE(on_cpu.out.find("top1 "), std::string::npos) << on_cpu.out;
+  EXPECT_EQ(on_cpu.out, on_test.out);
 }
 
 TEST(TrainDeviceErrors, AnUnusableOrUnknownDeviceIsOneLineNamingTheKey) {
