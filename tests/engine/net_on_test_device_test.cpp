@@ -65,6 +65,7 @@ struct TrainSetup {
   MemoryFormat layout = MemoryFormat::kNCHW;
   DType dtype = DType::kF32;
   bool plan_memory = false;
+  bool fuse = false;
   double init_scale = 0;  // > 0: a dynamic loss scale starting there
 };
 
@@ -72,6 +73,7 @@ TrainRun Train(const TrainSetup& s, Device device, int steps) {
   NetOptions options;
   options.layout = s.layout;
   options.plan_memory = s.plan_memory;
+  options.fuse = s.fuse;
   options.device = device;
   Net net(Model(s.model, 6), 1, s.dtype, options);
   for (Param* p : net.params()) EXPECT_EQ(p->value.device(), device) << p->name;
@@ -143,6 +145,15 @@ TEST(NetOnTestDevice, LeNetWithAMemoryPlanEqualsTheCpuBitwise) {
 
 TEST(NetOnTestDevice, ResNet20ThirtyStepsEqualTheCpuBitwise) {
   ExpectSameTrajectory(TrainSetup{"resnet20", MemoryFormat::kNHWC}, 30);
+}
+
+TEST(NetOnTestDevice, ResNet20FusedWithAMemoryPlanEqualsTheCpuBitwise) {
+  // Batch norm and the residual sums take their ReLUs (the sum's fused ReLU on the device's
+  // shared bodies), and the activations share one planned arena on the device.
+  TrainSetup s{"resnet20", MemoryFormat::kNHWC};
+  s.fuse = true;
+  s.plan_memory = true;
+  ExpectSameTrajectory(s, 10);
 }
 
 TEST(NetOnTestDevice, Fp16OverflowStepsAreSkippedAsOnTheCpu) {
