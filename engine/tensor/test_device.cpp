@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -432,7 +433,14 @@ void LaunchOnTestDevice(Device device, std::vector<Tensor> tensors, std::functio
   Runtime().Launch(device, std::move(tensors), std::move(body));
 }
 
+namespace {
+std::atomic<int64_t> g_alias_calls{0};
+}  // namespace
+
+int64_t TestDeviceHostAliasCalls() { return g_alias_calls.load(); }
+
 std::vector<Tensor> TestDeviceHostAliases(const std::vector<Tensor>& tensors) {
+  g_alias_calls.fetch_add(1);
   std::map<char*, Tensor> blocks;  // by block start: a u8 alias of the whole block
   std::vector<Tensor> out;
   out.reserve(tensors.size());

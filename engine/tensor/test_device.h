@@ -49,6 +49,10 @@ void LaunchOnTestDevice(Device device, std::vector<Tensor> tensors, std::functio
 // Undefined, empty and CPU tensors come back as they are.
 std::vector<Tensor> TestDeviceHostAliases(const std::vector<Tensor>& tensors);
 
+// How many times TestDeviceHostAliases has been called in this process: tests tell a layer's own
+// device path (no host views) from the CPU-kernel fallback with it.
+int64_t TestDeviceHostAliasCalls();
+
 // Whether `ptr` lies in a test-device block that is closed to host code now (for tests).
 bool TestDeviceMemoryGuarded(const void* ptr);
 
