@@ -134,8 +134,9 @@ TEST_F(LmdbSourceTest, ChannelsLastBatchesHoldTheSameImages) {
       const Tensor back = b.images.Reordered(MemoryFormat::kNCHW);
       for (int64_t k = 0; k < back.numel(); ++k) {
         const float want = a.images.data<float>()[k], got = back.data<float>()[k];
-        // The same f32 formula, rounded alike to 2 ulps (see transforms_test.cpp).
-        ASSERT_LE(std::fabs(got - want), 2 * std::ldexp(std::fabs(want), -23) + 1e-30) << k;
+        // The same f32 formula, fused or not: NormalizeBound in transforms_test.cpp says why,
+        // here with the default mean and std (the largest |mean / std| is 2.12).
+        ASSERT_LE(std::fabs(got - want), std::ldexp(3 * std::fabs(want) + 2.2f, -23) + 1e-30f) << k;
       }
       EXPECT_EQ(Labels(a), Labels(b));
     }
