@@ -63,8 +63,8 @@ class DetectionTrainTest : public UserRun {
         }
         // VOC counts pixels from 1 and includes the last one.
         xml += StrCat("<object><name>", kNames[r.label], "</name><difficult>0</difficult>",
-                      "<bndbox><xmin>", r.x0 + 1, "</xmin><ymin>", r.y0 + 1, "</ymin><xmax>",
-                      r.x1, "</xmax><ymax>", r.y1, "</ymax></bndbox></object>");
+                      "<bndbox><xmin>", r.x0 + 1, "</xmin><ymin>", r.y0 + 1, "</ymin><xmax>", r.x1,
+                      "</xmax><ymax>", r.y1, "</ymax></bndbox></object>");
         truth_[split].push_back({i, r});
       }
       Write(root + "/JPEGImages/" + id + ".jpg", testing::EncodeJpeg(img, 95));
@@ -129,14 +129,14 @@ class DetectionTrainTest : public UserRun {
 
   std::string Config(const std::string& name, const std::pair<std::string, std::string>& data,
                      const std::string& extra_data, const std::string& solver) {
-    return Write(name + ".yaml",
-                 StrCat("seed: 3\n", "model: {builder: ssd_lite}\n", "data:\n", "  type: lmdb\n",
-                        "  task: detection\n", "  train: ", data.first, "\n", "  val: ",
-                        data.second, "\n", "  batch_size: 4\n", "  resize: 64\n",
-                        "  mean: [0.1, 0.1, 0.1]\n", "  std: [0.3, 0.3, 0.3]\n", extra_data,
-                        "solver: {momentum: 0.9, weight_decay: 1.0e-4, lr_policy: fixed, ",
-                        solver, "}\n", "checkpoint: {dir: ", (dir_ / name).string(), "}\n",
-                        "log: {interval: 1}\n"));
+    return Write(
+        name + ".yaml",
+        StrCat("seed: 3\n", "model: {builder: ssd_lite}\n", "data:\n", "  type: lmdb\n",
+               "  task: detection\n", "  train: ", data.first, "\n", "  val: ", data.second, "\n",
+               "  batch_size: 4\n", "  resize: 64\n", "  mean: [0.1, 0.1, 0.1]\n",
+               "  std: [0.3, 0.3, 0.3]\n", extra_data,
+               "solver: {momentum: 0.9, weight_decay: 1.0e-4, lr_policy: fixed, ", solver, "}\n",
+               "checkpoint: {dir: ", (dir_ / name).string(), "}\n", "log: {interval: 1}\n"));
   }
 
   // The losses of the "train" events of a metrics file, in order.
@@ -153,7 +153,8 @@ class DetectionTrainTest : public UserRun {
   std::map<std::string, std::vector<std::pair<int, Rect>>> truth_;
 };
 
-const char* kNoAugmentation = "  distort: false\n  expand: false\n  iou_crop: false\n  flip: false\n";
+const char* kNoAugmentation =
+    "  distort: false\n  expand: false\n  iou_crop: false\n  flip: false\n";
 
 TEST_F(DetectionTrainTest, TrainsAndEvaluatesWithMapFiguresAndResultsFile) {
   const auto data = VariedSet(32, 12);
@@ -217,17 +218,19 @@ TEST_F(DetectionTrainTest, TrainsAndEvaluatesWithMapFiguresAndResultsFile) {
     for (const nlohmann::json& r : rows) {
       if (r["image_id"].get<int>() != image) continue;
       const std::vector<double> b = r["bbox"].get<std::vector<double>>();
-      dets.push_back({0, r["category_id"].get<int>(), r["score"].get<double>(),
+      dets.push_back({0,
+                      r["category_id"].get<int>(),
+                      r["score"].get<double>(),
                       {b[0] / kSide, b[1] / kSide, (b[0] + b[2]) / kSide, (b[1] + b[3]) / kSide}});
     }
     std::vector<detection::GroundTruth> boxes;
     for (const auto& [i, r] : truth_["test"]) {
       if (i != image) continue;
-      boxes.push_back({0,
-                       r.label,
-                       {double(r.x0) / kSide, double(r.y0) / kSide, double(r.x1) / kSide,
-                        double(r.y1) / kSide},
-                       false});
+      boxes.push_back(
+          {0,
+           r.label,
+           {double(r.x0) / kSide, double(r.y0) / kSide, double(r.x1) / kSide, double(r.y1) / kSide},
+           false});
     }
     const detection::ImageInfo info{image, image, kSide, kSide};
     acc.Add(dets, boxes, std::span<const detection::ImageInfo>(&info, 1));
@@ -277,11 +280,11 @@ TEST_F(DetectionTrainTest, TwoRanksEqualOneProcess) {
   std::string out, err;
   const std::string one = (dir_ / "one").string(), two = (dir_ / "two").string();
   ASSERT_EQ(Cortado("train" + common + " --set checkpoint.dir=" + one, &out, &err), 0) << err;
-  ASSERT_EQ(RunShell("timeout 300 " + CortadoBinary() + " launch --nproc 2 -- " +
-                         CortadoBinary() + " train" + common + " --set data.batch_size=2" +
-                         " --set checkpoint.dir=" + two,
-                     &out, &err),
-            0)
+  ASSERT_EQ(
+      RunShell("timeout 300 " + CortadoBinary() + " launch --nproc 2 -- " + CortadoBinary() +
+                   " train" + common + " --set data.batch_size=2" + " --set checkpoint.dir=" + two,
+               &out, &err),
+      0)
       << err;
   const Checkpoint a = LoadCheckpoint(ListCheckpoints(one)[0]);
   const Checkpoint b = LoadCheckpoint(ListCheckpoints(two)[0]);
@@ -289,8 +292,7 @@ TEST_F(DetectionTrainTest, TwoRanksEqualOneProcess) {
   const double buffers = RelativeChange(b, a, start, "buffer/");
   EXPECT_LT(params, 1e-9);
   EXPECT_LT(buffers, 1e-9);
-  std::printf("2 ranks against 1: parameters %.3g, buffers %.3g of the update\n", params,
-              buffers);
+  std::printf("2 ranks against 1: parameters %.3g, buffers %.3g of the update\n", params, buffers);
 
   // Evaluation over 2 ranks gives one process's figures.
   const std::string eval = CortadoBinary() + " eval --threads 1 --json --no-progress --config " +
@@ -298,8 +300,8 @@ TEST_F(DetectionTrainTest, TwoRanksEqualOneProcess) {
                            ListCheckpoints(one)[0];
   std::string out1, out2;
   ASSERT_EQ(RunShell("timeout 120 " + eval, &out1, &err), 0) << err;
-  ASSERT_EQ(RunShell("timeout 120 " + CortadoBinary() + " launch --nproc 2 -- " + eval, &out2, &err),
-            0)
+  ASSERT_EQ(
+      RunShell("timeout 120 " + CortadoBinary() + " launch --nproc 2 -- " + eval, &out2, &err), 0)
       << err;
   // The launcher prefixes rank 0's line with "[0] ".
   const nlohmann::json j1 = nlohmann::json::parse(out1);
