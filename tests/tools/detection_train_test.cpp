@@ -6,7 +6,8 @@
 //   - eval's mAP equals tools/detection_eval's on the detections of that file;
 //   - 2 ranks (`cortado launch`, per-rank batch 2, synchronized batch norm, fp64) change the
 //     weights as one process with batch 4 does, and evaluate to the same figures;
-//   - a run interrupted and resumed ends with the uninterrupted run's weights, bit for bit.
+//   - a run interrupted and resumed ends with the uninterrupted run's weights, bit for bit;
+//   - configs/ssd300_voc.yaml's dry run builds SSD300 and stops only at the missing data.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -337,6 +338,18 @@ TEST_F(DetectionTrainTest, ResumeContinuesAsAnUninterruptedRun) {
     ASSERT_EQ(x.nbytes(), y.nbytes()) << ca.tensors[i].first;
     EXPECT_EQ(std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()), 0) << ca.tensors[i].first;
   }
+}
+
+// The shipped SSD300 recipe on a machine without VOC: the dry run builds the whole net from the
+// config and then stops at the first data path, as training would.
+TEST_F(DetectionTrainTest, TheVocRecipeDryRunStopsOnlyAtItsData) {
+  const std::string recipe = std::string(CORTADO_SOURCE_DIR) + "/configs/ssd300_voc.yaml";
+  std::string out, err;
+  EXPECT_EQ(Cortado("train --dry-run --config " + recipe + " --set data.batch_size=1", &out, &err),
+            1);
+  EXPECT_NE(out.find("total parameters: 26285486"), std::string::npos) << out;
+  EXPECT_NE(err.find("data.train: 'voc/trainval0712_lmdb' does not exist"), std::string::npos)
+      << err;
 }
 
 }  // namespace
