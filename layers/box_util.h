@@ -28,6 +28,7 @@
 
 #include "engine/graph/layer.h"
 #include "engine/tensor/tensor.h"
+#include "layers/layer_util.h"
 
 namespace cortado::box {
 
@@ -146,6 +147,26 @@ inline Variance VarianceSetting(const Layer& layer, const Settings& settings) {
          " value(s)");
   }
   return {v[0], v[1], v[2], v[3]};
+}
+
+// The heads' two outputs, as both SSD layers take them: cls_logits (N, P, C) with C >= 2 (the
+// background and at least one class) and bbox_regression (N, P, 4), floating and of one dtype.
+inline void CheckHeadOutputs(const Layer& layer, const std::vector<Blob*>& bottom) {
+  const Tensor& logits = bottom[0]->data;
+  const Tensor& loc = bottom[1]->data;
+  CheckFloatInput(layer, logits, "cls_logits (input 0)");
+  CheckSameDType(layer, {bottom[0], bottom[1]});
+  if (logits.ndim() != 3 || logits.dim(2) < 2) {
+    Fail(layer.Describe(), ": cls_logits '", bottom[0]->name,
+         "' must be (N, P, C) with C >= 2 (the background and at least one class), got ",
+         logits.ToString());
+  }
+  if (loc.ndim() != 3 || loc.dim(0) != logits.dim(0) || loc.dim(1) != logits.dim(1) ||
+      loc.dim(2) != 4) {
+    Fail(layer.Describe(), ": bbox_regression '", bottom[1]->name, "' must be (", logits.dim(0),
+         ", ", logits.dim(1), ", 4) to match cls_logits ", logits.ToString(), ", got ",
+         loc.ToString());
+  }
 }
 
 struct GroundTruth {

@@ -27,19 +27,7 @@ void DetectionOutputLayer::LayerSetUp(const std::vector<Blob*>& bottom,
 void DetectionOutputLayer::Reshape(const std::vector<Blob*>& bottom,
                                    const std::vector<Blob*>& top) {
   const Tensor& logits = bottom[0]->data;
-  const Tensor& loc = bottom[1]->data;
-  CheckFloatInput(*this, logits, "cls_logits (input 0)");
-  CheckSameDType(*this, {bottom[0], bottom[1]});
-  if (logits.ndim() != 3 || logits.dim(2) < 2) {
-    Fail(Describe(), ": cls_logits '", bottom[0]->name,
-         "' must be (N, P, C) with C >= 2 (the background and at least one class), got ",
-         logits.ToString());
-  }
-  if (loc.ndim() != 3 || loc.dim(0) != logits.dim(0) || loc.dim(1) != logits.dim(1) ||
-      loc.dim(2) != 4) {
-    Fail(Describe(), ": bbox_regression '", bottom[1]->name, "' must be (", logits.dim(0), ", ",
-         logits.dim(1), ", 4) to match cls_logits ", logits.ToString(), ", got ", loc.ToString());
-  }
+  box::CheckHeadOutputs(*this, bottom);
   num_ = logits.dim(0);
   priors_ = logits.dim(1);
   classes_ = logits.dim(2);

@@ -6,8 +6,6 @@
 #include <unordered_map>
 
 #ifdef CORTADO_HAVE_ONEDNN
-#include <omp.h>
-
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
 
@@ -15,6 +13,7 @@
 #include "engine/base/cpu_isa.h"
 #include "engine/base/error.h"
 #include "engine/base/thread_pool.h"
+#include "engine/graph/onednn_runtime.h"
 
 namespace cortado {
 
@@ -22,46 +21,16 @@ namespace cortado {
 namespace {
 
 using dnnl::memory;
+using onednn::Engine;
+using onednn::ThreadScratchpad;
+using onednn::ThreadStream;
 using Tag = memory::format_tag;
 using DataType = memory::data_type;
 
 // Elements of f32 staging per thread on the widened path (16 MB): a few images at a time.
 constexpr int64_t kStagingElements = int64_t{4} << 20;
 
-// Holds OpenMP at one thread on the calling thread (the pool splits the work), before the thread
-// creates or runs any primitive: oneDNN sizes a primitive's parallel work when it is created,
-// from the creating thread's OpenMP thread count.
-void SingleThreaded() {
-  static thread_local const bool single = (omp_set_num_threads(1), true);
-  (void)single;
-}
-
-dnnl::engine& Engine() {
-  SingleThreaded();
-  static dnnl::engine engine = (ApplyCpuIsaCap(), dnnl::engine(dnnl::engine::kind::cpu, 0));
-  return engine;
-}
-
-// The calling thread's stream.
-dnnl::stream& ThreadStream() {
-  SingleThreaded();
-  static thread_local dnnl::stream stream(Engine());
-  return stream;
-}
-
 bool IsReference(const char* impl) { return std::string(impl).rfind("ref", 0) == 0; }
-
-// The scratchpad of the primitive `pd` for the calling thread. oneDNN's own (library mode)
-// is one buffer shared by every primitive of the process unless it was built with
-// DNNL_ENABLE_CONCURRENT_EXEC (Debian's is not): two threads running primitives at once would
-// share it. So every primitive here takes a scratchpad from its caller (user mode), one per
-// thread, grown to the largest any primitive asks for and kept.
-memory ThreadScratchpad(const memory::desc& desc) {
-  static thread_local std::vector<uint64_t> buffer;  // 8-byte aligned; oneDNN asks for no more
-  const size_t words = (desc.get_size() + 7) / 8;
-  if (buffer.size() < words) buffer.resize(words);
-  return memory(desc, Engine(), buffer.data());
-}
 
 dist::CodecKind LowKind(DType dtype) {
   return dtype == DType::kBF16 ? dist::CodecKind::kBF16 : dist::CodecKind::kF16;
@@ -317,6 +286,46 @@ bool ChannelsLastConv::Prepare(const ConvShape& shape, DType dtype, int64_t imag
 std::string ChannelsLastConv::Describe() const { return impl_->describe; }
 bool ChannelsLastConv::widened() const { return impl_->wide; }
 
+// One pass that maps each image of `src` to one of `dst` (forward: x to y; backward data: dy to
+// dx), on the pool's threads, each over its slice of the batch (`begin`). `run(len, src, dst)`
+// executes the primitive for `len` images. On the widened path (16-bit activations, f32
+// kernels) each slice goes in chunks through the thread's f32 staging: decode, run, encode.
+// (`Conv` is ChannelsLastConv::Impl, private to the class: its members call this.)
+template <class Conv, class Run>
+void RunSliced(Conv& m, const std::vector<int64_t>& begin, int64_t src_image, int64_t dst_image,
+               const void* src, void* dst, const ConvScratch& scratch, const Run& run) {
+  const int tasks = static_cast<int>(begin.size()) - 1;
+  const size_t elem = m.Elem();
+  if (m.wide) {
+    if (static_cast<int>(scratch.staging->size()) < tasks) scratch.staging->resize(tasks);
+    for (int t = 0; t < tasks; ++t) {
+      (*scratch.staging)[static_cast<size_t>(t)].Resize({m.chunk * (src_image + dst_image)});
+    }
+  }
+  ParallelTasks(tasks, [&](int t) {
+    const int64_t b0 = begin[static_cast<size_t>(t)], b1 = begin[static_cast<size_t>(t) + 1];
+    if (!m.wide) {
+      if (b1 > b0) {
+        run(b1 - b0, static_cast<char*>(const_cast<void*>(src)) + b0 * src_image * elem,
+            static_cast<char*>(dst) + b0 * dst_image * elem);
+      }
+      return;
+    }
+    float* stage = (*scratch.staging)[static_cast<size_t>(t)].data<float>();
+    const dist::CodecKind kind = LowKind(m.dtype);
+    for (int64_t c0 = b0; c0 < b1; c0 += m.chunk) {
+      const int64_t len = std::min(m.chunk, b1 - c0);
+      float* wide_src = stage;
+      float* wide_dst = stage + len * src_image;
+      dist::Decode(kind, static_cast<const char*>(src) + c0 * src_image * elem,
+                   static_cast<size_t>(len * src_image), wide_src);
+      run(len, wide_src, wide_dst);
+      dist::Encode(kind, wide_dst, static_cast<size_t>(len * dst_image),
+                   static_cast<char*>(dst) + c0 * dst_image * elem);
+    }
+  });
+}
+
 void ChannelsLastConv::Forward(int64_t n, const void* x, const float* weights, const float* scales,
                                const float* bias, void* y, bool weights_changed,
                                const ConvScratch& scratch) {
@@ -335,49 +344,19 @@ void ChannelsLastConv::Forward(int64_t n, const void* x, const float* weights, c
   } else {
     w = m.ReorderWeights(m.fwd_weights, weights, scales, *scratch.weights);
   }
-  const int64_t in_image = m.InImage(), out_image = m.OutImage();
-  const size_t elem = m.Elem();
-  if (m.wide && static_cast<int>(scratch.staging->size()) < tasks) scratch.staging->resize(tasks);
-  if (m.wide) {
-    for (int t = 0; t < tasks; ++t) {
-      (*scratch.staging)[static_cast<size_t>(t)].Resize({m.chunk * (in_image + out_image)});
-    }
-  }
-  ParallelTasks(tasks, [&](int t) {
-    dnnl::stream& stream = ThreadStream();
-    const int64_t b0 = begin[static_cast<size_t>(t)], b1 = begin[static_cast<size_t>(t) + 1];
-    auto run = [&](int64_t len, void* src, void* dst) {
-      const Primitives& p = m.by_images.at(len);
-      memory sm(p.fwd_pd.src_desc(), Engine(), src), dm(p.fwd_pd.dst_desc(), Engine(), dst);
-      memory wm(p.fwd_pd.weights_desc(), Engine(), w);
-      std::unordered_map<int, memory> args = {
-          {DNNL_ARG_SRC, sm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, dm}};
-      if (m.s.bias) {
-        args[DNNL_ARG_BIAS] = memory(p.fwd_pd.bias_desc(), Engine(), const_cast<float*>(bias));
-      }
-      args[DNNL_ARG_SCRATCHPAD] = ThreadScratchpad(p.fwd_pd.scratchpad_desc());
-      p.fwd.execute(stream, args);
-    };
-    if (!m.wide) {
-      if (b1 > b0) {
-        run(b1 - b0, static_cast<char*>(const_cast<void*>(x)) + b0 * in_image * elem,
-            static_cast<char*>(y) + b0 * out_image * elem);
-      }
-      return;
-    }
-    float* stage = (*scratch.staging)[static_cast<size_t>(t)].data<float>();
-    const dist::CodecKind kind = LowKind(m.dtype);
-    for (int64_t c0 = b0; c0 < b1; c0 += m.chunk) {
-      const int64_t len = std::min(m.chunk, b1 - c0);
-      float* wide_x = stage;
-      float* wide_y = stage + len * in_image;
-      dist::Decode(kind, static_cast<const char*>(x) + c0 * in_image * elem,
-                   static_cast<size_t>(len * in_image), wide_x);
-      run(len, wide_x, wide_y);
-      dist::Encode(kind, wide_y, static_cast<size_t>(len * out_image),
-                   static_cast<char*>(y) + c0 * out_image * elem);
-    }
-  });
+  RunSliced(
+      m, begin, m.InImage(), m.OutImage(), x, y, scratch, [&](int64_t len, void* src, void* dst) {
+        const Primitives& p = m.by_images.at(len);
+        memory sm(p.fwd_pd.src_desc(), Engine(), src), dm(p.fwd_pd.dst_desc(), Engine(), dst);
+        memory wm(p.fwd_pd.weights_desc(), Engine(), w);
+        std::unordered_map<int, memory> args = {
+            {DNNL_ARG_SRC, sm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, dm}};
+        if (m.s.bias) {
+          args[DNNL_ARG_BIAS] = memory(p.fwd_pd.bias_desc(), Engine(), const_cast<float*>(bias));
+        }
+        args[DNNL_ARG_SCRATCHPAD] = ThreadScratchpad(p.fwd_pd.scratchpad_desc());
+        p.fwd.execute(ThreadStream(), args);
+      });
 }
 
 void ChannelsLastConv::BackwardData(int64_t n, const void* dy, const float* weights, void* dx,
@@ -389,48 +368,19 @@ void ChannelsLastConv::BackwardData(int64_t n, const void* dy, const float* weig
   const std::vector<int64_t> begin = Impl::Split(n, tasks);
   m.Ensure(begin);
   void* w = m.ReorderWeights(m.bwd_data_weights, weights, nullptr, *scratch.weights);
-  const int64_t in_image = m.InImage(), out_image = m.OutImage();
-  const size_t elem = m.Elem();
-  if (m.wide && static_cast<int>(scratch.staging->size()) < tasks) scratch.staging->resize(tasks);
-  if (m.wide) {
-    for (int t = 0; t < tasks; ++t) {
-      (*scratch.staging)[static_cast<size_t>(t)].Resize({m.chunk * (in_image + out_image)});
-    }
-  }
-  ParallelTasks(tasks, [&](int t) {
-    dnnl::stream& stream = ThreadStream();
-    const int64_t b0 = begin[static_cast<size_t>(t)], b1 = begin[static_cast<size_t>(t) + 1];
-    auto run = [&](int64_t len, void* diff_dst, void* diff_src) {
-      const Primitives& p = m.by_images.at(len);
-      memory gm(p.bwd_data_pd.diff_dst_desc(), Engine(), diff_dst);
-      memory wm(p.bwd_data_pd.weights_desc(), Engine(), w);
-      memory dm(p.bwd_data_pd.diff_src_desc(), Engine(), diff_src);
-      p.bwd_data.execute(
-          stream, {{DNNL_ARG_DIFF_DST, gm},
+  RunSliced(m, begin, m.OutImage(), m.InImage(), dy, dx, scratch,
+            [&](int64_t len, void* diff_dst, void* diff_src) {
+              const Primitives& p = m.by_images.at(len);
+              memory gm(p.bwd_data_pd.diff_dst_desc(), Engine(), diff_dst);
+              memory wm(p.bwd_data_pd.weights_desc(), Engine(), w);
+              memory dm(p.bwd_data_pd.diff_src_desc(), Engine(), diff_src);
+              p.bwd_data.execute(
+                  ThreadStream(),
+                  {{DNNL_ARG_DIFF_DST, gm},
                    {DNNL_ARG_WEIGHTS, wm},
                    {DNNL_ARG_DIFF_SRC, dm},
                    {DNNL_ARG_SCRATCHPAD, ThreadScratchpad(p.bwd_data_pd.scratchpad_desc())}});
-    };
-    if (!m.wide) {
-      if (b1 > b0) {
-        run(b1 - b0, static_cast<char*>(const_cast<void*>(dy)) + b0 * out_image * elem,
-            static_cast<char*>(dx) + b0 * in_image * elem);
-      }
-      return;
-    }
-    float* stage = (*scratch.staging)[static_cast<size_t>(t)].data<float>();
-    const dist::CodecKind kind = LowKind(m.dtype);
-    for (int64_t c0 = b0; c0 < b1; c0 += m.chunk) {
-      const int64_t len = std::min(m.chunk, b1 - c0);
-      float* wide_dy = stage;
-      float* wide_dx = stage + len * out_image;
-      dist::Decode(kind, static_cast<const char*>(dy) + c0 * out_image * elem,
-                   static_cast<size_t>(len * out_image), wide_dy);
-      run(len, wide_dy, wide_dx);
-      dist::Encode(kind, wide_dx, static_cast<size_t>(len * in_image),
-                   static_cast<char*>(dx) + c0 * in_image * elem);
-    }
-  });
+            });
 }
 
 void ChannelsLastConv::BackwardWeights(int64_t n, const void* x, const void* dy, float* dweights,

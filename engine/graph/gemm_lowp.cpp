@@ -7,8 +7,6 @@
 #include <vector>
 
 #ifdef CORTADO_HAVE_ONEDNN
-#include <omp.h>
-
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
 
@@ -17,6 +15,7 @@
 #include "engine/base/env.h"
 #include "engine/base/error.h"
 #include "engine/graph/math.h"
+#include "engine/graph/onednn_runtime.h"
 
 namespace cortado {
 namespace {
@@ -96,13 +95,8 @@ struct MatmulKeyHash {
 };
 struct Matmul {
   dnnl::matmul primitive;
-  dnnl::memory::desc a, b, c;
+  dnnl::memory::desc a, b, c, scratchpad;
 };
-
-dnnl::engine& CpuEngine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
 
 Matmul BuildMatmul(const MatmulKey& key) {
   using dnnl::memory;
@@ -115,6 +109,7 @@ Matmul BuildMatmul(const MatmulKey& key) {
   mm.b = memory::desc({key.k, key.n}, memory::data_type::bf16, b_strides);
   mm.c = memory::desc({key.m, key.n}, memory::data_type::f32, memory::dims{key.ldc, 1});
   dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // onednn::ThreadScratchpad says why
   float beta;
   std::memcpy(&beta, &key.beta_bits, sizeof(beta));
   if (beta != 0.0f) {
@@ -122,18 +117,17 @@ Matmul BuildMatmul(const MatmulKey& key) {
     ops.append_sum(beta);  // C = A * B + beta * C
     attr.set_post_ops(ops);
   }
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(mm.a, mm.b, mm.c), attr, CpuEngine());
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(mm.a, mm.b, mm.c), attr,
+                                        onednn::Engine());
   mm.primitive = dnnl::matmul(pd);
+  mm.scratchpad = pd.scratchpad_desc();
   return mm;
 }
 
 void NativeGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t lda,
                 const BFloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  // oneDNN parallelizes with OpenMP; the engine already splits the work (see GemmLd<float>).
-  static thread_local const bool single = (omp_set_num_threads(1), true);
-  (void)single;
+  // Each pool thread runs its own products (see GemmLd<float>): onednn_runtime.h.
   static thread_local std::unordered_map<MatmulKey, Matmul, MatmulKeyHash> cache;
-  static thread_local dnnl::stream stream(CpuEngine());
   uint32_t beta_bits;
   std::memcpy(&beta_bits, &beta, sizeof(beta));
   const MatmulKey key{ta, tb, m, n, k, lda, ldb, ldc, beta_bits};
@@ -148,10 +142,14 @@ void NativeGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const BFloat1
     }
   }
   const Matmul& mm = it->second;
-  dnnl::memory am(mm.a, CpuEngine(), const_cast<BFloat16*>(a));
-  dnnl::memory bm(mm.b, CpuEngine(), const_cast<BFloat16*>(b));
-  dnnl::memory cm(mm.c, CpuEngine(), c);
-  mm.primitive.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  dnnl::memory am(mm.a, onednn::Engine(), const_cast<BFloat16*>(a));
+  dnnl::memory bm(mm.b, onednn::Engine(), const_cast<BFloat16*>(b));
+  dnnl::memory cm(mm.c, onednn::Engine(), c);
+  mm.primitive.execute(onednn::ThreadStream(),
+                       {{DNNL_ARG_SRC, am},
+                        {DNNL_ARG_WEIGHTS, bm},
+                        {DNNL_ARG_DST, cm},
+                        {DNNL_ARG_SCRATCHPAD, onednn::ThreadScratchpad(mm.scratchpad)}});
 }
 #endif
 

@@ -8,11 +8,13 @@
 # are of the medians. Raw JSON lines go to runs/bench-models-<time>/.
 #
 # Usage: scripts/bench/models.sh      Environment: MODELS ("resnet50 resnet18 vgg16"), ROUNDS
-#        (3), ITERS (2, after WARMUP 1), THREADS (2), CORTADO_BUILD_DIR (build)
+#        (3), ITERS (2, after WARMUP 1), THREADS (2), CORTADO_BUILD_DIR (build), TORCH_MODES
+#        ("nchw channels_last bf16": PyTorch's modes to run; its best are the last two)
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 
 models=${MODELS:-resnet50 resnet18 vgg16}
+torch_modes=${TORCH_MODES:-nchw channels_last bf16}
 bench_train_setup models
 
 for r in $(seq "$rounds"); do
@@ -25,7 +27,7 @@ for r in $(seq "$rounds"); do
       "$cortado" bench train --config "$config" --iters "$iters" --warmup "$warmup" \
         --threads "$threads" --json $flag 2>/dev/null |
         "$py" -c "import json,sys; j=json.load(sys.stdin); print(json.dumps({'round': $r, 'model': '$model', 'side': 'cortado', 'mode': 'fp32', 'run': '$mode', 'img_per_s': j['img_per_s'], 'peak_rss_mb': j['peak_rss_mb'], 'activation_planned_peak_mb': j['activation_planned_peak_mb'], 'activation_measured_peak_mb': j['activation_measured_peak_mb'], 'activation_mb': j['activation_mb']}))" >> "$out/results.jsonl"
-      for tmode in nchw channels_last bf16; do
+      for tmode in $torch_modes; do
         "$py" scripts/bench/models/torch_models.py --model "$model" --mode "$tmode" --batch 16 \
           --threads "$threads" --iters "$iters" --warmup "$warmup" $flag |
           "$py" -c "import json,sys; j=json.load(sys.stdin); print(json.dumps({'round': $r, 'model': '$model', 'side': 'pytorch', 'mode': '$tmode', 'run': '$mode', 'img_per_s': j['img_per_s'], 'peak_rss_mb': j['peak_rss_mb']}))" >> "$out/results.jsonl"

@@ -8,17 +8,19 @@
 # Raw JSON lines go to runs/bench-precision-<time>/.
 #
 # Usage: scripts/bench/precision.sh   Environment: MODEL (resnet50), ROUNDS (3), ITERS (2,
-#        after WARMUP 1), THREADS (2), CORTADO_BUILD_DIR (build)
+#        after WARMUP 1), THREADS (2), CORTADO_BUILD_DIR (build), PRECISIONS (Cortado's: "fp32
+#        bf16 fp16")
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 
 model=${MODEL:-resnet50}
+precisions=${PRECISIONS:-fp32 bf16 fp16}
 bench_train_setup precision
 config=$out/$model.yaml
 bench_train_config "$model" "$config"
 
 for r in $(seq "$rounds"); do
-  for precision in fp32 bf16 fp16; do
+  for precision in $precisions; do
     echo "== round $r/$rounds: cortado $precision" >&2
     "$cortado" bench train --config "$config" --set "precision.compute=$precision" \
       --iters "$iters" --warmup "$warmup" --threads "$threads" --json 2>/dev/null |

@@ -19,6 +19,7 @@
 
 #include "engine/tensor/device_runtime.h"
 #include "tests/cuda/gpu_buffer.h"
+#include "tests/support/conv_geometries.h"
 #include "tests/support/net_shapes.h"
 
 namespace cortado::cuda {
@@ -161,7 +162,7 @@ std::vector<double> RunOnGpu(const ConvCase& c, const std::vector<double>& x,
 }
 
 TEST_F(CudnnOnGpu, SmallConvolutionsMatchTheDefinitionInEveryPassFormatAndDtype) {
-  const ConvGeometry shapes[] = {
+  std::vector<ConvGeometry> shapes = {
       {.n = 2, .c = 8, .h = 9, .w = 7, .k = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
       {.n = 3,
        .c = 16,
@@ -186,42 +187,8 @@ TEST_F(CudnnOnGpu, SmallConvolutionsMatchTheDefinitionInEveryPassFormatAndDtype)
        .stride_w = 2,
        .pad_h = 3,
        .pad_w = 3},
-      {.n = 2, .c = 1, .h = 12, .w = 12, .k = 8, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2},
-      {.n = 2,
-       .c = 16,
-       .h = 9,
-       .w = 9,
-       .k = 32,
-       .kh = 3,
-       .kw = 3,
-       .pad_h = 1,
-       .pad_w = 1,
-       .groups = 4},
-      {.n = 2,
-       .c = 16,
-       .h = 10,
-       .w = 10,
-       .k = 16,
-       .kh = 3,
-       .kw = 3,
-       .stride_h = 2,
-       .stride_w = 2,
-       .pad_h = 1,
-       .pad_w = 1,
-       .groups = 16},
-      {.n = 2,
-       .c = 8,
-       .h = 17,
-       .w = 15,
-       .k = 8,
-       .kh = 3,
-       .kw = 5,
-       .stride_h = 2,
-       .stride_w = 3,
-       .pad_h = 2,
-       .pad_w = 0,
-       .dilation_h = 2,
-       .dilation_w = 3}};
+      {.n = 2, .c = 1, .h = 12, .w = 12, .k = 8, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2}};
+  for (const ConvGeometry& g : cortado::testing::UnusualConvolutions()) shapes.push_back(g);
   std::mt19937 rng(42);
   for (const ConvGeometry& g : shapes) {
     ConvCase logical;

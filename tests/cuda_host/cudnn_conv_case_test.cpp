@@ -6,6 +6,7 @@
 #include <set>
 
 #include "engine/cuda/cudnn_conv.h"
+#include "tests/support/conv_geometries.h"
 #include "tests/support/errors.h"
 #include "tests/support/net_shapes.h"
 
@@ -75,18 +76,8 @@ TEST(ConvLayout, DenseStridesOfNchwAndNhwc) {
 
 TEST(ConvLayout, TensorLayoutsOfAGroupedStridedNhwcConvolution) {
   ConvCase c;
-  c.geometry = {.n = 8,
-                .c = 64,
-                .h = 56,
-                .w = 56,
-                .k = 128,
-                .kh = 3,
-                .kw = 3,
-                .stride_h = 2,
-                .stride_w = 2,
-                .pad_h = 1,
-                .pad_w = 1,
-                .groups = 4};
+  c.geometry = cortado::testing::StridedResNetConv();
+  c.geometry.groups = 4;
   const std::array<ConvTensorLayout, 3> t = ConvTensorLayouts(c);
   EXPECT_EQ(t[0].dims, (std::array<int64_t, 4>{8, 64, 56, 56}));
   EXPECT_EQ(t[0].strides, (std::array<int64_t, 4>{200704, 1, 3584, 64}));
@@ -102,17 +93,7 @@ TEST(ConvLayout, TensorLayoutsOfAGroupedStridedNhwcConvolution) {
 
 TEST(ConvKey, NamesEveryFieldOfTheCase) {
   ConvCase c;
-  c.geometry = {.n = 8,
-                .c = 64,
-                .h = 56,
-                .w = 56,
-                .k = 128,
-                .kh = 3,
-                .kw = 3,
-                .stride_h = 2,
-                .stride_w = 2,
-                .pad_h = 1,
-                .pad_w = 1};
+  c.geometry = cortado::testing::StridedResNetConv();
   c.dtype = DType::kF16;
   EXPECT_EQ(ConvKey(c),
             "forward, NHWC (filter OHWI), f16, N=8 C=64 H=56 W=56 -> K=128, kernel 3x3, stride "

@@ -18,6 +18,7 @@
 
 #include "engine/cuda/cuda_libraries.h"
 #include "engine/cuda/cudnn_conv.h"
+#include "tests/support/conv_geometries.h"
 #include "tests/support/errors.h"
 #include "tests/support/files.h"
 #include "tests/support/net_shapes.h"
@@ -149,43 +150,7 @@ TEST(CudnnOnHost, EveryNetConvolutionGraphFinalizesAndCudnnAgreesOnItsOutput) {
 }
 
 TEST(CudnnOnHost, GroupsAndDilationAreWhatCudnnComputes) {
-  // Shapes no net above has: grouped, depthwise, dilated, asymmetric.
-  const ConvGeometry shapes[] = {{.n = 4,
-                                  .c = 32,
-                                  .h = 17,
-                                  .w = 13,
-                                  .k = 64,
-                                  .kh = 3,
-                                  .kw = 3,
-                                  .pad_h = 1,
-                                  .pad_w = 1,
-                                  .groups = 4},
-                                 {.n = 2,
-                                  .c = 48,
-                                  .h = 20,
-                                  .w = 20,
-                                  .k = 48,
-                                  .kh = 3,
-                                  .kw = 3,
-                                  .stride_h = 2,
-                                  .stride_w = 2,
-                                  .pad_h = 1,
-                                  .pad_w = 1,
-                                  .groups = 48},
-                                 {.n = 2,
-                                  .c = 16,
-                                  .h = 33,
-                                  .w = 31,
-                                  .k = 8,
-                                  .kh = 3,
-                                  .kw = 5,
-                                  .stride_h = 2,
-                                  .stride_w = 3,
-                                  .pad_h = 2,
-                                  .pad_w = 0,
-                                  .dilation_h = 2,
-                                  .dilation_w = 3}};
-  for (const ConvGeometry& g : shapes) {
+  for (const ConvGeometry& g : cortado::testing::UnusualConvolutions()) {
     ConvCase c;
     c.geometry = g;
     const std::array<int, 4> dims = LegacyOutputDims(c);
@@ -222,17 +187,7 @@ TEST(CudnnOnHost, DevicePropertiesRoundTripThroughJson) {
 TEST(CudnnOnHost, ThePlanIsTheGraphWeBuilt) {
   ConvPlanCache cache(DevicePropertiesFromJson(ModeledH100Json()));
   ConvCase c;
-  c.geometry = {.n = 8,
-                .c = 64,
-                .h = 56,
-                .w = 56,
-                .k = 128,
-                .kh = 3,
-                .kw = 3,
-                .stride_h = 2,
-                .stride_w = 2,
-                .pad_h = 1,
-                .pad_w = 1};
+  c.geometry = cortado::testing::StridedResNetConv();
   c.dtype = DType::kBF16;
   struct Expected {
     ConvPass pass;
@@ -357,8 +312,8 @@ TEST(CudnnOnHost, NoEngineNamesTheLayersGeometry) {
 }
 
 TEST(CudnnOnHost, TheVariantPackIsBuiltAndOnlyExecutionWantsTheGpu) {
-  // The variant pack (uids, pointers, workspace) finalizes without a GPU; executing needs a handle,
-  // which needs one: here cuDNN refuses the null handle, naming no variant-pack problem.
+  // The variant pack (uids, pointers, workspace) finalizes without a GPU; executing needs a
+  // handle, which needs one: here cuDNN refuses the null handle, naming no variant-pack problem.
   ConvPlanCache cache(DevicePropertiesFromJson(ModeledH100Json()));
   ConvCase c;
   c.geometry = {.n = 4, .c = 16, .h = 8, .w = 8, .k = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1};
