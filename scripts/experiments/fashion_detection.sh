@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The detection miniature end to end: makes the Fashion-MNIST detection set
 # (make_fashion_detection.py: 4000 training and 800 test canvases of 128x128), converts both
-# splits to LMDB, trains configs/fashion_ssd.yaml (ssd_lite) and evaluates the last checkpoint,
+# splits to LMDB, trains configs/fashion_ssd.yaml (ssd_lite, 16 epochs) and evaluates the last checkpoint,
 # printing the per-class table and writing runs/fashion_ssd/eval.json and detections.json (COCO
-# results). The set and the databases are made once and reused. About 25 minutes on 2 cores
+# results). The set and the databases are made once and reused. About 25-30 minutes on 2 cores
 # (EXPERIMENTS.md has the measured figures).
 #   scripts/experiments/fashion_detection.sh [--binary PATH] [--set key=value]...
 set -euo pipefail
