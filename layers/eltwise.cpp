@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine/base/thread_pool.h"
+#include "engine/tensor/device_kernels.h"
 #include "layers/layer_util.h"
 
 namespace cortado {
@@ -172,6 +173,38 @@ void EltwiseLayer::ForwardChunk(const std::vector<const T*>& x, T* y, int32_t* a
       std::fill(arg, arg + n, 0);
       for (size_t j = 1; j < k; ++j) MaxKernel(x[j], static_cast<int32_t>(j), y, arg, n);
       break;
+  }
+}
+
+bool EltwiseLayer::UnitSumOnDevice(DType dtype) const {
+  if (op_ != Op::kSum || !(dtype == DType::kF32 || dtype == DType::kF64)) return false;
+  for (double c : coeffs_) {
+    if (c != 1.0) return false;
+  }
+  return true;
+}
+
+void EltwiseLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
+  if (!UnitSumOnDevice(bottom[0]->data.dtype())) return Layer::ForwardOnDevice(bottom, top);
+  if (in_place_) top[0]->data = bottom[0]->data;
+  Tensor& y = top[0]->data;
+  DeviceScale(bottom[0]->data, y, 1.0);  // 1 * x is x: the CPU's a * x + b * x' with a = b = 1
+  for (size_t j = 1; j < bottom.size(); ++j) DeviceAxpy(bottom[j]->data, y, 1.0);
+  if (relu_) DeviceReluForward(y, y, 0.0);
+}
+
+void EltwiseLayer::BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                                    const Blobs& bottom) {
+  if (!UnitSumOnDevice(bottom[0]->data.dtype())) {
+    return Layer::BackwardOnDevice(top, propagate_down, bottom);
+  }
+  for (size_t j = 0; j < bottom.size(); ++j) {
+    if (!propagate_down[j]) continue;
+    if (relu_) {
+      DeviceReluBackward(top[0]->data, top[0]->grad, bottom[j]->grad, 0.0);
+    } else {
+      DeviceScale(top[0]->grad, bottom[j]->grad, 1.0);
+    }
   }
 }
 

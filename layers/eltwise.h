@@ -34,8 +34,15 @@ class EltwiseLayer : public TypedLayer<EltwiseLayer, AllFloatTypes> {
  protected:
   // bf16 and f16: the f32 kernels on cache-sized widened blocks.
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  // On a device, a sum with unit coefficients (a residual join, fused ReLU or not) in f32 or f64
+  // runs the shared bodies (scale, axpy, ReLU; bitwise the CPU's arithmetic); anything else
+  // takes Layer's default (the CPU kernel on the test device, a refusal elsewhere).
+  void ForwardOnDevice(const Blobs& bottom, const Blobs& top) override;
+  void BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                        const Blobs& bottom) override;
 
  private:
+  bool UnitSumOnDevice(DType dtype) const;
   CORTADO_TYPED_LAYER_KERNELS();
   // One block of n elements, pointers already at the block (T is the compute type).
   template <typename T>

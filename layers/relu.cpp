@@ -1,6 +1,7 @@
 #include "layers/relu.h"
 
 #include "engine/base/thread_pool.h"
+#include "engine/tensor/device_kernels.h"
 #include "layers/layer_util.h"
 
 namespace cortado {
@@ -97,6 +98,23 @@ void ReluLayer::Backward16(const Blobs& top, const std::vector<bool>& propagate_
   ParallelFor(bottom[0]->data.numel(), kReluChunk, [&](int64_t begin, int64_t end) {
     Relu16Backward(y + begin, dy + begin, dx + begin, end - begin, inf);
   });
+}
+
+void ReluLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
+  if (IsLowPrecision(bottom[0]->data.dtype())) return Layer::ForwardOnDevice(bottom, top);
+  if (in_place_) top[0]->data = bottom[0]->data;
+  DeviceReluForward(bottom[0]->data, top[0]->data, negative_slope_);
+}
+
+void ReluLayer::BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                                 const Blobs& bottom) {
+  if (IsLowPrecision(bottom[0]->data.dtype())) {
+    return Layer::BackwardOnDevice(top, propagate_down, bottom);
+  }
+  if (!propagate_down[0]) return;
+  // The mask as on the CPU: y's sign is x's unless the slope is negative.
+  const Tensor& mask = negative_slope_ >= 0 ? top[0]->data : bottom[0]->data;
+  DeviceReluBackward(mask, top[0]->grad, bottom[0]->grad, negative_slope_);
 }
 
 void ReluLayer::LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {

@@ -39,6 +39,10 @@ class ReluLayer : public TypedLayer<ReluLayer, WideFloatTypes> {
     Backward16(top, propagate_down, bottom, kF16Inf);
   }
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  // On a device (f32, f64): the shared bodies (engine/tensor/device_kernels.h), no CPU kernel.
+  void ForwardOnDevice(const Blobs& bottom, const Blobs& top) override;
+  void BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                        const Blobs& bottom) override;
 
  private:
   static constexpr uint16_t kBF16Inf = 0x7f80, kF16Inf = 0x7c00;  // codes of +inf

@@ -51,7 +51,7 @@ double MeasuredGemmPeak() {
 }
 
 struct BenchTrainArgs {
-  std::string config;
+  std::string config, device;
   std::vector<std::string> sets;
   int64_t iters = 50, warmup = 5;
   bool json = false, profile = false, infer = false;
@@ -273,7 +273,9 @@ void PrintText(const BenchTrainArgs& a, const Summary& s, const Timing& t) {
 }
 
 void RunBenchTrain(const BenchTrainArgs& a) {
-  RunConfig config = LoadRunConfig(a.config, a.sets);
+  std::vector<std::string> sets = a.sets;
+  if (!a.device.empty()) sets.push_back("device=" + a.device);
+  RunConfig config = LoadRunConfig(a.config, sets);
   // Long enough for any run length: the schedule plays no part in a throughput measurement.
   config.solver.epoch_based = false;
   config.solver.max_iter = a.warmup + a.iters + 1;
@@ -302,6 +304,9 @@ void AddBenchTrainCommand(CLI::App& bench) {
   CLI::App* cmd = bench.add_subcommand("train", "Training throughput (images/s) of a config");
   cmd->add_option("--config", args->config, "YAML config file")->required();
   cmd->add_option("--set", args->sets, "Override a config key");
+  cmd->add_option("--device", args->device,
+                  "Where to run: cpu, test[:N] (the guarded host-memory test device, which says "
+                  "nothing of speed) or cuda[:N]. Same as --set device=...");
   cmd->add_option("--iters", args->iters, "Timed iterations")->check(IntAtLeast(1));
   cmd->add_option("--warmup", args->warmup, "Untimed iterations first")->check(IntAtLeast(0));
   cmd->add_option("--threads", args->threads,

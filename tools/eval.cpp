@@ -32,7 +32,7 @@ namespace cortado::tools {
 namespace {
 
 struct EvalArgs {
-  std::string config, checkpoint, weights;
+  std::string config, checkpoint, weights, device;
   std::string detections;  // a detector's COCO results file; "" none
   std::vector<std::string> sets;
   bool json = false;
@@ -195,8 +195,15 @@ void ReportEval(const EvalArgs& a, const EvalInputs& in, const EvalResult& r,
               source.c_str());
 }
 
-void RunEval(const EvalArgs& a) {
+void RunEval(EvalArgs a) {
   CheckEvalFlags(a);
+  if (!a.device.empty()) {
+    a.sets.push_back("device=" + a.device);
+  } else if (a.config.empty()) {
+    // The checkpoint's stored config names the device it trained on; evaluating it elsewhere
+    // (a checkpoint is device-independent) takes the CPU unless --device says otherwise.
+    a.sets.push_back("device=cpu");
+  }
   EvalInputs in = LoadEvalInputs(a);
   const std::string classes_warning = CheckClassNames(in.config.data);
   World world = JoinWorld(in.config.distributed);
@@ -236,6 +243,9 @@ void AddEvalCommand(CLI::App& app) {
                   "YAML config file (default: the config stored in the checkpoint)");
   cmd->add_option("--set", args->sets,
                   "Override a config key, e.g. --set data.val=PATH (applies to either config)");
+  cmd->add_option("--device", args->device,
+                  "Where to evaluate: cpu, test[:N] (the guarded host-memory test device) or "
+                  "cuda[:N]. Same as --set device=...");
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->add_option("--detections", args->detections,
                   "Detection: write every detection as COCO results JSON to this file "

@@ -18,7 +18,9 @@ using Clock = std::chrono::steady_clock;
 
 double BlobValue(Net& net, const std::string& name) {
   if (!net.has_blob(name)) return NAN;
-  return ElementAsDouble(net.blob(name)->data, 0);
+  const Tensor& t = net.blob(name)->data;
+  // On a device: one explicit copy of the scalar.
+  return ElementAsDouble(t.device() == Device::CPU() ? t : t.View({1}).To(Device::CPU()), 0);
 }
 
 // A tensor's elements as f32 (the detections of an f64 net; the boxes are f32 already).
@@ -207,6 +209,24 @@ void FeedBatch(Net& net, const Batch& batch) {
       "data source produced images ", batch.images.ToString(), " but the net expects [N, ",
       data.dim(1), ", ", data.dim(2), ", ", data.dim(3), "]");
   const bool same_format = batch.images.format() == data.format() || batch.images.IsLayoutTrivial();
+  if (net.device() != Device::CPU()) {
+    // Onto the device by explicit copies, after any reorder or conversion on the host.
+    Tensor images = batch.images;
+    if (!same_format) images = images.Reordered(data.format());
+    if (images.dtype() != data.dtype()) {
+      Tensor converted(images.shape(), data.dtype());
+      converted.set_format(images.format());
+      converted.ConvertFrom(images);
+      images = converted;
+    }
+    data.Resize(images.shape(), data.dtype());
+    data.set_format(images.ndim() == 4 ? net.layout() : MemoryFormat::kNCHW);
+    data.CopyFrom(images.To(net.device()));
+    Tensor& label = net.input("label");
+    label.Resize(batch.labels.shape(), DType::kI32);
+    label.CopyFrom(batch.labels.To(net.device()));
+    return;
+  }
   if (data.dtype() == DType::kF32 && same_format) {
     data = batch.images;
     data.set_format(data.ndim() == 4 ? net.layout() : MemoryFormat::kNCHW);

@@ -22,7 +22,10 @@ NetOptions ConfigNetOptions(const RunConfig& config, NetMode mode) {
   options.mode = mode;
   options.plan_memory = true;
   options.layout = ConfigLayout(config);
-  options.fuse = true;
+  // On a device the layers run unfused: an absorbing layer reads the absorbed one's parameters
+  // from its own kernel, which a device kernel is not given.
+  options.fuse = config.device == Device::CPU();
+  options.device = config.device;
   return options;
 }
 

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "engine/base/error.h"
+#include "engine/tensor/device_runtime.h"
 #include "tools/run_config_sections.h"
 
 namespace cortado {
@@ -63,8 +64,8 @@ using run_config::Require;
 // a top-level solvr) is named as unknown with the closest key instead of being reported as the
 // required key it was meant to be; a getter on a key missing from its list is an internal
 // error, so the lists cannot drift from the getters.
-constexpr std::string_view kTopKeys[] = {"seed",       "model",       "data",      "solver",
-                                         "checkpoint", "distributed", "precision", "log"};
+constexpr std::string_view kTopKeys[] = {"seed",        "model",     "data", "solver", "checkpoint",
+                                         "distributed", "precision", "log",  "device"};
 
 // The document's sections, each declared (checked against its key list) before any is read.
 struct Sections {
@@ -114,6 +115,16 @@ RunConfig ParseRunConfig(YamlConfig& yaml, bool need_train, bool check_data) {
     s.distributed.Error("codec",
                         "the gradient codecs compress f32 gradients; precision.compute "
                         "is fp64 (use distributed.codec: f32 with it)");
+  }
+  const std::string device = s.root.String("device", "cpu");
+  try {
+    c.device = ParseDevice(device);
+  } catch (const Error& e) {
+    s.root.Error("device", e.what());
+  }
+  std::string why;
+  if (!DeviceUsable(c.device, &why)) {
+    s.root.Error("device", StrCat("cannot use ", c.device.ToString(), ": ", why));
   }
   c.log_interval = s.log.Int("interval", 50);
   Require(c.log_interval >= 1, s.log, "interval", "must be >= 1");

@@ -90,6 +90,8 @@ struct RunConfig {
   DistributedConfig distributed;
   PrecisionConfig precision;
   int64_t log_interval = 50;
+  // `device:` (cpu, test[:N], cuda[:N]; --device sets it): where the net trains, checked usable.
+  Device device = Device::CPU();
   std::string resolved_yaml;  // the document with overrides applied
 };
 

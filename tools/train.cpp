@@ -28,6 +28,7 @@ namespace {
 struct TrainArgs {
   std::string config;
   std::vector<std::string> sets;
+  std::string device;
   std::string resume;
   std::string weights;
   bool weights_partial = false;
@@ -133,6 +134,7 @@ TrainOptions CheckTrainArgs(TrainArgs& args) {
     args.sets.push_back("model.weights=" + args.weights);
   }
   if (args.weights_partial) args.sets.push_back("model.weights_partial=true");
+  if (!args.device.empty()) args.sets.push_back("device=" + args.device);
   if (args.overwrite && !args.resume.empty()) {
     UsageFail("--overwrite starts a run over; it cannot be combined with --resume");
   }
@@ -205,6 +207,9 @@ void AddTrainCommand(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("train", "Train a model from a YAML config");
   cmd->add_option("--config", args->config, "YAML config file")->required();
   cmd->add_option("--set", args->sets, "Override a config key: --set solver.base_lr=0.05");
+  cmd->add_option("--device", args->device,
+                  "Where to train: cpu, test[:N] (the guarded host-memory test device) or "
+                  "cuda[:N]. Same as --set device=...");
   cmd->add_option("--resume", args->resume,
                   "'auto' (the newest valid checkpoint in checkpoint.dir) or a checkpoint file");
   cmd->add_option("--weights", args->weights,

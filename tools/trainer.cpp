@@ -52,6 +52,9 @@ Trainer::Trainer(RunConfig config, World world)
   batches_per_epoch_ = train_source_->batches_per_epoch();
   max_iter_ = config_.solver.epoch_based ? config_.solver.max_epochs * batches_per_epoch_
                                          : config_.solver.max_iter;
+  CORTADO_CHECK(world_.size == 1 || config_.device == Device::CPU(),
+                "device: ", config_.device.ToString(), " with ", world_.size,
+                " ranks: data-parallel training runs on the CPU only so far");
   if (world_.size > 1) JoinRanks();
 }
 

@@ -2,8 +2,11 @@
 
 #include <map>
 #include <mutex>
+#include <tuple>
 
 #include "engine/base/random.h"
+#include "engine/tensor/device_runtime.h"
+#include "engine/tensor/test_device.h"
 
 namespace cortado {
 
@@ -54,17 +57,19 @@ Tensor& Staged(std::vector<Tensor>& pool, size_t index, const Shape& shape,
 void Layer::Forward(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {
   CORTADO_CHECK(!bottom.empty(), Describe(), ": Forward without inputs");
   const Tensor& x = bottom[0]->data;
-  if (x.device().type != DeviceType::kCPU) {
-    Fail(Describe(), ": input '", bottom[0]->name,
-         "' is on a device this build has no kernels for");
-  }
+  CheckDevices(bottom, x.device(), false, "input");
   if (absorbed_) {
     // The layer before computes this one's output in its own; the output shares the input.
     top[0]->data = bottom[0]->data;
     return;
   }
   CheckFormats(bottom, false);
-  switch (x.dtype()) {
+  if (x.device().type != DeviceType::kCPU) return ForwardOnDevice(bottom, top);
+  ForwardOnCpu(bottom, top);
+}
+
+void Layer::ForwardOnCpu(const Blobs& bottom, const Blobs& top) {
+  switch (bottom[0]->data.dtype()) {
     case DType::kF32:
       return ForwardF32(bottom, top);
     case DType::kF64:
@@ -84,7 +89,16 @@ void Layer::Backward(const std::vector<Blob*>& top, const std::vector<bool>& pro
   CORTADO_CHECK(!absorbed_, Describe(),
                 ": Backward of a layer absorbed by the one before it "
                 "(absorption is for inference nets only)");
+  const Device device = bottom[0]->data.device();
+  CheckDevices(bottom, device, false, "input");
+  CheckDevices(top, device, true, "gradient of");
   CheckFormats(top, true);
+  if (device.type != DeviceType::kCPU) return BackwardOnDevice(top, propagate_down, bottom);
+  BackwardOnCpu(top, propagate_down, bottom);
+}
+
+void Layer::BackwardOnCpu(const Blobs& top, const std::vector<bool>& propagate_down,
+                          const Blobs& bottom) {
   switch (bottom[0]->data.dtype()) {
     case DType::kF32:
       return BackwardF32(top, propagate_down, bottom);
@@ -97,6 +111,95 @@ void Layer::Backward(const std::vector<Blob*>& top, const std::vector<bool>& pro
     default:
       return BackwardOtherDType(top, propagate_down, bottom);
   }
+}
+
+void Layer::CheckDevices(const Blobs& blobs, Device device, bool grads, const char* what) const {
+  for (const Blob* b : blobs) {
+    const Tensor& t = grads ? b->grad : b->data;
+    if (t.defined() && !t.empty() && t.device() != device) {
+      Fail(Describe(), ": ", what, " '", b->name, "' is on ", t.device().ToString(), ", not on ",
+           device.ToString(), " with its first input: a layer runs on one device");
+    }
+  }
+}
+
+void Layer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
+  if (bottom[0]->data.device().type == DeviceType::kTest && RunsCpuKernelOnTestDevice()) {
+    return CpuKernelOnTestDevice(top, nullptr, bottom);
+  }
+  Fail(Describe(), ": input '", bottom[0]->name, "' is on ", bottom[0]->data.device().ToString(),
+       ", and this layer has no kernels for that device (only the CPU's)");
+}
+
+void Layer::BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                             const Blobs& bottom) {
+  if (bottom[0]->data.device().type == DeviceType::kTest && RunsCpuKernelOnTestDevice()) {
+    return CpuKernelOnTestDevice(top, &propagate_down, bottom);
+  }
+  Fail(Describe(), ": backward of input '", bottom[0]->name, "' on ",
+       bottom[0]->data.device().ToString(),
+       ", and this layer has no kernels for that device (only the CPU's)");
+}
+
+void Layer::CpuKernelOnTestDevice(const Blobs& top, const std::vector<bool>* propagate_down,
+                                  const Blobs& bottom) {
+  const Device device = bottom[0]->data.device();
+  // Everything the CPU kernel may touch of the device: the blobs, the params and the buffers
+  // (scratch and staging are host memory of the layer's own).
+  std::vector<Tensor> given;
+  for (const Blobs* blobs : {&bottom, &top}) {
+    for (const Blob* b : *blobs) {
+      given.push_back(b->data);
+      given.push_back(b->grad);
+    }
+  }
+  for (const Param& p : params_) {
+    given.push_back(p.value);
+    given.push_back(p.grad);
+  }
+  for (const Buffer& b : buffers_) given.push_back(b.value);
+  LaunchOnTestDevice(device, given, [&] {
+    std::vector<Tensor> alias = TestDeviceHostAliases(given);
+    size_t k = 0;
+    std::vector<Blob> host_bottom(bottom.size()), host_top(top.size());
+    Blobs hb, ht;
+    for (auto [blobs, host, ptrs] :
+         {std::tuple{&bottom, &host_bottom, &hb}, std::tuple{&top, &host_top, &ht}}) {
+      for (size_t i = 0; i < blobs->size(); ++i) {
+        (*host)[i].name = (*blobs)[i]->name;
+        (*host)[i].data = alias[k++];
+        (*host)[i].grad = alias[k++];
+        ptrs->push_back(&(*host)[i]);
+      }
+    }
+    // The layer's own tensors: the aliases while the kernel runs, the device's again after.
+    for (Param& p : params_) {
+      std::swap(p.value, alias[k++]);
+      std::swap(p.grad, alias[k++]);
+    }
+    for (Buffer& b : buffers_) std::swap(b.value, alias[k++]);
+    struct Restore {
+      Layer* layer;
+      std::vector<Tensor>* alias;
+      size_t first;
+      ~Restore() {
+        size_t j = first;
+        for (Param& p : layer->params_) {
+          std::swap(p.value, (*alias)[j++]);
+          std::swap(p.grad, (*alias)[j++]);
+        }
+        for (Buffer& b : layer->buffers_) std::swap(b.value, (*alias)[j++]);
+      }
+    } restore{this, &alias, 2 * (bottom.size() + top.size())};
+    if (propagate_down == nullptr) {
+      ForwardOnCpu(hb, ht);
+    } else {
+      BackwardOnCpu(ht, *propagate_down, hb);
+    }
+  });
+  // The layer's state (the swapped tensors, caches its kernel keeps) is the host thread's again
+  // only once the kernel has run; a kernel's error surfaces here.
+  RuntimeFor(device).Synchronize(device.index);
 }
 
 void Layer::CheckFormats(const Blobs& blobs, bool grads) const {
@@ -218,9 +321,11 @@ Param& Layer::AddParam(const std::string& suffix, const Shape& shape, DType dtyp
   Param p;
   p.name = spec_.name + "." + suffix;
   p.value = Tensor(shape, dtype);
+  p.value.set_name(p.name);
   p.value.Zero();
   if (!context().inference) {
     p.grad = Tensor(shape, dtype);
+    p.grad.set_name(p.name + " (gradient)");
     p.grad.Zero();
   }
   p.kind = kind;
@@ -231,6 +336,7 @@ Param& Layer::AddParam(const std::string& suffix, const Shape& shape, DType dtyp
 Buffer& Layer::AddBuffer(const std::string& suffix, const Shape& shape, DType dtype) {
   dtype = MasterDType(dtype);
   Buffer b{spec_.name + "." + suffix, Tensor(shape, dtype)};
+  b.value.set_name(b.name);
   b.value.Zero();
   buffers_.push_back(std::move(b));
   return buffers_.back();

@@ -31,6 +31,9 @@
 // (TakesChannelsLast) and gives its 4-d outputs its input's format in Reshape; one that does not
 // gets NCHW inputs (or inputs whose layout is the same in both, Tensor::IsLayoutTrivial), which
 // the net ensures by inserting a Reorder layer before it, and Forward/Backward check it.
+// Device: every input and output of a call is on bottom[0]'s device (checked by Forward and
+// Backward); a non-CPU device goes to ForwardOnDevice/BackwardOnDevice, which fail unless the
+// layer has kernels there, so a device tensor never reaches a CPU kernel.
 // Threads: Forward/Backward are called from one thread and may use ParallelFor inside.
 #pragma once
 
@@ -227,6 +230,26 @@ class Layer {
                             const Blobs& bottom);
   virtual void BackwardF16(const Blobs& top, const std::vector<bool>& propagate_down,
                            const Blobs& bottom);
+  // The kernels on a device (bottom[0]'s, which every input and output shares: Forward and
+  // Backward check it). A layer with a device path runs its shared kernel bodies there
+  // (engine/tensor/device_kernels.h). The defaults: on the test device, the layer's CPU kernel
+  // inside one test-device kernel (CpuKernelOnTestDevice) where RunsCpuKernelOnTestDevice();
+  // elsewhere they fail naming the layer and the device.
+  virtual void ForwardOnDevice(const Blobs& bottom, const Blobs& top);
+  virtual void BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                                const Blobs& bottom);
+  // Whether the test device may run this layer's CPU kernel on host views of its device memory
+  // (a layer without shared bodies yet: the net's device plumbing is then checked around it, the
+  // layer's own device kernels are not). True by default.
+  virtual bool RunsCpuKernelOnTestDevice() const { return true; }
+  // Runs the CPU kernel (forward when propagate_down is null) as one kernel on the test device:
+  // the blobs', params' and buffers' blocks open, host views of them in their place; waits.
+  void CpuKernelOnTestDevice(const Blobs& top, const std::vector<bool>* propagate_down,
+                             const Blobs& bottom);
+  // The CPU's dispatch on the dtype (what Forward and Backward run for CPU tensors).
+  void ForwardOnCpu(const Blobs& bottom, const Blobs& top);
+  void BackwardOnCpu(const Blobs& top, const std::vector<bool>& propagate_down,
+                     const Blobs& bottom);
   // Any other dtype (i32, u8): only layers that move bytes without arithmetic (views, copies)
   // take them; the defaults fail naming the layer and the input.
   virtual void ForwardOtherDType(const Blobs& bottom, const Blobs& top);
@@ -251,6 +274,9 @@ class Layer {
   // Throws naming the layer and the blob when a 4-d tensor this layer reads is channels-last
   // while the layer takes NCHW only.
   void CheckFormats(const Blobs& blobs, bool grads) const;
+  // Throws naming the layer and the blob when a defined, non-empty data (or grad) tensor of
+  // `blobs` is not on `device`.
+  void CheckDevices(const Blobs& blobs, Device device, bool grads, const char* what) const;
   bool in_place_ = false;
   bool absorbed_ = false;
 

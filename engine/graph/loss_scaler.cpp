@@ -5,6 +5,8 @@
 
 #include "engine/base/error.h"
 #include "engine/base/thread_pool.h"
+#include "engine/tensor/device_kernels.h"
+#include "engine/tensor/device_runtime.h"
 
 namespace cortado {
 namespace {
@@ -32,6 +34,15 @@ LossScaler::LossScaler(LossScalerOptions options) : options_(options), scale_(op
 }
 
 bool LossScaler::AllFinite(const std::vector<Param*>& params) {
+  if (!params.empty() && params[0]->grad.device().type != DeviceType::kCPU) {
+    // On a device: one flag for the whole step, set by the shared finite-check body over every
+    // gradient, and one copy of it to the host.
+    const Device device = params[0]->grad.device();
+    Tensor flag({1}, DType::kI32, AllocatorFor(device));
+    flag.Zero();
+    for (const Param* p : params) DeviceMarkNonFinite(p->grad, flag);
+    return flag.To(Device::CPU()).data<int32_t>()[0] == 0;
+  }
   for (const Param* p : params) {
     const Tensor& g = p->grad;
     std::atomic<bool> finite{true};

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "engine/base/log.h"
+#include "engine/tensor/device_runtime.h"
 
 namespace cortado {
 namespace {
@@ -87,6 +88,38 @@ Net::Net(const NetSpec& original_spec, uint64_t seed, DType dtype, NetOptions op
   if (inference() && options_.fuse) AbsorbLayers();
   PlanInPlaceLayers();
   layer_times_.resize(layers_.size());
+  if (options_.device.type != DeviceType::kCPU) MoveToDevice();
+}
+
+void Net::MoveToDevice() {
+  const Device device = options_.device;
+  const std::shared_ptr<Allocator>& on = AllocatorFor(device);
+  grad_pool_.set_allocator(on);
+  activation_pool_.set_allocator(on);
+  // Parameters and buffers keep their values (initialized on the host, copied once).
+  for (auto& layer : layers_) {
+    for (Param& p : layer->params()) {
+      p.value = p.value.To(device);
+      if (p.grad.defined()) p.grad = p.grad.To(device);
+    }
+    for (Buffer& b : layer->buffers()) b.value = b.value.To(device);
+  }
+  // Every blob gets device storage; the inputs keep their (zero) contents, and the layers size
+  // their outputs again, which re-seats the views and shared storage they set up in Reshape.
+  for (size_t i = 0; i < blobs_.size(); ++i) {
+    Blob& b = *blobs_[i];
+    Tensor fresh(external_[i] ? b.data.shape() : Shape{0}, b.data.dtype(), on);
+    if (external_[i]) {
+      fresh.set_format(b.data.format());
+      fresh.Zero();
+    }
+    fresh.set_name(b.name);
+    b.data = fresh;
+    b.grad = Tensor();
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (!layers_[i]->absorbed()) layers_[i]->Reshape(bottoms_[i], tops_[i]);
+  }
 }
 
 void Net::AddLayer(LayerSpec spec) {
@@ -237,7 +270,8 @@ void Net::TakeBuffers(int step) {
     if (static_cast<size_t>(ShapeNumel(shape)) * DTypeSize(dtype) <= plan_.group_bytes[group]) {
       held = activation_pool_.Take(shape, dtype, plan_.group_offset[group]);
     } else {
-      held = Tensor(shape, dtype);  // larger than planned (shapes changed): storage of its own
+      // Larger than planned (shapes changed): storage of its own.
+      held = Tensor(shape, dtype, AllocatorFor(options_.device));
     }
     held.set_format(owner.data.format());  // a gradient lies like its activation
     (plan_.group_is_grad[group] ? owner.grad : owner.data) = held;
@@ -254,7 +288,7 @@ void Net::KeepWithinPlan(int step) {
     Tensor& data = blobs_[static_cast<size_t>(plan_.group_blob[group])]->data;
     if (data.nbytes() > held_[group].nbytes() && activation_pool_.Holds(data)) {
       const MemoryFormat format = data.format();
-      data = Tensor(data.shape(), data.dtype());
+      data = Tensor(data.shape(), data.dtype(), AllocatorFor(options_.device));
       data.set_format(format);
     }
   }
@@ -289,7 +323,13 @@ double Net::Forward() {
     if (plan) KeepWithinPlan(static_cast<int>(i));
     layer.Forward(bottoms_[i], tops_[i]);
     if (plan) GiveBackBuffers(static_cast<int>(i));
-    if (layer.IsLoss()) loss += layer.loss_weight() * ElementAsDouble(tops_[i][0]->data, 0);
+    if (layer.IsLoss()) {
+      // On a device, the loss comes back through one explicit copy of its scalar.
+      const Tensor& out = tops_[i][0]->data;
+      const Tensor host =
+          out.device().type == DeviceType::kCPU ? out : out.View({1}).To(Device::CPU());
+      loss += layer.loss_weight() * ElementAsDouble(host, 0);
+    }
     if (profiling_) {
       layer_times_[i].name = layer.name();
       layer_times_[i].type = layer.type();
@@ -426,7 +466,7 @@ void Net::LoadState(const Checkpoint& checkpoint, const std::string& path) {
                   " (was it written for another model?)");
     CORTADO_CHECK(t->shape() == into.shape(), "checkpoint '", path, "': ", what, " has shape ",
                   ShapeString(t->shape()), ", the model wants ", ShapeString(into.shape()));
-    into.ConvertFrom(*t);
+    AssignConverted(into, *t);  // from the host copy onto the net's device
   };
   for (Param* p : params()) load("param/" + p->name, p->value, "parameter '" + p->name + "'");
   for (Buffer* b : buffers()) load("buffer/" + b->name, b->value, "buffer '" + b->name + "'");

@@ -84,6 +84,11 @@ struct NetOptions {
   MemoryFormat layout = MemoryFormat::kNCHW;
   // Fusion rewrites (see the header paragraph).
   bool fuse = false;
+  // Where the net runs: parameters, gradients, buffers, the activations and their gradient pool
+  // and arena are allocated there (built on the host, then moved, once). The caller copies the
+  // inputs in explicitly (input(name).CopyFrom(host.To(device))); Forward brings each loss back
+  // through one copy of its scalar; SaveState writes host copies, LoadState copies onto it.
+  Device device = Device::CPU();
 };
 
 // model.layout: auto's choice for a net on `device` computing in `compute`: channels-last where
@@ -173,12 +178,15 @@ class Net : public CheckpointState {
   // Human-readable summary: layers, output shapes, parameter count.
   std::string Summary();
   MemoryFormat layout() const { return options_.layout; }
+  Device device() const { return options_.device; }
   // The Reorder layers the net inserted, as "name (blob nhwc -> nchw, before layer)" lines.
   const std::vector<std::string>& reorders() const { return reorders_; }
   int64_t num_parameters();
 
  private:
   void AddLayer(LayerSpec spec);
+  // Puts the net on options_.device (the constructor's last step).
+  void MoveToDevice();
   // The format layer `layer` wants its 4-d input `blob` in: the net's layout where it takes
   // channels-last, else NCHW.
   MemoryFormat WantedFormat(const Layer& layer) const;

@@ -3,48 +3,33 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/base/thread_pool.h"
+#include "engine/tensor/device_kernels.h"
+#include "engine/tensor/device_runtime.h"
 
 namespace cortado {
 
 SgdSolver::SgdSolver(std::vector<Param*> params, SgdOptions options)
     : params_(std::move(params)), options_(options) {
   for (Param* p : params_) {
-    Buffer b{p->name + ".momentum", Tensor(p->value.shape(), p->value.dtype())};
+    // Momentum lives where its parameter does (a device's memory for a net on a device).
+    Buffer b{p->name + ".momentum",
+             Tensor(p->value.shape(), p->value.dtype(), AllocatorFor(p->value.device()))};
+    b.value.set_name(b.name);
     b.value.Zero();
     momentum_.push_back(std::move(b));
   }
 }
-
-namespace {
-template <typename T>
-void SgdUpdate(T* w, const T* g, T* v, int64_t n, double lr, double wd, double mu, bool nesterov,
-               double scale) {
-  const T tlr = static_cast<T>(lr), twd = static_cast<T>(wd), tmu = static_cast<T>(mu);
-  const T tscale = static_cast<T>(scale);
-  ParallelFor(n, 32768, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      T d = g[i] * tscale + twd * w[i];
-      T vi = tmu * v[i] + d;
-      v[i] = vi;
-      w[i] -= tlr * (nesterov ? d + tmu * vi : vi);
-    }
-  });
-}
-}  // namespace
 
 void SgdSolver::Step(double lr, double grad_scale) {
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = *params_[i];
     double decay = options_.weight_decay * p.decay_mult;
     if (options_.no_decay_bn_bias && p.kind != ParamKind::kWeight) decay = 0;
-    double plr = lr * p.lr_mult;
-    Tensor& v = momentum_[i].value;
-    DispatchFloat(p.value.dtype(), p.name, [&](auto tag) {
-      using T = decltype(tag);
-      SgdUpdate<T>(p.value.data<T>(), p.grad.data<T>(), v.data<T>(), p.value.numel(), plr, decay,
-                   options_.momentum, options_.nesterov, grad_scale);
-    });
+    // The shared body (engine/tensor/kernel_bodies.h) on the parameter's device: a host loop on
+    // the CPU, a kernel on a device, the same arithmetic.
+    DeviceSgdStep(
+        p.value, p.grad, momentum_[i].value,
+        SgdStepArgs{lr * p.lr_mult, decay, options_.momentum, grad_scale, options_.nesterov});
   }
 }
 
@@ -57,7 +42,7 @@ void SgdSolver::LoadState(const Checkpoint& checkpoint, const std::string& path)
     const Tensor* t = checkpoint.Find("momentum/" + b.name);
     CORTADO_CHECK(t != nullptr && t->shape() == b.value.shape(), "checkpoint '", path,
                   "' has no matching solver state for '", b.name, "'");
-    b.value.ConvertFrom(*t);
+    AssignConverted(b.value, *t);
   }
 }
 

@@ -216,7 +216,8 @@ std::string SerializeCheckpoint(const Checkpoint& checkpoint) {
   }
   Put<uint32_t>(payload, static_cast<uint32_t>(checkpoint.tensors.size()));
   for (const auto& [name, t] : checkpoint.tensors) {
-    CORTADO_CHECK(t.device() == Device::CPU(), "checkpoint tensor '", name, "' is not on the CPU");
+    CORTADO_CHECK(t.device() == Device::CPU(), "checkpoint tensor '", name, "' is on ",
+                  t.device().ToString(), ": checkpoints hold host copies (To(cpu))");
     PutString(payload, name);
     Put<uint8_t>(payload, static_cast<uint8_t>(t.dtype()));
     Put<uint32_t>(payload, static_cast<uint32_t>(t.ndim()));

@@ -27,7 +27,10 @@ struct Checkpoint {
   std::map<std::string, std::string> meta;
   std::vector<std::pair<std::string, Tensor>> tensors;
 
-  void Add(const std::string& name, const Tensor& t) { tensors.emplace_back(name, t); }
+  // Checkpoints are device-independent: a tensor on a device is added as its host copy.
+  void Add(const std::string& name, const Tensor& t) {
+    tensors.emplace_back(name, t.To(Device::CPU()));
+  }
   // The tensor named `name`, or nullptr.
   const Tensor* Find(const std::string& name) const;
   const std::string& Meta(const std::string& key) const;  // throws when absent

@@ -65,6 +65,8 @@ Tensor SafetensorsEntry::ToTensor() const {
 }
 
 void Safetensors::Add(const std::string& name, const Tensor& tensor) {
+  CORTADO_CHECK(tensor.device().type == DeviceType::kCPU, "safetensors tensor '", name, "' is on ",
+                tensor.device().ToString(), ": copy it to the host with To(cpu) first");
   SafetensorsEntry e;
   e.name = name;
   e.dtype = SafetensorsDType(tensor.dtype());

@@ -17,7 +17,7 @@ Tensor BufferPool::Acquire(const Shape& shape, DType dtype) {
   }
   Tensor t;
   if (best == free_.size()) {
-    t = Tensor(shape, dtype);
+    t = Tensor(shape, dtype, allocator_);
     capacity_[t.raw_data()] = std::max<size_t>(bytes, 1);
     bytes_created_ += bytes;
   } else {
@@ -51,7 +51,7 @@ namespace cortado {
 void ArenaPool::Reserve(size_t bytes) {
   if (block_.defined() && block_.nbytes() >= bytes) return;
   block_ = Tensor();  // this pool's hold on the old block goes before the new one is made
-  block_ = Tensor({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, DType::kU8);
+  block_ = Tensor({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, DType::kU8, allocator_);
 }
 
 Tensor ArenaPool::Take(const Shape& shape, DType dtype, size_t offset) {

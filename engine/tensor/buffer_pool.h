@@ -16,6 +16,9 @@ namespace cortado {
 
 class BufferPool {
  public:
+  // Where new storage comes from (null, the default: CpuAllocator(); a device's allocator for a
+  // net on a device). Set before the first Acquire.
+  void set_allocator(std::shared_ptr<Allocator> allocator) { allocator_ = std::move(allocator); }
   // A tensor of this shape and dtype on storage nobody else holds; contents are undefined.
   Tensor Acquire(const Shape& shape, DType dtype);
   // Takes back storage that Acquire handed out; `t` is left empty.
@@ -39,6 +42,7 @@ class BufferPool {
   std::unordered_map<const void*, size_t> lent_;      // by storage address: bytes asked for
   size_t bytes_created_ = 0;
   size_t bytes_lent_ = 0, peak_bytes_lent_ = 0;
+  std::shared_ptr<Allocator> allocator_;
 };
 
 }  // namespace cortado
@@ -51,6 +55,8 @@ namespace cortado {
 // high-water mark that the plan's peak predicts.
 class ArenaPool {
  public:
+  // Where the block comes from (null: CpuAllocator()); set before the first Reserve.
+  void set_allocator(std::shared_ptr<Allocator> allocator) { allocator_ = std::move(allocator); }
   // Makes the block at least `bytes` long; a larger block than before is new storage (views
   // into the old one keep it alive until they are dropped).
   void Reserve(size_t bytes);
@@ -69,6 +75,7 @@ class ArenaPool {
  private:
   Tensor block_;  // u8
   size_t bytes_lent_ = 0, peak_bytes_lent_ = 0;
+  std::shared_ptr<Allocator> allocator_;
 };
 
 }  // namespace cortado

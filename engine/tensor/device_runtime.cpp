@@ -3,6 +3,7 @@
 #include <charconv>
 
 #include "engine/base/error.h"
+#include "engine/tensor/test_device.h"
 
 namespace cortado {
 
@@ -19,6 +20,7 @@ void DeviceRuntime::Reorder(Tensor& dst, const Tensor& src) {
 }
 
 DeviceRuntime* FindDeviceRuntime(DeviceType type) {
+  if (type == DeviceType::kTest) return &TestDeviceRuntime();
 #ifdef CORTADO_HAVE_CUDA
   if (type == DeviceType::kCUDA) return &CudaRuntime();
 #endif
@@ -37,8 +39,9 @@ bool DeviceUsable(Device device, std::string* why) {
   const int count = runtime->DeviceCount(why);
   if (count == 0) return false;
   if (device.index < 0 || device.index >= count) {
-    *why = StrCat(device.ToString(), " does not exist: this machine has ", count,
-                  " CUDA device(s), cuda:0 to cuda:", count - 1);
+    const char* kind = device.type == DeviceType::kTest ? "test" : "cuda";
+    *why = StrCat(device.ToString(), " does not exist: there are ", count, " ", kind,
+                  " device(s), ", kind, ":0 to ", kind, ":", count - 1);
     return false;
   }
   return true;
@@ -51,17 +54,36 @@ DeviceRuntime& RuntimeFor(Device device) {
   return *FindDeviceRuntime(device.type);
 }
 
+const std::shared_ptr<Allocator>& AllocatorFor(Device device) {
+  if (device.type == DeviceType::kCPU) return CpuAllocator();
+  return RuntimeFor(device).DeviceAllocator(device.index);
+}
+
+void AssignConverted(Tensor& dst, const Tensor& src) {
+  if (src.device() == dst.device()) return dst.ConvertFrom(src);
+  if (src.dtype() == dst.dtype()) return dst.CopyFrom(src.To(dst.device()));
+  Tensor host(src.shape(), dst.dtype());
+  host.set_format(src.format());
+  host.ConvertFrom(src.To(Device::CPU()));
+  dst.CopyFrom(host.To(dst.device()));
+}
+
 Device ParseDevice(const std::string& text) {
   if (text == "cpu") return Device::CPU();
-  if (text == "cuda") return Device{DeviceType::kCUDA, 0};
-  if (text.rfind("cuda:", 0) == 0 && text.size() > 5) {
-    int index = -1;
-    const char* begin = text.data() + 5;
-    const char* end = text.data() + text.size();
-    auto [ptr, ec] = std::from_chars(begin, end, index);
-    if (ec == std::errc() && ptr == end && index >= 0) return Device{DeviceType::kCUDA, index};
+  for (const auto& [name, type] : {std::pair<std::string, DeviceType>{"cuda", DeviceType::kCUDA},
+                                   std::pair<std::string, DeviceType>{"test", DeviceType::kTest}}) {
+    if (text == name) return Device{type, 0};
+    if (text.rfind(name + ":", 0) == 0 && text.size() > name.size() + 1) {
+      int index = -1;
+      const char* begin = text.data() + name.size() + 1;
+      const char* end = text.data() + text.size();
+      auto [ptr, ec] = std::from_chars(begin, end, index);
+      if (ec == std::errc() && ptr == end && index >= 0) return Device{type, index};
+    }
   }
-  Fail("device '", text, "' is not one of: cpu, cuda, cuda:N (N = 0, 1, ...)");
+  Fail("device '", text,
+       "' is not one of: cpu, cuda, cuda:N, test, test:N (N = 0, 1, ...; test is the guarded "
+       "host-memory test device)");
 }
 
 }  // namespace cortado

@@ -49,14 +49,23 @@ class DeviceRuntime {
 };
 
 // The runtime for a device type, or null when this build has none (CPU has none: the CPU is
-// the engine itself).
+// the engine itself). The test device's (engine/tensor/test_device.h) is in every build.
 DeviceRuntime* FindDeviceRuntime(DeviceType type);
 
 // The runtime for `device`, checked to exist in this build and to have that device; the error
 // names the device and why it cannot be used.
 DeviceRuntime& RuntimeFor(Device device);
 
-// "cpu", "cuda" (cuda:0) or "cuda:N"; the error names the text and the accepted forms.
+// Where tensors on `device` are allocated: CpuAllocator() for the CPU, else the device's caching
+// allocator (RuntimeFor(device).DeviceAllocator).
+const std::shared_ptr<Allocator>& AllocatorFor(Device device);
+
+// dst (on any device) = src (any device, any float dtype, same element count and format),
+// converted on the host where the dtypes differ: how saved state comes back onto a device.
+void AssignConverted(Tensor& dst, const Tensor& src);
+
+// "cpu", "cuda" (cuda:0), "cuda:N", "test" (test:0) or "test:N"; the error names the text and
+// the accepted forms.
 Device ParseDevice(const std::string& text);
 
 // True when `device` can be used here; otherwise false with `why` set (for tests that skip).

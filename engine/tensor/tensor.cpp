@@ -33,7 +33,15 @@ const char* MemoryFormatName(MemoryFormat format) {
 }
 
 std::string Device::ToString() const {
-  return type == DeviceType::kCPU ? "cpu" : StrCat("cuda:", index);
+  switch (type) {
+    case DeviceType::kCPU:
+      return "cpu";
+    case DeviceType::kCUDA:
+      return StrCat("cuda:", index);
+    case DeviceType::kTest:
+      return StrCat("test:", index);
+  }
+  return "unknown device";
 }
 
 namespace {
@@ -57,7 +65,7 @@ const std::shared_ptr<Allocator>& CpuAllocator() {
 }
 
 Storage::Storage(size_t bytes, std::shared_ptr<Allocator> allocator)
-    : bytes_(bytes), allocator_(std::move(allocator)) {
+    : device_(allocator->device()), bytes_(bytes), allocator_(std::move(allocator)) {
   data_ = allocator_->Allocate(bytes);
 }
 Storage::~Storage() {
@@ -166,6 +174,7 @@ void Tensor::Fill(double value) {
 Tensor Tensor::Clone() const {
   Tensor t(shape_, dtype_, allocator_);
   t.format_ = format_;
+  t.name_ = name_;
   t.CopyFrom(*this);
   return t;
 }
@@ -195,6 +204,7 @@ Tensor Tensor::To(Device target) const {
       shape_, dtype_,
       target.type == DeviceType::kCPU ? CpuAllocator() : runtime.DeviceAllocator(target.index));
   t.format_ = format_;
+  t.name_ = name_;
   if (numel_ > 0) runtime.Copy(t, *this);
   return t;
 }
@@ -367,7 +377,20 @@ std::string Tensor::ToString() const {
 }
 
 void Tensor::CheckType(DType want) const {
-  CORTADO_CHECK(want == dtype_, "tensor ", ToString(), " accessed as ", DTypeName(want));
+  CORTADO_CHECK(want == dtype_, "tensor ", name_.empty() ? "" : StrCat("'", name_, "' "),
+                ToString(), " accessed as ", DTypeName(want));
+}
+
+void Tensor::FailHostAccess(DType want) const {
+  CheckType(want);
+  CheckOnHost("read or written by host code");
+  Fail("internal: host access of ", ToString(), " refused for no reason");
+}
+
+void Tensor::CheckOnHost(const char* what) const {
+  if (device().type == DeviceType::kCPU) return;
+  Fail("tensor ", name_.empty() ? "" : StrCat("'", name_, "' "), ToString(), " is on ",
+       device().ToString(), " and cannot be ", what, "; copy it with To(cpu) first");
 }
 
 }  // namespace cortado

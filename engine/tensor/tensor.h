@@ -3,11 +3,14 @@
 // Copies of a Tensor share storage (like torch.Tensor); Clone() makes a deep copy. Nothing
 // copies between host and device behind the caller's back: CopyFrom requires equal devices, and
 // To(device) is the explicit transfer. Zero, Fill, CopyFrom, ConvertFrom and Clone work on every
-// device (on a GPU through its DeviceRuntime, queued on its compute stream); data<T>() on a GPU
-// tensor is a device pointer, for device kernels only. Storage comes from a pluggable Allocator,
-// held by shared ownership (each Storage keeps its allocator alive, so memory can be freed after
-// the code that allocated it is gone): the data-parallel glue allocates its gradient block from the
-// communicator (engine/tensor/registered_allocator.h), registered with the transport once.
+// device (on a GPU through its DeviceRuntime, queued on its compute stream). data<T>() is host
+// access and refuses a tensor on another device with one line naming the tensor and its device
+// (a device pointer dereferenced on the host is a segfault, not a message); device kernels take
+// device_data<T>(), and raw_data() is the address for runtimes that copy. Storage comes from a
+// pluggable Allocator, held by shared ownership (each Storage keeps its allocator alive, so memory
+// can be freed after the code that allocated it is gone): the data-parallel glue allocates its
+// gradient block from the communicator (engine/tensor/registered_allocator.h), registered with the
+// transport once.
 //
 // Layout is dense. The shape is logical: an image tensor is (N, C, H, W) whatever its memory
 // format, so dim(1) is channels in every layer and tool. The memory format says how those
@@ -39,7 +42,9 @@ using Shape = std::vector<int64_t>;
 std::string ShapeString(const Shape& shape);
 int64_t ShapeNumel(const Shape& shape);
 
-enum class DeviceType : uint8_t { kCPU = 0, kCUDA = 1 };
+// kTest: host memory behind a device runtime of its own, guarded so that only device kernels
+// touch it (engine/tensor/test_device.h): the device code paths, run and checked without a GPU.
+enum class DeviceType : uint8_t { kCPU = 0, kCUDA = 1, kTest = 2 };
 
 // How the elements of a 4-D (N, C, H, W) tensor lie in memory (see the header paragraph).
 enum class MemoryFormat : uint8_t { kNCHW = 0, kNHWC = 1 };
@@ -74,10 +79,11 @@ class Storage {
   Storage& operator=(const Storage&) = delete;
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
-  Device device() const { return allocator_->device(); }
+  Device device() const { return device_; }
 
  private:
   void* data_ = nullptr;
+  Device device_;  // the allocator's, kept here so host access checks it without a call
   size_t bytes_ = 0;
   std::shared_ptr<Allocator> allocator_;
 };
@@ -107,17 +113,29 @@ class Tensor {
   // tensor whose H * W or C is 1 (a pooled (N, C, 1, 1) feature vector, a 1-channel image).
   bool IsLayoutTrivial() const;
 
-  // Typed access; throws when T does not match dtype().
+  // Typed host access; throws when T does not match dtype() or the tensor is not on the CPU.
   template <typename T>
   T* data() {
-    CheckType(DTypeOf<T>::value);
+    CheckHost(DTypeOf<T>::value);
     return static_cast<T*>(raw_data());
   }
   template <typename T>
   const T* data() const {
-    CheckType(DTypeOf<T>::value);
+    CheckHost(DTypeOf<T>::value);
     return static_cast<const T*>(raw_data());
   }
+  // Typed pointer on the tensor's own device, for device kernels (and the runtimes that launch
+  // them); throws only when T does not match dtype().
+  template <typename T>
+  T* device_data() const {
+    CheckType(DTypeOf<T>::value);
+    return static_cast<T*>(raw_data());
+  }
+  // A name for messages ("conv1.weight", a blob's name); empty by default. Copies keep it.
+  const std::string& name() const { return name_; }
+  void set_name(std::string name) { name_ = std::move(name); }
+  // Throws, naming the tensor, its device and `what`, unless it is on the CPU.
+  void CheckOnHost(const char* what) const;
   void* raw_data() const {
     return storage_ ? static_cast<char*>(storage_->data()) + offset_ * DTypeSize(dtype_) : nullptr;
   }
@@ -162,6 +180,12 @@ class Tensor {
 
  private:
   void CheckType(DType want) const;
+  void CheckHost(DType want) const {
+    if (want != dtype_ || (storage_ && storage_->device().type != DeviceType::kCPU)) {
+      FailHostAccess(want);
+    }
+  }
+  [[noreturn]] void FailHostAccess(DType want) const;
   void CheckSameFormat(const Tensor& src, const char* what) const;
 
   Shape shape_;
@@ -171,6 +195,7 @@ class Tensor {
   MemoryFormat format_ = MemoryFormat::kNCHW;
   std::shared_ptr<Allocator> allocator_;
   std::shared_ptr<Storage> storage_;
+  std::string name_;
 };
 
 // A named value with its gradient, as data flows through the net (Caffe's Blob).
