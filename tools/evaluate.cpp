@@ -24,7 +24,9 @@ double BlobValue(Net& net, const std::string& name) {
 }
 
 // A tensor's elements as f32 (the detections of an f64 net; the boxes are f32 already).
-std::vector<float> AsFloats(const Tensor& t) {
+std::vector<float> AsFloats(const Tensor& device_or_host) {
+  const Tensor t =
+      device_or_host.device() == Device::CPU() ? device_or_host : device_or_host.To(Device::CPU());
   std::vector<float> out(static_cast<size_t>(t.numel()));
   for (int64_t i = 0; i < t.numel(); ++i) {
     out[static_cast<size_t>(i)] = static_cast<float>(ElementAsDouble(t, i));
@@ -222,9 +224,12 @@ void FeedBatch(Net& net, const Batch& batch) {
     data.Resize(images.shape(), data.dtype());
     data.set_format(images.ndim() == 4 ? net.layout() : MemoryFormat::kNCHW);
     data.CopyFrom(images.To(net.device()));
+    // A detector's label input is the batch's ground-truth boxes (f32, declared keep_dtype).
     Tensor& label = net.input("label");
-    label.Resize(batch.labels.shape(), DType::kI32);
-    label.CopyFrom(batch.labels.To(net.device()));
+    const Tensor& truth =
+        batch.boxes.defined() && label.dtype() != DType::kI32 ? batch.boxes : batch.labels;
+    label.Resize(truth.shape(), truth.dtype());
+    label.CopyFrom(truth.To(net.device()));
     return;
   }
   if (data.dtype() == DType::kF32 && same_format) {
@@ -263,6 +268,10 @@ EvalResult Evaluate(Net& net, BatchSource& source, dist::Communicator* comm,
   net.set_phase(Phase::kTest);
   const int detector_classes = DetectorClasses(net);
   std::unique_ptr<DetectionPass> detections;
+  // DetectionOutput sizes its rows on the host after Forward; a device's copy does not follow.
+  CORTADO_CHECK(detector_classes == 0 || net.device() == Device::CPU(),
+                "evaluating a detector runs on the CPU only for now (--device cpu), not on ",
+                net.device().ToString());
   if (detector_classes > 0) {
     detections = std::make_unique<DetectionPass>(detector_classes, control.results != nullptr);
   }
