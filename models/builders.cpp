@@ -217,6 +217,36 @@ NetSpec Vgg(const std::string& name, const std::vector<int64_t>& stages, bool ba
   return spec;
 }
 
+// SSD's heads on the feature maps: per map a 3x3 convolution (bias, xavier_uniform) of
+// anchors[k] x columns outputs, NCHW -> NHWC, (N, H W A, columns); then concatenated over the
+// maps into cls_logits (columns: num_classes) and bbox_regression (4), in torchvision's order
+// and with its module paths; then `loss` (MultiBoxLoss on `label`) and `detections`.
+void AddSsdHeads(GraphBuilder& g, const std::vector<std::string>& maps,
+                 const std::vector<int64_t>& anchors, int64_t num_classes) {
+  auto head = [&](const std::string& kind, const std::string& out, int64_t columns) {
+    std::vector<std::string> parts;
+    for (size_t k = 0; k < maps.size(); ++k) {
+      const std::string name = StrCat("head.", kind, "_head.module_list.", k);
+      Settings s;
+      s.Set("num_output", anchors[k] * columns).Set("kernel", int64_t{3}).Set("stride", int64_t{1});
+      s.Set("pad", int64_t{1}).Set("weight_init", "xavier_uniform").Set("bias_init", "zero");
+      std::string y = g.Add(name, "Convolution", {maps[k]}, s);
+      Settings permute, reshape;
+      permute.SetInts("order", {0, 2, 3, 1});
+      reshape.SetInts("shape", {0, -1, columns});
+      y = g.Add(name + ".nhwc", "Permute", {y}, permute);
+      parts.push_back(g.Add(name + ".rows", "Reshape", {y}, reshape));
+    }
+    Settings cat;
+    cat.Set("axis", int64_t{1});
+    return g.Add(out, "Concat", parts, cat);
+  };
+  const std::string cls = head("classification", "cls_logits", num_classes);
+  const std::string reg = head("regression", "bbox_regression", 4);
+  g.Add("loss", "MultiBoxLoss", {cls, reg, "priors", "label"});
+  g.Add("detections", "DetectionOutput", {cls, reg, "priors"});
+}
+
 // SSD300 with a VGG-16 backbone, laid out as torchvision's ssd300_vgg16 (layer names are its
 // module paths, so its state dict loads; the L2Norm's weight is its backbone.scale_weight, see
 // tools/weights.cpp). num_classes counts the background (VOC: 21), as torchvision's and Caffe
@@ -308,27 +338,49 @@ NetSpec Ssd300Vgg16(const ModelOptions& o) {
   std::vector<std::string> prior_inputs = maps;
   prior_inputs.push_back("data");
   g.Add("priors", "PriorBox", prior_inputs, priors);
-  // Heads: per map a 3x3 convolution, NCHW -> NHWC, (N, H W A, columns); then concatenated.
-  const int64_t anchors[6] = {4, 6, 6, 6, 4, 4};
-  auto head = [&](const std::string& kind, const std::string& out, int64_t columns) {
-    std::vector<std::string> parts;
-    for (size_t k = 0; k < maps.size(); ++k) {
-      const std::string name = StrCat("head.", kind, "_head.module_list.", k);
-      std::string y = conv(name, maps[k], anchors[k] * columns, 3, 1, 1, "xavier_uniform");
-      Settings permute, reshape;
-      permute.SetInts("order", {0, 2, 3, 1});
-      reshape.SetInts("shape", {0, -1, columns});
-      y = g.Add(name + ".nhwc", "Permute", {y}, permute);
-      parts.push_back(g.Add(name + ".rows", "Reshape", {y}, reshape));
-    }
-    Settings cat;
-    cat.Set("axis", int64_t{1});
-    return g.Add(out, "Concat", parts, cat);
+  AddSsdHeads(g, maps, {4, 6, 6, 6, 4, 4}, o.num_classes);
+  return spec;
+}
+
+// ssd_lite: a small SSD for small images (the Fashion-MNIST miniature's 128x128 canvases), the
+// same inputs, heads and outputs as ssd300_vgg16 on a VGG-like backbone of 3x3 convolutions
+// with batch norm: 32, pool, 64, pool, 64, 64, pool, 128 (map 0, stride 8), then 3x3 stride 2
+// convolutions to map 1 (stride 16, 128) and map 2 (stride 32, 128). Priors (torchvision's
+// convention, 4 per position: s_k, sqrt(s_k s_k+1) and aspect ratios 2 and 1/2) of scales
+// 0.15, 0.3, 0.5 with 0.75 closing the list: boxes of 19 to 96 pixels at 128x128. Height and
+// width must be multiples of 32.
+NetSpec SsdLite(const ModelOptions& o) {
+  CORTADO_CHECK(o.num_classes >= 2,
+                "ssd_lite: model.num_classes counts the background, so it must be at least 2, got ",
+                o.num_classes);
+  CORTADO_CHECK(o.height % 32 == 0 && o.width % 32 == 0 && o.height >= 32 && o.width >= 32,
+                "ssd_lite takes images whose sides are multiples of 32 (data.resize), got ",
+                o.height, "x", o.width);
+  NetSpec spec;
+  spec.name = "ssd_lite";
+  spec.inputs = {NetInput{"data", {o.batch_size, o.in_channels, o.height, o.width}, DType::kF32},
+                 NetInput{"label", {1, 1, 0, 8}, DType::kF32, /*keep_dtype=*/true}};
+  GraphBuilder g(spec);
+  int index = 0;
+  auto block = [&](const std::string& in, int64_t out, int64_t stride) {
+    const std::string prefix = StrCat("backbone.", index++);
+    std::string y = g.Conv(prefix + ".conv", in, out, 3, stride, 1, false, "kaiming_normal");
+    return g.Relu(prefix + ".relu", g.BatchNorm(prefix + ".bn", y));
   };
-  const std::string cls = head("classification", "cls_logits", o.num_classes);
-  const std::string reg = head("regression", "bbox_regression", 4);
-  g.Add("loss", "MultiBoxLoss", {cls, reg, "priors", "label"});
-  g.Add("detections", "DetectionOutput", {cls, reg, "priors"});
+  std::string x = g.MaxPool("backbone.pool1", block("data", 32, 1), 2, 2);
+  x = g.MaxPool("backbone.pool2", block(x, 64, 1), 2, 2);
+  x = g.MaxPool("backbone.pool3", block(block(x, 64, 1), 64, 1), 2, 2);
+  std::vector<std::string> maps;
+  maps.push_back(block(x, 128, 1));
+  maps.push_back(block(maps.back(), 128, 2));
+  maps.push_back(block(maps.back(), 128, 2));
+  Settings priors;
+  priors.SetInts("aspect_ratios", {2});
+  priors.SetList("scales", {"0.15", "0.3", "0.5", "0.75"});
+  std::vector<std::string> prior_inputs = maps;
+  prior_inputs.push_back("data");
+  g.Add("priors", "PriorBox", prior_inputs, priors);
+  AddSsdHeads(g, maps, {4, 4, 4}, o.num_classes);
   return spec;
 }
 
@@ -377,6 +429,7 @@ const std::map<std::string, Builder>& Builders() {
          return Vgg("vgg16_bn", {2, 2, 3, 3, 3}, true, o);
        }},
       {"ssd300_vgg16", Ssd300Vgg16},
+      {"ssd_lite", SsdLite},
   };
   return builders;
 }
@@ -388,7 +441,7 @@ bool IsImageNetResNet(const std::string& name) {
          name == "resnet152";
 }
 
-bool IsDetector(const std::string& name) { return name == "ssd300_vgg16"; }
+bool IsDetector(const std::string& name) { return name == "ssd300_vgg16" || name == "ssd_lite"; }
 
 std::vector<NetInput> ImageInputs(const ModelOptions& o) {
   return {NetInput{"data", {o.batch_size, o.in_channels, o.height, o.width}, DType::kF32},

@@ -5,8 +5,8 @@
 // followed by the training loss (`loss`, SoftmaxWithLoss) and accuracy layers `top1` and `top5`
 // (Accuracy, top_k 1 and 5). The trainer reads these names; a YAML graph follows the same
 // convention.
-// The detection builder (ssd300_vgg16) takes `data` and `label` (f32 [1, 1, G, 8], the batch's
-// ground-truth boxes, docs/DETECTION.md) and emits `loss` (MultiBoxLoss) and `detections`
+// The detection builders (ssd300_vgg16, ssd_lite) take `data` and `label` (f32 [1, 1, G, 8], the
+// batch's ground-truth boxes, docs/DETECTION.md) and emits `loss` (MultiBoxLoss) and `detections`
 // (DetectionOutput, [1, 1, D, 7]), with the head's `cls_logits`, `bbox_regression` and `priors`;
 // its num_classes counts the background.
 #pragma once
@@ -34,12 +34,13 @@ struct ModelOptions {
 
 // Builds the named model: lenet, resnet20, resnet32, resnet44, resnet56 (CIFAR-style),
 // resnet18, resnet34, resnet50, resnet101, resnet152 (ImageNet-style, v1.5), vgg11, vgg11_bn,
-// vgg16, vgg16_bn, ssd300_vgg16 (detection). Throws listing the known names for an unknown one.
+// vgg16, vgg16_bn, ssd300_vgg16 and ssd_lite (detection: a small SSD for 128x128 images). Throws
+// listing the known names for an unknown one.
 NetSpec BuildModel(const std::string& name, const ModelOptions& options);
 std::vector<std::string> ModelNames();
 // resnet18 ... resnet152: the builders laid out as torchvision's ResNet.
 bool IsImageNetResNet(const std::string& name);
-// ssd300_vgg16: a detector (ground-truth boxes in, `loss` and `detections` out).
+// ssd300_vgg16, ssd_lite: detectors (ground-truth boxes in, `loss` and `detections` out).
 bool IsDetector(const std::string& name);
 
 // Appends the standard head: loss (SoftmaxWithLoss), top1 and top5 (Accuracy) on `logits`.

@@ -8,8 +8,11 @@
 // needs --config. Under `cortado launch`, mpirun or srun the ranks split the validation set and
 // rank 0 prints the totals. The net is built for inference (engine/graph/net.h: no gradients, no
 // solver state, each activation's buffer reused once the next layer has read it).
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "data/class_names.h"
 #include "engine/base/log.h"
@@ -18,7 +21,9 @@
 #include "engine/io/safetensors.h"
 #include "tools/command_line.h"
 #include "tools/commands.h"
+#include "tools/detection_eval.h"
 #include "tools/file_kind.h"
+#include "tools/metrics.h"
 #include "tools/trainer.h"
 #include "tools/weights.h"
 #include "tools/world.h"
@@ -28,6 +33,7 @@ namespace {
 
 struct EvalArgs {
   std::string config, checkpoint, weights, device;
+  std::string detections;  // a detector's COCO results file; "" none
   std::vector<std::string> sets;
   bool json = false;
   bool no_progress = false;
@@ -47,6 +53,9 @@ void CheckEvalFlags(const EvalArgs& a) {
   }
   if (a.checkpoint == "auto" && a.config.empty()) {
     UsageFail("--checkpoint auto needs --config, whose checkpoint.dir it searches");
+  }
+  if (!a.detections.empty() && std::filesystem::is_directory(a.detections)) {
+    UsageFail("--detections '" + a.detections + "' is a folder; give the results file to write");
   }
 }
 
@@ -116,6 +125,48 @@ std::unique_ptr<Net> MakeEvalNet(const EvalArgs& a, EvalInputs& in, const BatchS
   return net;
 }
 
+// The validation database's class names without the background (classes.txt, else the label
+// map's display names), for the per-class figures; empty when it names none.
+std::vector<std::string> DetectionClassNames(const RunConfig& config) {
+  std::vector<std::string> names;
+  std::optional<std::vector<std::string>> listed = ReadClassNames(config.data.val);
+  if (listed && listed->size() > 1) names.assign(listed->begin() + 1, listed->end());
+  return names;
+}
+
+// A detector's report: one JSON object (MetricsJson's keys, the loss), or the means and a table
+// of the classes.
+void ReportDetection(const EvalArgs& a, const EvalInputs& in, const EvalResult& r,
+                     const std::string& source, const std::string& skipped) {
+  const std::vector<std::string> names = DetectionClassNames(in.config);
+  if (a.json) {
+    nlohmann::ordered_json j = detection::MetricsJson(r.metrics, /*voc07=*/true, names);
+    j["loss"] = r.loss;
+    j["skipped"] = r.skipped;
+    if (!a.detections.empty()) j["detections_file"] = a.detections;
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return;
+  }
+  auto percent = [](double v) {
+    return std::isnan(v) ? std::string("   -  ") : StrCat(Fixed(v * 100, 2), "%");
+  };
+  const detection::DetectionMetrics& m = r.metrics;
+  std::printf("%-16s %9s %9s %9s %7s %10s\n", "class", "AP50 11pt", "AP50 area", "AP", "boxes",
+              "detections");
+  for (int c = 1; c <= m.num_classes; ++c) {
+    const size_t i = static_cast<size_t>(c - 1);
+    const std::string name = i < names.size() ? names[i] : std::to_string(c);
+    std::printf("%-16s %9s %9s %9s %7lld %10lld\n", name.c_str(), percent(m.voc07_ap[i]).c_str(),
+                percent(m.voc_ap[i]).c_str(), percent(m.coco_ap[i]).c_str(),
+                static_cast<long long>(m.positives[i]), static_cast<long long>(m.detections[i]));
+  }
+  std::printf(
+      "mAP@0.5 %s (VOC07 11-point; area %s)  mAP@[.5:.95] %s  loss %.4f  (%lld images, %s%s)\n",
+      percent(m.voc07_map).c_str(), percent(m.voc_map).c_str(), percent(m.coco_map).c_str(), r.loss,
+      static_cast<long long>(r.images), skipped.c_str(), source.c_str());
+  if (!a.detections.empty()) std::printf("detections written to %s\n", a.detections.c_str());
+}
+
 // Rank 0's report: the warnings, then one JSON object or one line naming what was evaluated.
 void ReportEval(const EvalArgs& a, const EvalInputs& in, const EvalResult& r,
                 const std::string& classes_warning) {
@@ -124,6 +175,11 @@ void ReportEval(const EvalArgs& a, const EvalInputs& in, const EvalResult& r,
     LogWarning(r.skipped, " unreadable record(s) of ", in.config.data.val,
                " were left out of the evaluation (the first are named above)");
   }
+  const std::string source =
+      a.weights.empty() ? "checkpoint " + in.ckpt_path : "weights " + a.weights;
+  const std::string skipped =
+      r.skipped > 0 ? StrCat(r.skipped, " unreadable record(s) skipped, ") : std::string();
+  if (r.detection) return ReportDetection(a, in, r, source, skipped);
   if (a.json) {
     nlohmann::ordered_json j;
     j["top1"] = r.top1;
@@ -134,10 +190,6 @@ void ReportEval(const EvalArgs& a, const EvalInputs& in, const EvalResult& r,
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return;
   }
-  const std::string source =
-      a.weights.empty() ? "checkpoint " + in.ckpt_path : "weights " + a.weights;
-  const std::string skipped =
-      r.skipped > 0 ? StrCat(r.skipped, " unreadable record(s) skipped, ") : std::string();
   std::printf("top1 %.2f%%  top5 %.2f%%  loss %.4f  (%lld images, %s%s)\n", r.top1 * 100,
               r.top5 * 100, r.loss, static_cast<long long>(r.images), skipped.c_str(),
               source.c_str());
@@ -163,9 +215,15 @@ void RunEval(EvalArgs a) {
   std::unique_ptr<Net> net = MakeEvalNet(a, in, *val);
   EvalControl control;
   if (a.no_progress) control.progress_seconds = 0;  // no "eval  batch" lines
+  detection::CocoResults results;
+  if (!a.detections.empty()) control.results = &results;
   EvalResult r = Evaluate(*net, *val, world.comm.get(), control);
   CORTADO_CHECK(r.images > 0, "no record of ", in.config.data.val,
                 " could be read; there is nothing to evaluate");
+  CORTADO_CHECK(a.detections.empty() || r.detection, "--detections ", a.detections,
+                ": the model of ", in.config.file,
+                " is not a detector (it has no DetectionOutput layer)");
+  if (!a.detections.empty() && world.rank == 0) results.Write(a.detections);
   if (world.rank == 0) ReportEval(a, in, r, classes_warning);
 }
 
@@ -189,6 +247,9 @@ void AddEvalCommand(CLI::App& app) {
                   "Where to evaluate: cpu, test[:N] (the guarded host-memory test device) or "
                   "cuda[:N]. Same as --set device=...");
   cmd->add_flag("--json", args->json, "Print one JSON object");
+  cmd->add_option("--detections", args->detections,
+                  "Detection: write every detection as COCO results JSON to this file "
+                  "(replaced atomically; image_id is the record's index in the database)");
   cmd->add_option("--threads", args->threads,
                   "Thread budget per rank (0: CORTADO_NUM_THREADS, else the cores divided among "
                   "the ranks on this machine)")

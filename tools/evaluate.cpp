@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
+#include <span>
+#include <vector>
 
 #include "engine/base/error.h"
 #include "engine/base/log.h"
@@ -19,6 +22,151 @@ double BlobValue(Net& net, const std::string& name) {
   // On a device: one explicit copy of the scalar.
   return ElementAsDouble(t.device() == Device::CPU() ? t : t.View({1}).To(Device::CPU()), 0);
 }
+
+// A tensor's elements as f32 (the detections of an f64 net; the boxes are f32 already).
+std::vector<float> AsFloats(const Tensor& device_or_host) {
+  const Tensor t =
+      device_or_host.device() == Device::CPU() ? device_or_host : device_or_host.To(Device::CPU());
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    out[static_cast<size_t>(i)] = static_cast<float>(ElementAsDouble(t, i));
+  }
+  return out;
+}
+
+// The detector's class count K (labels 1..K): DetectionOutput's class logits have K + 1
+// columns. 0 when the net has no DetectionOutput layer.
+int DetectorClasses(Net& net) {
+  for (const auto& layer : net.layers()) {
+    if (layer->type() != "DetectionOutput") continue;
+    const Tensor& logits = net.blob(layer->spec().inputs.at(0))->data;
+    return static_cast<int>(logits.dim(logits.ndim() - 1)) - 1;
+  }
+  return 0;
+}
+
+// One pass's detection state on this rank: the metrics' accumulator and, for a results file,
+// the detections with their images, as rows of doubles that gather across ranks.
+class DetectionPass {
+ public:
+  static constexpr size_t kRow = 10;  // image index, id, width, height, label, score, box (4)
+
+  DetectionPass(int num_classes, bool keep_rows) : acc_(num_classes), keep_rows_(keep_rows) {}
+
+  void Add(Net& net, const Batch& batch) {
+    const int64_t n = batch.size;
+    CORTADO_CHECK(batch.boxes.defined() && batch.info.defined(),
+                  "the net is a detector (it has a DetectionOutput layer) but the data source "
+                  "gives no boxes (set data.task: detection)");
+    const Tensor& out = net.blob("detections")->data;
+    const std::vector<float> rows = AsFloats(out);
+    const std::vector<float> truth = AsFloats(batch.boxes);
+    const int k = acc_.num_classes();
+    const auto dets = detection::ParseDetections(rows.data(), out.numel() / 7, k, n);
+    const auto boxes = detection::ParseGroundTruth(truth.data(), batch.boxes.numel() / 8, k, n);
+    std::vector<detection::ImageInfo> images(static_cast<size_t>(n));
+    const int32_t* info = batch.info.data<int32_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      detection::ImageInfo& im = images[static_cast<size_t>(i)];
+      im.index = info[i * 3];
+      im.id = info[i * 3];
+      im.width = info[i * 3 + 1];
+      im.height = info[i * 3 + 2];
+    }
+    acc_.Add(dets, boxes, images);
+    if (!keep_rows_) return;
+    for (const detection::Detection& d : dets) {
+      const detection::ImageInfo& im = images[static_cast<size_t>(d.item)];
+      const double row[kRow] = {static_cast<double>(im.index),
+                                static_cast<double>(im.id),
+                                im.width,
+                                im.height,
+                                static_cast<double>(d.label),
+                                d.score,
+                                d.box.xmin,
+                                d.box.ymin,
+                                d.box.xmax,
+                                d.box.ymax};
+      rows_.insert(rows_.end(), row, row + kRow);
+    }
+  }
+
+  // Every rank's accumulator merged in rank order (and the rows given to rank 0's results).
+  detection::DetectionMetrics Finish(dist::Communicator* comm, detection::CocoResults* results) {
+    detection::DetectionAccumulator all(acc_.num_classes());
+    const bool ranks = comm != nullptr && comm->size() > 1;
+    if (!ranks) {
+      all.Merge(acc_);
+    } else {
+      for (const std::vector<double>& packed : GatherAll(*comm, acc_.Pack())) {
+        all.Merge(detection::DetectionAccumulator::Unpack(packed));
+      }
+    }
+    if (results != nullptr && keep_rows_) {
+      std::vector<double> rows;
+      if (!ranks) {
+        rows = rows_;
+      } else {
+        for (const std::vector<double>& part : GatherAll(*comm, rows_)) {
+          rows.insert(rows.end(), part.begin(), part.end());
+        }
+      }
+      if (comm == nullptr || comm->rank() == 0) AddResults(rows, *results);
+    }
+    return all.Compute();
+  }
+
+ private:
+  // Every rank's vector, in rank order, on every rank: the lengths first, then the vectors
+  // padded to the longest.
+  static std::vector<std::vector<double>> GatherAll(dist::Communicator& comm,
+                                                    const std::vector<double>& mine) {
+    const size_t w = static_cast<size_t>(comm.size());
+    double length = static_cast<double>(mine.size());
+    std::vector<double> lengths(w);
+    comm.AllGather(&length, lengths.data(), 1, dist::DataType::kF64);
+    size_t longest = 1;
+    for (double l : lengths) longest = std::max(longest, static_cast<size_t>(l));
+    std::vector<double> padded(longest, 0.0), all(longest * w);
+    std::copy(mine.begin(), mine.end(), padded.begin());
+    comm.AllGather(padded.data(), all.data(), longest, dist::DataType::kF64);
+    std::vector<std::vector<double>> out(w);
+    for (size_t r = 0; r < w; ++r) {
+      const double* first = all.data() + r * longest;
+      out[r].assign(first, first + static_cast<size_t>(lengths[r]));
+    }
+    return out;
+  }
+
+  // The rows by image (stable: an image's detections keep DetectionOutput's order), so the
+  // file does not depend on how images were spread over ranks.
+  static void AddResults(const std::vector<double>& rows, detection::CocoResults& results) {
+    const size_t count = rows.size() / kRow;
+    std::vector<size_t> order(count);
+    for (size_t i = 0; i < count; ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return rows[a * kRow] < rows[b * kRow]; });
+    for (size_t i : order) {
+      const double* r = rows.data() + i * kRow;
+      detection::ImageInfo im;
+      im.index = static_cast<int64_t>(r[0]);
+      im.id = static_cast<int64_t>(r[1]);
+      im.width = r[2];
+      im.height = r[3];
+      detection::Detection d;
+      d.item = 0;
+      d.label = static_cast<int>(r[4]);
+      d.score = r[5];
+      d.box = {r[6], r[7], r[8], r[9]};
+      results.Add(std::span<const detection::Detection>(&d, 1),
+                  std::span<const detection::ImageInfo>(&im, 1));
+    }
+  }
+
+  detection::DetectionAccumulator acc_;
+  bool keep_rows_ = false;
+  std::vector<double> rows_;
+};
 
 // Where the pass stands, for the progress line: rounds (batches per rank, in lock step) and the
 // images of every rank.
@@ -76,9 +224,12 @@ void FeedBatch(Net& net, const Batch& batch) {
     data.Resize(images.shape(), data.dtype());
     data.set_format(images.ndim() == 4 ? net.layout() : MemoryFormat::kNCHW);
     data.CopyFrom(images.To(net.device()));
+    // A detector's label input is the batch's ground-truth boxes (f32, declared keep_dtype).
     Tensor& label = net.input("label");
-    label.Resize(batch.labels.shape(), DType::kI32);
-    label.CopyFrom(batch.labels.To(net.device()));
+    const Tensor& truth =
+        batch.boxes.defined() && label.dtype() != DType::kI32 ? batch.boxes : batch.labels;
+    label.Resize(truth.shape(), truth.dtype());
+    label.CopyFrom(truth.To(net.device()));
     return;
   }
   if (data.dtype() == DType::kF32 && same_format) {
@@ -95,7 +246,9 @@ void FeedBatch(Net& net, const Batch& batch) {
     data.Resize(batch.images.shape(), data.dtype());
     data.ConvertFrom(images);
   }
-  net.input("label") = batch.labels;
+  // A detector's label input is the batch's ground-truth boxes (f32, declared keep_dtype).
+  const bool boxes = batch.boxes.defined() && net.input("label").dtype() != DType::kI32;
+  net.input("label") = boxes ? batch.boxes : batch.labels;
 }
 
 EvalResult Evaluate(Net& net, BatchSource& source, dist::Communicator* comm,
@@ -113,6 +266,15 @@ EvalResult Evaluate(Net& net, BatchSource& source, dist::Communicator* comm,
                         static_cast<int64_t>(size[1]));
   Phase previous = net.phase();
   net.set_phase(Phase::kTest);
+  const int detector_classes = DetectorClasses(net);
+  std::unique_ptr<DetectionPass> detections;
+  // DetectionOutput sizes its rows on the host after Forward; a device's copy does not follow.
+  CORTADO_CHECK(detector_classes == 0 || net.device() == Device::CPU(),
+                "evaluating a detector runs on the CPU only for now (--device cpu), not on ",
+                net.device().ToString());
+  if (detector_classes > 0) {
+    detections = std::make_unique<DetectionPass>(detector_classes, control.results != nullptr);
+  }
   // Sums: correct top-1 and top-5 images (whole numbers: the accuracy layers give fractions of
   // the batch), loss times images, images, records skipped.
   double sums[5] = {0, 0, 0, 0, 0};
@@ -135,8 +297,12 @@ EvalResult Evaluate(Net& net, BatchSource& source, dist::Communicator* comm,
     if (n > 0) {  // n == 0: every record of the batch was unreadable, or this shard is done
       FeedBatch(net, batch);
       const double loss = net.Forward();
-      sums[0] += std::round(BlobValue(net, "top1") * n);
-      sums[1] += std::round(BlobValue(net, "top5") * n);
+      if (detections) {
+        detections->Add(net, batch);
+      } else {
+        sums[0] += std::round(BlobValue(net, "top1") * n);
+        sums[1] += std::round(BlobValue(net, "top5") * n);
+      }
       sums[2] += loss * n;
       sums[3] += n;
     }
@@ -155,6 +321,12 @@ EvalResult Evaluate(Net& net, BatchSource& source, dist::Communicator* comm,
     r.top1 = sums[0] / sums[3];
     r.top5 = sums[1] / sums[3];
     r.loss = sums[2] / sums[3];
+  }
+  if (detections && !interrupted) {
+    r.detection = true;
+    r.metrics = detections->Finish(comm, control.results);
+    r.map50 = r.metrics.voc07_map;
+    r.map = r.metrics.coco_map;
   }
   return r;
 }

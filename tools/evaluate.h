@@ -15,6 +15,7 @@
 #include "cortado/dist/communicator.h"
 #include "data/batch_source.h"
 #include "engine/graph/net.h"
+#include "tools/detection_eval.h"
 
 namespace cortado {
 
@@ -24,6 +25,12 @@ void FeedBatch(Net& net, const Batch& batch);
 
 struct EvalResult {
   double top1 = 0, top5 = 0, loss = 0;  // fractions in [0, 1]; mean loss per image
+  // A detector (a net with a DetectionOutput layer and a source with boxes): the metrics of the
+  // whole pass over every rank's images; top1 and top5 stay 0. map50 is VOC's mAP@0.5 (the
+  // VOC2007 11-point average), map COCO's mAP@[.5:.95].
+  bool detection = false;
+  detection::DetectionMetrics metrics;
+  double map50 = 0, map = 0;
   int64_t images = 0;
   int64_t skipped = 0;  // unreadable records left out (the source names them in warnings)
   // A stop (Ctrl-C) on some rank abandoned the pass: the figures cover `images` only.
@@ -38,11 +45,16 @@ struct EvalControl {
   // Rank 0 logs "eval  batch 40/200 ..." once the pass has run this long, and again each time
   // as long again has passed (0: never).
   double progress_seconds = 5;
+  // Detection: when set, rank 0 receives every rank's detections here (in the order of the
+  // images' records, so W ranks write what one process writes); other ranks' stay empty.
+  detection::CocoResults* results = nullptr;
 };
 
 // Runs the net in test phase over one pass of `source` and restores the previous phase. The
 // counts of correct images are integers, so a data-parallel evaluation equals a one-process
-// one exactly, skipped records included. Collective with a communicator of several ranks.
+// one exactly, skipped records included. A detector's accumulators are gathered from every
+// rank and merged (detection_eval.h), which is exact as well. Collective with a communicator
+// of several ranks.
 EvalResult Evaluate(Net& net, BatchSource& source, dist::Communicator* comm = nullptr,
                     const EvalControl& control = EvalControl{});
 

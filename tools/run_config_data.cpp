@@ -67,6 +67,20 @@ void ParseDetection(const YamlSection& d, DataOptions& o, bool check_data) {
   o.iou_crop = d.Bool("iou_crop", o.iou_crop);
 }
 
+// Classification's crops: the output size and RandomResizedCrop's ranges.
+void ParseClassification(const YamlSection& d, DataOptions& o) {
+  o.crop = d.Int("crop", o.crop);
+  Require(o.crop >= 1, d, "crop", "must be a positive integer");
+  o.val_resize = d.Int("val_resize", o.val_resize);
+  Require(o.val_resize >= o.crop, d, "val_resize", "must be >= crop");
+  const std::vector<double> scale = ParseRange(d, "scale", o.scale_min, o.scale_max, true);
+  o.scale_min = scale[0];
+  o.scale_max = scale[1];
+  const std::vector<double> ratio = ParseRange(d, "ratio", o.ratio_min, o.ratio_max, false);
+  o.ratio_min = ratio[0];
+  o.ratio_max = ratio[1];
+}
+
 void ParseSynthetic(const YamlSection& syn, DataOptions& o) {
   o.synthetic_shape = syn.Ints("shape", o.synthetic_shape);
   Require(o.synthetic_shape.size() == 3, syn, "shape", "must be [C, H, W]");
@@ -133,17 +147,13 @@ DataOptions ParseData(const YamlSection& d, const YamlSection& syn, bool need_tr
   o.mean = d.Floats("mean", {});
   o.std = d.Floats("std", {});
   for (double s : o.std) Require(s > 0, d, "std", "values must be positive");
-  o.crop = d.Int("crop", o.crop);
-  Require(o.crop >= 1, d, "crop", "must be a positive integer");
-  o.val_resize = d.Int("val_resize", o.val_resize);
-  Require(o.val_resize >= o.crop, d, "val_resize", "must be >= crop");
-  const std::vector<double> scale = ParseRange(d, "scale", o.scale_min, o.scale_max, true);
-  o.scale_min = scale[0];
-  o.scale_max = scale[1];
-  const std::vector<double> ratio = ParseRange(d, "ratio", o.ratio_min, o.ratio_max, false);
-  o.ratio_min = ratio[0];
-  o.ratio_max = ratio[1];
-  if (detection) ParseDetection(d, o, check_data);
+  // Each task reads its own keys only: a key read records its default in the resolved config,
+  // which a checkpoint stores and `cortado eval` parses again.
+  if (detection) {
+    ParseDetection(d, o, check_data);
+  } else {
+    ParseClassification(d, o);
+  }
   ParseSynthetic(syn, o);
   return o;
 }

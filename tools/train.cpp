@@ -184,7 +184,10 @@ void RunTrain(TrainArgs& args) {
   int code = trainer.Run(options, stop.flag());
   if (code == 0 && trainer.world().rank == 0) {
     const EvalResult& e = trainer.last_eval();
-    if (e.images > 0) {
+    if (e.images > 0 && e.detection) {
+      LogInfo("done: mAP@0.5 ", e.map50 * 100, "%  mAP ", e.map * 100, "% on ", e.images,
+              " validation images");
+    } else if (e.images > 0) {
       LogInfo("done: top1 ", e.top1 * 100, "%  top5 ", e.top5 * 100, "% on ", e.images,
               " validation images");
     } else {

@@ -272,17 +272,26 @@ void TrainReporter::Eval(const EvalResult& r, double seconds) {
   if (!is_root()) return;
   const double epoch = static_cast<double>(trainer_.iteration()) / trainer_.batches_per_epoch();
   progress_.Clear();
-  LogInfo("eval  iter ", trainer_.iteration(), "  epoch ", Fixed(epoch, 2), "  top1 ",
-          Fixed(r.top1 * 100, 2), "%  top5 ", Fixed(r.top5 * 100, 2), "%  loss ", Fixed(r.loss, 4),
-          "  (", r.images, " images, ",
+  const std::string figures =
+      r.detection
+          ? StrCat("mAP@0.5 ", Fixed(r.map50 * 100, 2), "%  mAP ", Fixed(r.map * 100, 2), "%")
+          : StrCat("top1 ", Fixed(r.top1 * 100, 2), "%  top5 ", Fixed(r.top5 * 100, 2), "%");
+  LogInfo("eval  iter ", trainer_.iteration(), "  epoch ", Fixed(epoch, 2), "  ", figures,
+          "  loss ", Fixed(r.loss, 4), "  (", r.images, " images, ",
           r.skipped > 0 ? StrCat(r.skipped, " unreadable record(s) skipped, ") : std::string(),
           Fixed(seconds, 1), " s)");
   nlohmann::ordered_json m;
   m["event"] = "eval";
   m["iter"] = trainer_.iteration();
   m["epoch"] = epoch;
-  m["top1"] = r.top1;
-  m["top5"] = r.top5;
+  if (r.detection) {
+    // JSON has no NaN: a pass without any box that counts has no mAP.
+    m["map50"] = std::isnan(r.map50) ? nlohmann::ordered_json() : nlohmann::ordered_json(r.map50);
+    m["map"] = std::isnan(r.map) ? nlohmann::ordered_json() : nlohmann::ordered_json(r.map);
+  } else {
+    m["top1"] = r.top1;
+    m["top5"] = r.top5;
+  }
   m["loss"] = r.loss;
   m["images"] = r.images;
   m["skipped"] = r.skipped;
