@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 
+#include "engine/tensor/indexed_launch.h"
 #include "engine/tensor/test_device.h"
 
 namespace cortado {
@@ -137,6 +138,44 @@ TEST(DeviceKernelsRoute, MixedDevicesOrTypesAreRefusedNamingTheTensor) {
   }
   Tensor h = Values(10, DType::kF16, 1);
   EXPECT_THROW(DeviceReluForward(h, h, 0), Error);
+}
+
+// A body for RunIndexed: y[i] = x[n - 1 - i] * 2 (each index writes its own element).
+struct ReverseTwice {
+  const float* x;
+  float* y;
+  int64_t n;
+  CORTADO_HOST_DEVICE void operator()(int64_t i) const { y[i] = x[n - 1 - i] * 2.0f; }
+};
+
+TEST(RunIndexed, TheCpuAndTheTestDeviceRunTheBodyOverTheWholeRange) {
+  const int64_t n = 10007;  // several chunks, the last one short
+  Tensor x = Values(n, DType::kF32, 11);
+  Tensor y({n}, DType::kF32);
+  RunIndexed("reverse", {x, y}, n, ReverseTwice{x.data<float>(), y.data<float>(), n}, 1000);
+  for (int64_t i = 0; i < n; i += 13) ASSERT_EQ(y.data<float>()[i], 2 * x.data<float>()[n - 1 - i]);
+  Tensor xd = x.To(kTest0), yd = Tensor({n}, DType::kF32).To(kTest0);
+  RunIndexed(
+      "reverse", {xd, yd}, n,
+      ReverseTwice{static_cast<const float*>(xd.raw_data()), static_cast<float*>(yd.raw_data()), n},
+      1000);
+  EXPECT_TRUE(SameBytes(y, Host(yd)));
+  EXPECT_TRUE(TestDeviceMemoryGuarded(yd.raw_data()));  // closed again after the kernel
+}
+
+TEST(RunIndexed, TensorsOnTwoDevicesAreRefusedNamingBoth) {
+  Tensor x = Values(10, DType::kF32, 1);
+  Tensor y = Tensor({10}, DType::kF32).To(kTest0);
+  y.set_name("pool1");
+  try {
+    RunIndexed("max pooling forward", {x, y}, 10, ReverseTwice{nullptr, nullptr, 10});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max pooling forward: 'pool1' f32[10] is on test:0, not "
+                                         "on cpu with f32[10]"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
