@@ -150,6 +150,7 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
                max_iter_, ")");
   }
   train_source_->Start(iteration_ / batches_per_epoch_, iteration_ % batches_per_epoch_);
+  staged_ = StagedBatch{};  // a batch staged before the source moved is not the next one
   stop_agreed_ = false;
   const auto run_start = Clock::now();
   const int code = Loop(options, stop);
@@ -220,9 +221,14 @@ EvalResult Trainer::RunEval(const std::atomic<bool>* stop) {
 StepTimes Trainer::Step(const std::atomic<bool>* stop) {
   StepTimes times;
   const auto t0 = Clock::now();
-  train_source_->Next(batch_);
+  // On a device this step's batch was staged during the last one (ForwardBackward), except first.
+  if (!staged_.defined()) {
+    train_source_->Next(batch_);
+    if (net_->device() != Device::CPU()) staged_ = StageBatch(*net_, batch_);
+  }
   const auto t1 = Clock::now();
-  times.data_wait = Seconds(t0, t1);
+  times.data_wait = Seconds(t0, t1) + staging_seconds_;
+  staging_seconds_ = 0;
   const double scale = scaler_ ? scaler_->scale() : 1.0;
   double loss = ForwardBackward(scale, stop);
   const auto t2 = Clock::now();
@@ -243,7 +249,12 @@ StepTimes Trainer::Step(const std::atomic<bool>* stop) {
 }
 
 double Trainer::ForwardBackward(double scale, const std::atomic<bool>* stop) {
-  FeedBatch(*net_, batch_);
+  if (staged_.defined()) {
+    FeedStaged(*net_, std::move(staged_));
+    staged_ = StagedBatch{};
+  } else {
+    FeedBatch(*net_, batch_);
+  }
   net_->set_phase(Phase::kTrain);
   net_->set_iteration(iteration_);
   if (dp_) dp_->BeginStep(iteration_);
@@ -260,6 +271,13 @@ double Trainer::ForwardBackward(double scale, const std::atomic<bool>* stop) {
                   " (try a lower solver.base_lr or a warmup)");
   }
   net_->Backward(scale);
+  if (net_->device() != Device::CPU() && iteration_ + 1 < max_iter_) {
+    // The next step's batch: read and copied while the device runs this step's backward.
+    const auto t0 = Clock::now();
+    train_source_->Next(batch_);
+    staged_ = StageBatch(*net_, batch_);
+    staging_seconds_ = Seconds(t0, Clock::now());
+  }
   InjectTestFault(/*reduced=*/false);
   return loss;
 }
