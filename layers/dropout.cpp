@@ -4,6 +4,9 @@
 
 #include "engine/base/random.h"
 #include "engine/base/thread_pool.h"
+#include "engine/tensor/device_runtime.h"
+#include "engine/tensor/indexed_launch.h"
+#include "layers/dropout_kernels.h"
 #include "layers/layer_util.h"
 
 namespace cortado {
@@ -37,6 +40,72 @@ void DropoutLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<B
   mask_.Resize(bottom[0]->data.shape(), DType::kU8);
 }
 
+// The mask in `device`'s memory (a new one where it is elsewhere): the device path keeps it on
+// the device, the CPU kernel (the test device's 16-bit fallback included) in host memory.
+static void KeepOn(Tensor& mask, Device device) {
+  if (mask.device() != device) mask = Tensor(mask.shape(), DType::kU8, AllocatorFor(device));
+}
+
+void DropoutLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
+  const Tensor& x = bottom[0]->data;
+  if (IsLowPrecision(x.dtype())) return Layer::ForwardOnDevice(bottom, top);
+  last_forward_train_ = phase() == Phase::kTrain && ratio_ > 0.0;
+  Tensor& y = top[0]->data;
+  const int64_t n = x.numel();
+  const std::string what = Describe() + " forward";
+  DispatchFloat(x.dtype(), what, [&](auto zero) {
+    using T = decltype(zero);
+    if (!last_forward_train_) {
+      RunIndexed(what.c_str(), {x, y}, n,
+                 kernels::CopyElements<T>{x.device_data<T>(), y.device_data<T>()}, 32768);
+      return;
+    }
+    KeepOn(mask_, x.device());
+    // The CPU kernel's draw (ForwardT): the same key, the same global element indices.
+    const int64_t samples = std::max<int64_t>(1, x.ndim() > 0 ? x.dim(0) : 1);
+    const int64_t per_sample = n / samples;
+    const bool nhwc = x.channels_last() && !x.IsLayoutTrivial();
+    const int64_t channels = nhwc ? x.dim(1) : 1;
+    kernels::DropoutForward<T> body{x.device_data<T>(),
+                                    y.device_data<T>(),
+                                    mask_.device_data<uint8_t>(),
+                                    HashCombine(HashCombine(context().seed, HashString(name())),
+                                                static_cast<uint64_t>(context().iteration)),
+                                    ratio_,
+                                    static_cast<T>(1.0 / (1.0 - ratio_)),
+                                    per_sample,
+                                    context().sample_base,
+                                    context().sample_stride,
+                                    channels,
+                                    nhwc ? per_sample / channels : 1};
+    RunIndexed(what.c_str(), {x, y, mask_}, n, body, kDropoutChunk);
+  });
+}
+
+void DropoutLayer::BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                                    const Blobs& bottom) {
+  const Tensor& x = bottom[0]->data;
+  if (IsLowPrecision(x.dtype())) return Layer::BackwardOnDevice(top, propagate_down, bottom);
+  if (!propagate_down[0]) return;
+  const Tensor& dy = top[0]->grad;
+  Tensor& dx = bottom[0]->grad;
+  const int64_t n = x.numel();
+  const std::string what = Describe() + " backward";
+  DispatchFloat(x.dtype(), what, [&](auto zero) {
+    using T = decltype(zero);
+    if (!last_forward_train_) {
+      RunIndexed(what.c_str(), {dy, dx}, n,
+                 kernels::CopyElements<T>{dy.device_data<T>(), dx.device_data<T>()}, 32768);
+      return;
+    }
+    RunIndexed(
+        what.c_str(), {mask_, dy, dx}, n,
+        kernels::DropoutBackward<T>{mask_.device_data<uint8_t>(), dy.device_data<T>(),
+                                    dx.device_data<T>(), static_cast<T>(1.0 / (1.0 - ratio_))},
+        32768);
+  });
+}
+
 template <typename T>
 void DropoutLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
   last_forward_train_ = phase() == Phase::kTrain && ratio_ > 0.0;
@@ -51,6 +120,7 @@ void DropoutLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
                                     static_cast<uint64_t>(context().iteration));
   const T scale = static_cast<T>(1.0 / (1.0 - ratio_));
   const double ratio = ratio_;
+  KeepOn(mask_, Device::CPU());
   uint8_t* mask = mask_.data<uint8_t>();
   // Element f of local sample j is element f of global sample sample_base + j * stride, so
   // W ranks draw the masks one process draws for the combined batch.

@@ -14,6 +14,9 @@
 // run draws the same masks as an uninterrupted one, W data-parallel ranks draw the masks one
 // process draws for the combined batch, and the result does not depend on the thread count.
 // Threads: ParallelFor over contiguous element ranges.
+// Device (f32, f64): the shared bodies of layers/dropout_kernels.h, the same draws, so the mask
+// and the outputs are the CPU's bit for bit; the mask lives on the device. bf16/f16 on a device:
+// the CPU kernel on the test device (for now).
 #pragma once
 
 #include "engine/graph/typed_layer.h"
@@ -29,6 +32,9 @@ class DropoutLayer : public TypedLayer<DropoutLayer, WideFloatTypes> {
 
  protected:
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void ForwardOnDevice(const Blobs& bottom, const Blobs& top) override;
+  void BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                        const Blobs& bottom) override;
 
  private:
   CORTADO_TYPED_LAYER_KERNELS();
