@@ -2,8 +2,8 @@
 
 #include <cmath>
 
-#include "engine/tensor/device_runtime.h"
 #include "engine/tensor/indexed_launch.h"
+#include "layers/device_staging.h"
 #include "layers/layer_util.h"
 #include "layers/loss_kernels.h"
 
@@ -35,11 +35,10 @@ void AccuracyLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<
 }
 
 void AccuracyLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
-  const Tensor& x = bottom[0]->data;
-  if (IsLowPrecision(x.dtype())) return Layer::ForwardOnDevice(bottom, top);
-  // The flags are the device path's alone, so they live on the device.
-  if (hit_.device() != x.device())
-    hit_ = Tensor(hit_.shape(), DType::kI32, AllocatorFor(x.device()));
+  const Tensor& scores = bottom[0]->data;
+  // bf16/f16: the scores widened on the device, as the CPU's ForwardInF32 widens them.
+  const Tensor& x = IsLowPrecision(scores.dtype()) ? WidenedF32(scores, wide_) : scores;
+  KeepOn(hit_, x.device());  // the flags are the device path's alone
   const Tensor& label = bottom[1]->data;
   Tensor& accuracy = top[0]->data;
   const int64_t n = x.dim(0);

@@ -10,8 +10,8 @@
 // No backward: CanBackpropTo is false for every input.
 // Device (f32, f64): the shared bodies of layers/loss_kernels.h, a hit flag per sample then one
 // ordered count; the result stays on the device (the Net copies scalars back). A label out of
-// range makes the accuracy NaN there (a device cannot throw). bf16/f16 on a device: the CPU
-// kernel on the test device (for now).
+// range makes the accuracy NaN there (a device cannot throw). bf16/f16 on a device: the f32
+// bodies on the scores widened there, as the CPU computes them in f32.
 #pragma once
 
 #include "engine/graph/typed_layer.h"
@@ -38,7 +38,8 @@ class AccuracyLayer : public TypedLayer<AccuracyLayer, WideFloatTypes> {
  private:
   CORTADO_TYPED_LAYER_KERNELS();
   int64_t top_k_ = 1;
-  Tensor hit_;  // i32 (N) on a device: 1 where the sample is correct
+  Tensor hit_;   // i32 (N) on a device: 1 where the sample is correct
+  Tensor wide_;  // f32 on a device: bf16/f16 scores widened
 };
 // Instantiated in the .cpp, where the kernels are defined.
 extern template class TypedLayer<AccuracyLayer, WideFloatTypes>;

@@ -4,8 +4,8 @@
 
 #include "engine/base/random.h"
 #include "engine/base/thread_pool.h"
-#include "engine/tensor/device_runtime.h"
 #include "engine/tensor/indexed_launch.h"
+#include "layers/device_staging.h"
 #include "layers/dropout_kernels.h"
 #include "layers/layer_util.h"
 
@@ -40,17 +40,15 @@ void DropoutLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<B
   mask_.Resize(bottom[0]->data.shape(), DType::kU8);
 }
 
-// The mask in `device`'s memory (a new one where it is elsewhere): the device path keeps it on
-// the device, the CPU kernel (the test device's 16-bit fallback included) in host memory.
-static void KeepOn(Tensor& mask, Device device) {
-  if (mask.device() != device) mask = Tensor(mask.shape(), DType::kU8, AllocatorFor(device));
-}
-
 void DropoutLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
-  const Tensor& x = bottom[0]->data;
-  if (IsLowPrecision(x.dtype())) return Layer::ForwardOnDevice(bottom, top);
+  const Tensor& in = bottom[0]->data;
+  Tensor& out = top[0]->data;
   last_forward_train_ = phase() == Phase::kTrain && ratio_ > 0.0;
-  Tensor& y = top[0]->data;
+  // bf16/f16: widened on the device into f32, computed there in place (each element reads its
+  // own before writing it) and rounded back, as the CPU's ForwardInF32 computes them.
+  const bool low = IsLowPrecision(in.dtype());
+  const Tensor& x = low ? WidenedF32(in, wide_) : in;
+  Tensor& y = low ? wide_ : out;
   const int64_t n = x.numel();
   const std::string what = Describe() + " forward";
   DispatchFloat(x.dtype(), what, [&](auto zero) {
@@ -80,18 +78,20 @@ void DropoutLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
                                     nhwc ? per_sample / channels : 1};
     RunIndexed(what.c_str(), {x, y, mask_}, n, body, kDropoutChunk);
   });
+  if (low) out.ConvertFrom(y);
 }
 
 void DropoutLayer::BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
                                     const Blobs& bottom) {
-  const Tensor& x = bottom[0]->data;
-  if (IsLowPrecision(x.dtype())) return Layer::BackwardOnDevice(top, propagate_down, bottom);
   if (!propagate_down[0]) return;
-  const Tensor& dy = top[0]->grad;
-  Tensor& dx = bottom[0]->grad;
-  const int64_t n = x.numel();
+  Tensor& grad = bottom[0]->grad;
+  // bf16/f16: as forward, in place on the gradient widened on the device.
+  const bool low = IsLowPrecision(grad.dtype());
+  const Tensor& dy = low ? WidenedF32(top[0]->grad, wide_) : top[0]->grad;
+  Tensor& dx = low ? wide_ : grad;
+  const int64_t n = dy.numel();
   const std::string what = Describe() + " backward";
-  DispatchFloat(x.dtype(), what, [&](auto zero) {
+  DispatchFloat(dy.dtype(), what, [&](auto zero) {
     using T = decltype(zero);
     if (!last_forward_train_) {
       RunIndexed(what.c_str(), {dy, dx}, n,
@@ -104,6 +104,7 @@ void DropoutLayer::BackwardOnDevice(const Blobs& top, const std::vector<bool>& p
                                     dx.device_data<T>(), static_cast<T>(1.0 / (1.0 - ratio_))},
         32768);
   });
+  if (low) grad.ConvertFrom(dx);
 }
 
 template <typename T>

@@ -16,7 +16,7 @@
 // Threads: ParallelFor over contiguous element ranges.
 // Device (f32, f64): the shared bodies of layers/dropout_kernels.h, the same draws, so the mask
 // and the outputs are the CPU's bit for bit; the mask lives on the device. bf16/f16 on a device:
-// the CPU kernel on the test device (for now).
+// the f32 bodies on the blobs widened there, as the CPU computes them in f32.
 #pragma once
 
 #include "engine/graph/typed_layer.h"
@@ -41,6 +41,7 @@ class DropoutLayer : public TypedLayer<DropoutLayer, WideFloatTypes> {
   double ratio_ = 0.5;
   bool last_forward_train_ = false;  // whether the last Forward applied a mask
   Tensor mask_;                      // u8, bottom's shape: 1 = kept
+  Tensor wide_;                      // f32 on a device: a bf16/f16 input or gradient widened
 };
 // Instantiated in the .cpp, where the kernels are defined.
 extern template class TypedLayer<DropoutLayer, WideFloatTypes>;

@@ -4,8 +4,8 @@
 #include <cmath>
 
 #include "engine/base/thread_pool.h"
-#include "engine/tensor/device_runtime.h"
 #include "engine/tensor/indexed_launch.h"
+#include "layers/device_staging.h"
 #include "layers/layer_util.h"
 #include "layers/loss_kernels.h"
 
@@ -55,16 +55,11 @@ void SoftmaxWithLossLayer::Reshape(const std::vector<Blob*>& bottom,
   sample_loss_.resize(num_);
 }
 
-// The layer's own tensor `t` in `device`'s memory (a new one of its shape where it is elsewhere):
-// the device path keeps its state on the device, the CPU kernel (the test device's 16-bit
-// fallback included) in host memory.
-static void KeepOn(Tensor& t, Device device) {
-  if (t.device() != device) t = Tensor(t.shape(), t.dtype(), AllocatorFor(device));
-}
-
 void SoftmaxWithLossLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
-  const Tensor& x = bottom[0]->data;
-  if (IsLowPrecision(x.dtype())) return Layer::ForwardOnDevice(bottom, top);
+  const Tensor& logits = bottom[0]->data;
+  // bf16/f16: the logits widened on the device, as the CPU's ForwardInF32 widens them; the
+  // probabilities and the loss are f32 there.
+  const Tensor& x = IsLowPrecision(logits.dtype()) ? WidenedF32(logits, wide_) : logits;
   KeepOn(prob_, x.device());
   KeepOn(row_loss_, x.device());
   const Tensor& label = bottom[1]->data;
@@ -86,14 +81,16 @@ void SoftmaxWithLossLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top
 void SoftmaxWithLossLayer::BackwardOnDevice(const Blobs& top,
                                             const std::vector<bool>& propagate_down,
                                             const Blobs& bottom) {
-  const Tensor& x = bottom[0]->data;
-  if (IsLowPrecision(x.dtype())) return Layer::BackwardOnDevice(top, propagate_down, bottom);
   if (!propagate_down[0]) return;
+  Tensor& grad = bottom[0]->grad;
+  // bf16/f16: the f32 gradient on the device, rounded into the input's dtype after (the CPU's
+  // BackwardInF32); the probabilities and the loss's gradient are f32 already.
+  const bool low = IsLowPrecision(grad.dtype());
+  Tensor& dx = low ? StagedF32(grad, wide_) : grad;
   const Tensor& label = bottom[1]->data;
   const Tensor& dloss = top[0]->grad;
-  Tensor& dx = bottom[0]->grad;
   const std::string what = Describe() + " backward";
-  DispatchFloat(x.dtype(), what, [&](auto zero) {
+  DispatchFloat(dx.dtype(), what, [&](auto zero) {
     using T = decltype(zero);
     RunIndexed(what.c_str(), {prob_, label, dloss, dx}, num_,
                kernels::SoftmaxLossGradRows<T>{prob_.device_data<T>(), label.device_data<int32_t>(),
@@ -101,6 +98,7 @@ void SoftmaxWithLossLayer::BackwardOnDevice(const Blobs& top,
                                                classes_, label_smoothing_},
                16);
   });
+  if (low) grad.ConvertFrom(dx);
 }
 
 template <typename T>

@@ -13,7 +13,8 @@
 // Device (f32, f64): the shared bodies of layers/loss_kernels.h, per sample then one ordered sum,
 // so the test device's loss and gradient are the CPU's bit for bit; the loss and the gradient's
 // scale (the loss's gradient) stay on the device. A label out of range makes the loss NaN there
-// (a device cannot throw). bf16/f16 on a device: the CPU kernel on the test device (for now).
+// (a device cannot throw). bf16/f16 on a device: the f32 bodies on the logits widened there, as
+// the CPU computes them in f32.
 #pragma once
 
 #include <vector>
@@ -46,6 +47,7 @@ class SoftmaxWithLossLayer : public TypedLayer<SoftmaxWithLossLayer, WideFloatTy
   Tensor prob_;                      // (N, C) softmax from the last Forward
   std::vector<double> sample_loss_;  // (N)
   Tensor row_loss_;                  // f64 (N) on a device: the per-sample losses there
+  Tensor wide_;                      // f32 on a device: bf16/f16 logits or their gradient
 };
 // Instantiated in the .cpp, where the kernels are defined.
 extern template class TypedLayer<SoftmaxWithLossLayer, WideFloatTypes>;

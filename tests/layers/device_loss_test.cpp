@@ -1,6 +1,7 @@
 // SoftmaxWithLoss, Accuracy and Dropout on the test device run their own shared bodies
 // (layers/loss_kernels.h, layers/dropout_kernels.h), not the CPU kernel on host views, and equal
-// the CPU bit for bit, forward and backward, in f32 and f64; bf16 still takes the CPU fallback.
+// the CPU bit for bit, forward and backward, in f32 and f64, and in bf16 and f16 (computed in
+// f32 on the device as on the CPU).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -199,23 +200,34 @@ TEST(DeviceLoss, DropoutMasksAndGradientsAreTheCpusBitwiseOverStepsAndPhases) {
   }
 }
 
-TEST(DeviceLoss, SixteenBitInputsStillTakeTheCpuKernelOnTheTestDevice) {
-  Settings smoothing;
-  smoothing.Set("label_smoothing", 0.1);
-  const std::vector<Tensor> logits = {Values({7, 10}, DType::kBF16, 3),
-                                      Labels({0, 9, 3, 3, 7, 1, 9})};
-  const LayerRun cpu =
-      RunLayer("SoftmaxWithLoss", smoothing, logits, Device::CPU(), kOneStep, true);
-  const LayerRun dev = RunLayer("SoftmaxWithLoss", smoothing, logits, kTest0, kOneStep, true);
-  ExpectSame(cpu, dev, "bf16 SoftmaxWithLoss");
-  EXPECT_EQ(dev.fallbacks, 2);
-  Settings ratio;
-  ratio.Set("ratio", 0.3);
-  const std::vector<Tensor> x = {Values({3, 7, 5}, DType::kF16, 17)};
-  const LayerRun cpu_drop = RunLayer("Dropout", ratio, x, Device::CPU(), kOneStep, true, 0);
-  const LayerRun dev_drop = RunLayer("Dropout", ratio, x, kTest0, kOneStep, true, 0);
-  ExpectSame(cpu_drop, dev_drop, "f16 Dropout");
-  EXPECT_EQ(dev_drop.fallbacks, 2);
+TEST(DeviceLoss, SixteenBitInputsComputeInF32OnTheDeviceAsOnTheCpu) {
+  const std::vector<Step> steps = {Step{Phase::kTrain, 0}, Step{Phase::kTest, 1}};
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    const std::string name = DTypeName(dtype);
+    Settings smoothing;
+    smoothing.Set("label_smoothing", 0.1);
+    const std::vector<Tensor> logits = {Values({7, 10}, dtype, 3), Labels({0, 9, 3, 3, 7, 1, 9})};
+    const LayerRun cpu =
+        RunLayer("SoftmaxWithLoss", smoothing, logits, Device::CPU(), kOneStep, true);
+    const LayerRun dev = RunLayer("SoftmaxWithLoss", smoothing, logits, kTest0, kOneStep, true);
+    ExpectSame(cpu, dev, name + " SoftmaxWithLoss");
+    EXPECT_EQ(dev.fallbacks, 0) << name;
+    Settings top5;
+    top5.Set("top_k", 5);
+    const std::vector<Tensor> scores = {Values({7, 10}, dtype, 11, 0.5),
+                                        Labels({2, 0, 9, 5, 5, 1, 8})};
+    const LayerRun cpu_acc = RunLayer("Accuracy", top5, scores, Device::CPU(), kOneStep, false);
+    const LayerRun dev_acc = RunLayer("Accuracy", top5, scores, kTest0, kOneStep, false);
+    ExpectSame(cpu_acc, dev_acc, name + " Accuracy");
+    EXPECT_EQ(dev_acc.fallbacks, 0) << name;
+    Settings ratio;
+    ratio.Set("ratio", 0.3);
+    const std::vector<Tensor> x = {Values({3, 7, 5}, dtype, 17)};
+    const LayerRun cpu_drop = RunLayer("Dropout", ratio, x, Device::CPU(), steps, true, 0);
+    const LayerRun dev_drop = RunLayer("Dropout", ratio, x, kTest0, steps, true, 0);
+    ExpectSame(cpu_drop, dev_drop, name + " Dropout");
+    EXPECT_EQ(dev_drop.fallbacks, 0) << name;
+  }
 }
 
 }  // namespace
