@@ -148,16 +148,6 @@ struct ReverseTwice {
   CORTADO_HOST_DEVICE void operator()(int64_t i) const { y[i] = x[n - 1 - i] * 2.0f; }
 };
 
-}  // namespace
-#ifdef CORTADO_HAVE_CUDA
-// The test's body runs on the CPU and the test device only; a CUDA build's RunIndexed still names
-// its launch, which -Werror refuses undefined.
-template <>
-void cuda::LaunchIndexed<ReverseTwice>(int device, int64_t, const ReverseTwice&) {
-  Fail("ReverseTwice on cuda:", device, ": the test's body has no CUDA instantiation");
-}
-#endif
-namespace {
 
 TEST(RunIndexed, TheCpuAndTheTestDeviceRunTheBodyOverTheWholeRange) {
   const int64_t n = 10007;  // several chunks, the last one short
