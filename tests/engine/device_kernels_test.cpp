@@ -148,7 +148,6 @@ struct ReverseTwice {
   CORTADO_HOST_DEVICE void operator()(int64_t i) const { y[i] = x[n - 1 - i] * 2.0f; }
 };
 
-
 TEST(RunIndexed, TheCpuAndTheTestDeviceRunTheBodyOverTheWholeRange) {
   const int64_t n = 10007;  // several chunks, the last one short
   Tensor x = Values(n, DType::kF32, 11);
