@@ -98,8 +98,13 @@ void LaunchSliceCopy(const char* what, const Tensor& narrow, const Tensor& wide,
   constexpr int64_t u = sizeof(U);
   U* n = static_cast<U*>(narrow.raw_data());
   U* w = static_cast<U*>(wide.raw_data());
-  const kernels::SliceCopy<U> body{to_wide ? n : w, to_wide ? w : n, slice / u,
-                                   wide_len / u,    at / u,          to_wide};
+  kernels::SliceCopy<U> body{};
+  body.src = to_wide ? n : w;
+  body.dst = to_wide ? w : n;
+  body.slice = slice / u;
+  body.wide = wide_len / u;
+  body.at = at / u;
+  body.to_wide = to_wide;
   RunIndexed(what, {narrow, wide}, outer * (slice / u), body);
 }
 

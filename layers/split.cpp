@@ -1,6 +1,8 @@
 #include "layers/split.h"
 
 #include <algorithm>
+#include <string>
+#include <type_traits>
 
 #include "engine/base/thread_pool.h"
 #include "engine/tensor/device_runtime.h"
