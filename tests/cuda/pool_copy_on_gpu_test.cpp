@@ -21,6 +21,9 @@ class PoolCopyOnGpu : public ::testing::Test {
 };
 
 TEST_F(PoolCopyOnGpu, PoolingEqualsTheCpuInEveryModeFormatAndDtype) { CheckPooling(kGpu); }
+TEST_F(PoolCopyOnGpu, InferenceNetsShareTheArgmaxOnTheDevice) {
+  CheckPoolingWithSharedScratch(kGpu);
+}
 TEST_F(PoolCopyOnGpu, MaxPoolingRoutesNaNAsTheCpu) { CheckMaxPoolingNaN(kGpu); }
 TEST_F(PoolCopyOnGpu, ConcatEqualsTheCpuOnEveryAxisFormatAndDtype) { CheckConcat(kGpu); }
 TEST_F(PoolCopyOnGpu, ConcatOfBytesEqualsTheCpu) { CheckConcatOfBytes(kGpu); }

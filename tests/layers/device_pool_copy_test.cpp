@@ -10,6 +10,9 @@ namespace {
 const Device kTest0{DeviceType::kTest, 0};
 
 TEST(DevicePoolCopy, PoolingEqualsTheCpuInEveryModeFormatAndDtype) { CheckPooling(kTest0); }
+TEST(DevicePoolCopy, InferenceNetsShareTheArgmaxOnTheDevice) {
+  CheckPoolingWithSharedScratch(kTest0);
+}
 TEST(DevicePoolCopy, MaxPoolingRoutesNaNAsTheCpu) { CheckMaxPoolingNaN(kTest0); }
 TEST(DevicePoolCopy, ConcatEqualsTheCpuOnEveryAxisFormatAndDtype) { CheckConcat(kTest0); }
 TEST(DevicePoolCopy, ConcatOfBytesEqualsTheCpu) { CheckConcatOfBytes(kTest0); }

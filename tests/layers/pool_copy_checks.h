@@ -154,6 +154,39 @@ inline void CheckPooling(Device device) {
   }
 }
 
+// An inference net's max pooling layers share one argmax buffer (ScratchSpace::ForwardOnly); on
+// a device it is allocated there, and grows there for a larger layer.
+inline void CheckPoolingWithSharedScratch(Device device) {
+  Settings s = PoolSettings({"max", 3, 3, 2, 1, true, true, false});
+  const auto run = [&](Device on, ScratchSpace& scratch) {
+    LayerContext context;
+    context.phase = Phase::kTest;
+    context.inference = true;
+    context.scratch = &scratch;
+    std::vector<Tensor> outputs;
+    for (int64_t size : {5, 9}) {  // the second layer's argmax is larger
+      const std::string name = "pool" + std::to_string(size);
+      std::unique_ptr<Layer> layer =
+          LayerRegistry::Create(LayerSpec{name, "Pooling", {"x"}, {"y"}, s, ""});
+      layer->set_context(&context);
+      Blob x{"x", Values({2, 3, size, 7}, DType::kF32, MemoryFormat::kNCHW, 60, true).To(on),
+             Tensor()};
+      Blob y{"y", Tensor({1}, DType::kF32, AllocatorFor(on)), Tensor()};
+      layer->SetUp({&x}, {&y});
+      layer->Forward({&x}, {&y});
+      outputs.push_back(y.data.To(Device::CPU()));
+    }
+    EXPECT_EQ(scratch.ForwardOnly().device(), on);
+    return outputs;
+  };
+  ScratchSpace cpu_scratch, dev_scratch;
+  const std::vector<Tensor> cpu = run(Device::CPU(), cpu_scratch);
+  const int64_t before = TestDeviceHostAliasCalls();
+  const std::vector<Tensor> dev = run(device, dev_scratch);
+  EXPECT_EQ(TestDeviceHostAliasCalls(), before);
+  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(SameBytes(cpu[i], dev[i])) << i;
+}
+
 // A NaN always wins a max window (PyTorch's rule), on the device as on the CPU.
 inline void CheckMaxPoolingNaN(Device device) {
   for (DType dtype : {DType::kF32, DType::kF64}) {
