@@ -107,7 +107,9 @@ class Trainer : public CheckpointState {
   void LoadState(const Checkpoint& checkpoint, const std::string& path) override;
 
  private:
-  // Construction, with several ranks: synchronized batch norm and the data-parallel glue.
+  // Construction, with several ranks: this rank's device (device index + local rank), then
+  // synchronized batch norm and the data-parallel glue.
+  void TakeRankDevice();
   void JoinRanks();
   std::string JobDescription() const;
 
