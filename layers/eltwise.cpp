@@ -3,7 +3,8 @@
 #include <algorithm>
 
 #include "engine/base/thread_pool.h"
-#include "engine/tensor/device_kernels.h"
+#include "engine/tensor/indexed_launch.h"
+#include "layers/device_staging.h"
 #include "layers/layer_util.h"
 
 namespace cortado {
@@ -176,35 +177,88 @@ void EltwiseLayer::ForwardChunk(const std::vector<const T*>& x, T* y, int32_t* a
   }
 }
 
-bool EltwiseLayer::UnitSumOnDevice(DType dtype) const {
-  if (op_ != Op::kSum || !(dtype == DType::kF32 || dtype == DType::kF64)) return false;
-  for (double c : coeffs_) {
-    if (c != 1.0) return false;
+bool EltwiseLayer::FitsDeviceBodies() const {
+  return coeffs_.size() <= static_cast<size_t>(kernels::kEltwiseMaxInputs);
+}
+
+kernels::EltwiseOp EltwiseLayer::DeviceOp() const {
+  switch (op_) {
+    case Op::kSum:
+      return kernels::EltwiseOp::kSum;
+    case Op::kProd:
+      return kernels::EltwiseOp::kProd;
+    case Op::kMax:
+      return kernels::EltwiseOp::kMax;
   }
-  return true;
+  return kernels::EltwiseOp::kSum;
 }
 
 void EltwiseLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
-  if (!UnitSumOnDevice(bottom[0]->data.dtype())) return Layer::ForwardOnDevice(bottom, top);
+  if (!FitsDeviceBodies()) return Layer::ForwardOnDevice(bottom, top);
   if (in_place_) top[0]->data = bottom[0]->data;
   Tensor& y = top[0]->data;
-  DeviceScale(bottom[0]->data, y, 1.0);  // 1 * x is x: the CPU's a * x + b * x' with a = b = 1
-  for (size_t j = 1; j < bottom.size(); ++j) DeviceAxpy(bottom[j]->data, y, 1.0);
-  if (relu_) DeviceReluForward(y, y, 0.0);
+  if (op_ == Op::kMax) KeepOn(argmax_, y.device());
+  WithElementCodes(*this, y.dtype(), [&](auto codes) {
+    using E = decltype(codes);
+    using A = typename E::Acc;
+    kernels::EltwiseForward<E> body;
+    std::vector<Tensor> given{y};
+    body.count = static_cast<int>(bottom.size());
+    for (size_t j = 0; j < bottom.size(); ++j) {
+      body.x[j] = StoredData<E>(bottom[j]->data);
+      body.coeffs[j] = static_cast<A>(coeffs_[j]);
+      body.unit = body.unit && coeffs_[j] == 1.0;
+      given.push_back(bottom[j]->data);
+    }
+    body.op = DeviceOp();
+    body.relu = relu_;
+    body.y = StoredData<E>(y);
+    if (op_ == Op::kMax) {
+      body.arg = static_cast<int32_t*>(argmax_.raw_data());
+      given.push_back(argmax_);
+    }
+    RunIndexed("eltwise forward", given, y.numel(), body, kEltwiseChunk);
+  });
 }
 
 void EltwiseLayer::BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
                                     const Blobs& bottom) {
-  if (!UnitSumOnDevice(bottom[0]->data.dtype())) {
-    return Layer::BackwardOnDevice(top, propagate_down, bottom);
-  }
+  if (!FitsDeviceBodies()) return Layer::BackwardOnDevice(top, propagate_down, bottom);
+  const Tensor& dy = top[0]->grad;
   for (size_t j = 0; j < bottom.size(); ++j) {
     if (!propagate_down[j]) continue;
-    if (relu_) {
-      DeviceReluBackward(top[0]->data, top[0]->grad, bottom[j]->grad, 0.0);
-    } else {
-      DeviceScale(top[0]->grad, bottom[j]->grad, 1.0);
+    Tensor& dx = bottom[j]->grad;
+    if (op_ == Op::kSum && coeffs_[j] == 1.0 && !relu_) {
+      dx.CopyFrom(dy);  // the gradient passes through, its bits as they are (as on the CPU)
+      continue;
     }
+    WithElementCodes(*this, dy.dtype(), [&](auto codes) {
+      using E = decltype(codes);
+      kernels::EltwiseBackward<E> body;
+      std::vector<Tensor> given{dy, dx};
+      body.dy = StoredData<E>(dy);
+      body.dx = StoredData<E>(dx);
+      body.op = DeviceOp();
+      body.count = static_cast<int>(bottom.size());
+      body.me = static_cast<int>(j);
+      body.coeff = static_cast<typename E::Acc>(coeffs_[j]);
+      body.relu = relu_;
+      if (relu_) {
+        body.y = StoredData<E>(top[0]->data);
+        given.push_back(top[0]->data);
+      }
+      if (op_ == Op::kProd) {
+        for (size_t m = 0; m < bottom.size(); ++m) {
+          body.x[m] = StoredData<E>(bottom[m]->data);
+          given.push_back(bottom[m]->data);
+        }
+      }
+      if (op_ == Op::kMax) {
+        body.arg = static_cast<const int32_t*>(argmax_.raw_data());
+        given.push_back(argmax_);
+      }
+      RunIndexed("eltwise backward", given, dx.numel(), body, kEltwiseChunk);
+    });
   }
 }
 

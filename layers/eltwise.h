@@ -14,6 +14,7 @@
 #pragma once
 
 #include "engine/graph/typed_layer.h"
+#include "layers/eltwise_kernels.h"
 
 namespace cortado {
 
@@ -34,15 +35,17 @@ class EltwiseLayer : public TypedLayer<EltwiseLayer, AllFloatTypes> {
  protected:
   // bf16 and f16: the f32 kernels on cache-sized widened blocks.
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
-  // On a device, a sum with unit coefficients (a residual join, fused ReLU or not) in f32 or f64
-  // runs the shared bodies (scale, axpy, ReLU; bitwise the CPU's arithmetic); anything else
-  // takes Layer's default (the CPU kernel on the test device, a refusal elsewhere).
+  // On a device: the shared bodies of layers/eltwise_kernels.h, every op and floating dtype, in
+  // the CPU's order of operations (bf16/f16 widened, computed in f32, rounded once).
   void ForwardOnDevice(const Blobs& bottom, const Blobs& top) override;
   void BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
                         const Blobs& bottom) override;
 
  private:
-  bool UnitSumOnDevice(DType dtype) const;
+  // Whether the device bodies (layers/eltwise_kernels.h) take this layer (at most
+  // kEltwiseMaxInputs inputs; more run the CPU kernel on the test device only).
+  bool FitsDeviceBodies() const;
+  kernels::EltwiseOp DeviceOp() const;
   CORTADO_TYPED_LAYER_KERNELS();
   // One block of n elements, pointers already at the block (T is the compute type).
   template <typename T>

@@ -2,6 +2,8 @@
 
 #include "engine/base/thread_pool.h"
 #include "engine/tensor/device_kernels.h"
+#include "engine/tensor/indexed_launch.h"
+#include "layers/eltwise_kernels.h"
 #include "layers/layer_util.h"
 
 namespace cortado {
@@ -101,20 +103,39 @@ void ReluLayer::Backward16(const Blobs& top, const std::vector<bool>& propagate_
 }
 
 void ReluLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
-  if (IsLowPrecision(bottom[0]->data.dtype())) return Layer::ForwardOnDevice(bottom, top);
   if (in_place_) top[0]->data = bottom[0]->data;
-  DeviceReluForward(bottom[0]->data, top[0]->data, negative_slope_);
+  const Tensor& x = bottom[0]->data;
+  Tensor& y = top[0]->data;
+  if (!IsLowPrecision(x.dtype())) return DeviceReluForward(x, y, negative_slope_);
+  // 16-bit: widened, compared (and scaled) in f32, rounded once: the CPU's codes (slope 0) and
+  // its f32 fallback (a slope) give exactly that.
+  WithElementCodes(*this, x.dtype(), [&](auto codes) {
+    using E = decltype(codes);
+    kernels::ReluForwardCodes<E> body;
+    body.x = StoredData<E>(x);
+    body.y = StoredData<E>(y);
+    body.slope = static_cast<typename E::Acc>(negative_slope_);
+    RunIndexed("ReLU forward", {x, y}, x.numel(), body, kReluChunk);
+  });
 }
 
 void ReluLayer::BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
                                  const Blobs& bottom) {
-  if (IsLowPrecision(bottom[0]->data.dtype())) {
-    return Layer::BackwardOnDevice(top, propagate_down, bottom);
-  }
   if (!propagate_down[0]) return;
   // The mask as on the CPU: y's sign is x's unless the slope is negative.
   const Tensor& mask = negative_slope_ >= 0 ? top[0]->data : bottom[0]->data;
-  DeviceReluBackward(mask, top[0]->grad, bottom[0]->grad, negative_slope_);
+  const Tensor& dy = top[0]->grad;
+  Tensor& dx = bottom[0]->grad;
+  if (!IsLowPrecision(mask.dtype())) return DeviceReluBackward(mask, dy, dx, negative_slope_);
+  WithElementCodes(*this, mask.dtype(), [&](auto codes) {
+    using E = decltype(codes);
+    kernels::ReluBackwardCodes<E> body;
+    body.mask = StoredData<E>(mask);
+    body.dy = StoredData<E>(dy);
+    body.dx = StoredData<E>(dx);
+    body.slope = static_cast<typename E::Acc>(negative_slope_);
+    RunIndexed("ReLU backward", {mask, dy, dx}, mask.numel(), body, kReluChunk);
+  });
 }
 
 void ReluLayer::LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) {

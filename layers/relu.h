@@ -39,7 +39,9 @@ class ReluLayer : public TypedLayer<ReluLayer, WideFloatTypes> {
     Backward16(top, propagate_down, bottom, kF16Inf);
   }
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
-  // On a device (f32, f64): the shared bodies (engine/tensor/device_kernels.h), no CPU kernel.
+  // On a device: f32 and f64 through the shared bodies of engine/tensor/device_kernels.h, bf16
+  // and f16 through layers/eltwise_kernels.h (widened, compared in f32, rounded once); no CPU
+  // kernel.
   void ForwardOnDevice(const Blobs& bottom, const Blobs& top) override;
   void BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
                         const Blobs& bottom) override;
