@@ -11,6 +11,9 @@
 // its partial sums, then one per channel adding them. The per-channel bodies compute the
 // statistics, running averages and gradient coefficients with the CPU's expressions; the
 // element-wise bodies normalize (with the fused ReLU) and form the input gradient.
+// Rounding alike also needs no fused multiply-adds, which a compiler forms differently in a
+// vectorized loop and in a scalar body: layers/CMakeLists.txt builds batch_norm.cpp with
+// -ffp-contract=off and cuda/batch_norm.cu with --fmad=false.
 // Bodies hold raw pointers and scalars only; T is f32 or f64 (the device path's dtypes).
 #pragma once
 
