@@ -1,11 +1,13 @@
 #include "layers/batch_norm.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <type_traits>
 
 #include "engine/base/thread_pool.h"
+#include "engine/tensor/device_runtime.h"
+#include "engine/tensor/indexed_launch.h"
+#include "layers/batch_norm_kernels.h"
 
 namespace cortado {
 
@@ -70,14 +72,14 @@ void BatchNormLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector
 namespace {
 
 // Rows per block of a channels-last reduction: the partial sums of each block are added in block
-// order, so the statistics do not depend on the thread count.
-constexpr int64_t kRowBlock = 256;
+// order, so the statistics do not depend on the thread count (the device's order too).
+constexpr int64_t kRowBlock = kernels::kBnRowBlock;
 
-// The normalized value of the forward pass; the fused ReLU's backward recomputes it with the same
-// expression, so its mask is the forward's.
+// The normalized value of the forward pass (the device's expression); the fused ReLU's backward
+// recomputes it with the same expression, so its mask is the forward's.
 template <typename T>
 inline T Affine(T a, T x, T m, T b) {
-  return a * (x - m) + b;
+  return kernels::BnAffine(a, x, m, b);
 }
 template <typename T>
 inline T Relu(T v) {
@@ -94,8 +96,7 @@ inline bool Positive(T z) {
 // (measured: the fused backward ran 3x slower than the unfused pair).
 template <typename T>
 inline T Masked(bool keep, T g) {
-  using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
-  return std::bit_cast<T>(std::bit_cast<U>(g) & (U(0) - static_cast<U>(keep)));
+  return kernels::BnMasked(keep, g);
 }
 
 // Channels-last kernels over rows [r0, r1) of C contiguous channels, the channel loop innermost
@@ -103,7 +104,7 @@ inline T Masked(bool keep, T g) {
 // partial sums, so that their reads and writes do not outnumber the data's. (Tiles of 16
 // channels with the rows innermost, accumulators in registers, measured 2-3x slower: the strided
 // reads wait on memory.)
-constexpr int64_t kRowsPerVisit = 4;
+constexpr int64_t kRowsPerVisit = kernels::kBnRowsPerVisit;
 
 template <typename S>
 void SumRows(const S* __restrict x, int64_t r0, int64_t r1, int64_t c_n, double* __restrict s1,
@@ -258,18 +259,18 @@ void BatchNormLayer::ForwardSums(const S* x, bool nhwc, std::vector<double>& s1,
                                  std::vector<double>& s2) {
   const int64_t c_n = channels_, n = num_, s = spatial_;
   if (!nhwc) {
-    // Per channel, over its N planes (sequentially, so the sums do not depend on threads).
+    // Per channel, over its N planes (sequentially, so the sums do not depend on threads), each
+    // plane in the lanes of kernels::BnLaneSums (the device's order).
     ParallelFor(c_n, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
         double a1 = 0, a2 = 0;
         for (int64_t i = 0; i < n; ++i) {
           const S* plane = x + (i * c_n + c) * s;
-#pragma omp simd reduction(+ : a1, a2)
-          for (int64_t j = 0; j < s; ++j) {
-            const double v = Widen(plane[j]);
-            a1 += v;
-            a2 += v * v;
-          }
+          auto load = [plane](int64_t j) { return Widen(plane[j]); };
+          double p1, p2;
+          kernels::BnLaneSums(s, kernels::BnStatTerms<decltype(load)>{load}, p1, p2);
+          a1 += p1;
+          a2 += p2;
         }
         s1[c] = a1;
         s2[c] = a2;
@@ -330,15 +331,15 @@ void BatchNormLayer::BackwardSums(const S* x, const S* dy, bool nhwc, std::vecto
         for (int64_t i = 0; i < n; ++i) {
           const S* xp = x + (i * c_n + c) * s;
           const S* gp = dy + (i * c_n + c) * s;
-#pragma omp simd reduction(+ : a1, a2)
-          for (int64_t j = 0; j < s; ++j) {
-            const T xv = Widen(xp[j]);
-            T gv = Widen(gp[j]);
-            if constexpr (kRelu) gv = Masked(Positive<S>(Affine(ac, xv, mean, bc)), gv);
-            const double g = gv;
-            a1 += g;
-            a2 += g * static_cast<double>(xv - mean);
-          }
+          auto terms = [=](int64_t j, double& t1, double& t2) {
+            kernels::BnGradTerms<T>(
+                Widen(xp[j]), Widen(gp[j]), ac, mean, bc, kRelu, [](T z) { return Positive<S>(z); },
+                t1, t2);
+          };
+          double p1, p2;
+          kernels::BnLaneSums(s, terms, p1, p2);
+          a1 += p1;
+          a2 += p2;
         }
         sdy[c] = a1;
         sdyx[c] = a2;
@@ -519,6 +520,156 @@ void BatchNormLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propaga
   } else {
     InputGradient<S, false>(x, dy, nhwc, coef_a, coef_b, coef_c, dx);
   }
+}
+
+namespace {
+
+// `t` as a device tensor of `shape` and `dtype` on `device`, reallocated only when needed.
+void EnsureOnDevice(Tensor& t, Device device, const Shape& shape, DType dtype) {
+  if (!t.defined() || t.device() != device || t.dtype() != dtype) {
+    t = Tensor(shape, dtype, AllocatorFor(device));
+  } else {
+    t.Resize(shape);
+  }
+}
+
+}  // namespace
+
+void BatchNormLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
+  switch (bottom[0]->data.dtype()) {
+    case DType::kF32:
+      return DeviceForward<float>(bottom[0]->data, top[0]->data);
+    case DType::kF64:
+      return DeviceForward<double>(bottom[0]->data, top[0]->data);
+    default:
+      return Layer::ForwardOnDevice(bottom, top);
+  }
+}
+
+void BatchNormLayer::BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                                      const Blobs& bottom) {
+  switch (bottom[0]->data.dtype()) {
+    case DType::kF32:
+      return DeviceBackward<float>(bottom[0]->data, top[0]->grad, propagate_down[0],
+                                   &bottom[0]->grad);
+    case DType::kF64:
+      return DeviceBackward<double>(bottom[0]->data, top[0]->grad, propagate_down[0],
+                                    &bottom[0]->grad);
+    default:
+      return Layer::BackwardOnDevice(top, propagate_down, bottom);
+  }
+}
+
+template <typename T>
+void BatchNormLayer::DeviceSums(const Tensor& x, const Tensor* dy) {
+  const int64_t c_n = channels_, n = num_, s = spatial_;
+  const bool nhwc = x.channels_last();
+  const int64_t parts = nhwc ? (n * s + kRowBlock - 1) / kRowBlock : n;
+  EnsureOnDevice(dev_part_, x.device(), {parts * 2 * c_n}, DType::kF64);
+  double* part = dev_part_.device_data<double>();
+  const kernels::BnReduceArgs<T> r{x.device_data<T>(),
+                                   dy != nullptr ? dy->device_data<T>() : nullptr,
+                                   dev_affine_.device_data<T>(),
+                                   n,
+                                   c_n,
+                                   s,
+                                   relu_};
+  const Tensor dyt = dy != nullptr ? *dy : Tensor();
+  if (nhwc) {
+    RunIndexed("batch norm sums", {x, dyt, dev_affine_, dev_part_}, parts * c_n,
+               kernels::BnRowBlockSums<T>{r, part}, 1);
+  } else {
+    RunIndexed("batch norm sums", {x, dyt, dev_affine_, dev_part_}, n * c_n,
+               kernels::BnPlaneSums<T>{r, part}, 1);
+  }
+  RunIndexed("batch norm sums", {dev_part_, dev_sums_}, c_n,
+             kernels::BnCombineSums{part, dev_sums_.device_data<double>(), parts, c_n}, 1);
+}
+
+void BatchNormLayer::AllReduceDeviceSums(BatchStatsReducer& reducer, double* count) {
+  const int64_t c_n = channels_;
+  if (!host_sums_.defined()) host_sums_ = Tensor({2 * c_n + 1}, DType::kF64);
+  Tensor sums = host_sums_.View({2 * c_n}, 0);
+  DeviceRuntime& runtime = RuntimeFor(dev_sums_.device());
+  runtime.Copy(sums, dev_sums_);  // waits: the sums are on the host after it
+  double* values = host_sums_.data<double>();
+  if (count != nullptr) values[2 * c_n] = *count;
+  reducer.AllReduceSum(values, count != nullptr ? 2 * c_n + 1 : 2 * c_n);
+  if (count != nullptr) *count = values[2 * c_n];
+  runtime.Copy(dev_sums_, sums);  // from pageable memory: done (queued first) when it returns
+}
+
+template <typename T>
+void BatchNormLayer::DeviceForward(const Tensor& xt, Tensor& yt) {
+  const Device device = xt.device();
+  const int64_t c_n = channels_;
+  EnsureOnDevice(dev_sums_, device, {2 * c_n}, DType::kF64);
+  EnsureOnDevice(dev_stats_, device, {2 * c_n}, DType::kF64);
+  EnsureOnDevice(dev_affine_, device, {3 * c_n}, xt.dtype());
+  last_used_batch_stats_ = !UseGlobalStats();
+  double count = static_cast<double>(num_ * spatial_);
+  if (last_used_batch_stats_) {
+    DeviceSums<T>(xt, nullptr);
+    BatchStatsReducer* reducer = Reducer();
+    if (reducer != nullptr) AllReduceDeviceSums(*reducer, &count);
+    if (count <= 1) {
+      Fail(Describe(), ": training needs more than one value per channel, got input ",
+           xt.ToString(), reducer != nullptr ? " (across the batch-norm group's ranks)" : "");
+    }
+    count_ = count;
+  }
+  const Tensor gamma = affine_ ? params_[0].value : Tensor();
+  const Tensor beta = affine_ ? params_[1].value : Tensor();
+  Tensor& running_mean = buffers_[0].value;
+  Tensor& running_var = buffers_[1].value;
+  RunIndexed("batch norm statistics",
+             {dev_sums_, gamma, beta, running_mean, running_var, dev_stats_, dev_affine_}, c_n,
+             kernels::BnStatistics<T>{
+                 dev_sums_.device_data<double>(), affine_ ? gamma.device_data<T>() : nullptr,
+                 affine_ ? beta.device_data<T>() : nullptr, running_mean.device_data<T>(),
+                 running_var.device_data<T>(), dev_stats_.device_data<double>(),
+                 dev_affine_.device_data<T>(), c_n, count, eps_, momentum_, last_used_batch_stats_},
+             1);
+  RunIndexed(
+      "batch norm forward", {xt, dev_affine_, yt}, xt.numel(),
+      kernels::BnNormalize<T>{xt.device_data<T>(), dev_affine_.device_data<T>(),
+                              yt.device_data<T>(), c_n, spatial_, xt.channels_last(), relu_});
+}
+
+template <typename T>
+void BatchNormLayer::DeviceBackward(const Tensor& xt, const Tensor& dyt, bool propagate,
+                                    Tensor* dxt) {
+  if (!affine_ && !propagate) return;
+  const int64_t c_n = channels_;
+  // The forward's statistics and coefficients are on the device (dev_stats_, dev_affine_).
+  DeviceSums<T>(xt, &dyt);
+  if (affine_) {
+    Tensor& dgamma = params_[0].grad;
+    Tensor& dbeta = params_[1].grad;
+    RunIndexed(
+        "batch norm parameter gradients", {dev_sums_, dev_stats_, dgamma, dbeta}, c_n,
+        kernels::BnParamGrads<T>{dev_sums_.device_data<double>(), dev_stats_.device_data<double>(),
+                                 dgamma.device_data<T>(), dbeta.device_data<T>(), c_n},
+        1);
+  }
+  if (!propagate) return;
+  if (last_used_batch_stats_) {
+    if (BatchStatsReducer* reducer = Reducer()) AllReduceDeviceSums(*reducer, nullptr);
+  }
+  EnsureOnDevice(dev_coef_, xt.device(), {3 * c_n}, xt.dtype());
+  const Tensor gamma = affine_ ? params_[0].value : Tensor();
+  RunIndexed("batch norm input gradient coefficients", {dev_sums_, dev_stats_, gamma, dev_coef_},
+             c_n,
+             kernels::BnInputCoefficients<T>{
+                 dev_sums_.device_data<double>(), dev_stats_.device_data<double>(),
+                 affine_ ? gamma.device_data<T>() : nullptr, dev_coef_.device_data<T>(), c_n,
+                 count_, last_used_batch_stats_},
+             1);
+  RunIndexed(
+      "batch norm backward", {xt, dyt, dev_affine_, dev_coef_, *dxt}, xt.numel(),
+      kernels::BnInputGrad<T>{xt.device_data<T>(), dyt.device_data<T>(),
+                              dev_affine_.device_data<T>(), dev_coef_.device_data<T>(),
+                              dxt->device_data<T>(), c_n, spatial_, xt.channels_last(), relu_});
 }
 
 template class TypedLayer<BatchNormLayer, AllFloatTypes, KernelArgs::kOneInput>;

@@ -39,6 +39,12 @@
 // var = E[x^2] - E[x]^2 does not cancel when |mean| >> std; synchronized, they travel as f64
 // too, so the group's statistics equal a single process's on the combined batch to rounding.
 // Threads: ParallelFor over channels (statistics) and over planes (elementwise passes).
+//
+// On a device (f32, f64): the shared bodies of layers/batch_norm_kernels.h, whose sums are the
+// CPU's in the CPU's order, so a device's results are the CPU's bit for bit. The statistics and
+// coefficients stay on the device; synchronized, the 2 C per-channel sums come to the host in one
+// copy, are all-reduced there as on the CPU, and go back in one copy. bf16 and f16 fall back to
+// Layer's device route.
 #pragma once
 
 #include <string>
@@ -67,6 +73,9 @@ class BatchNormLayer : public TypedLayer<BatchNormLayer, AllFloatTypes, KernelAr
 
  protected:
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void ForwardOnDevice(const Blobs& bottom, const Blobs& top) override;
+  void BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                        const Blobs& bottom) override;
 
  private:
   bool UseGlobalStats() const;
@@ -90,6 +99,17 @@ class BatchNormLayer : public TypedLayer<BatchNormLayer, AllFloatTypes, KernelAr
   template <typename S, bool kRelu>
   void InputGradient(const S* x, const S* dy, bool nhwc, const std::vector<double>& coef_a,
                      const std::vector<double>& coef_b, const std::vector<double>& coef_c, S* dx);
+  // The device's kernels (T: f32 or f64) and their per-channel sums of x (forward, dy null) or of
+  // g and g (x - mean) (backward) into dev_sums_.
+  template <typename T>
+  void DeviceForward(const Tensor& x, Tensor& y);
+  template <typename T>
+  void DeviceBackward(const Tensor& x, const Tensor& dy, bool propagate, Tensor* dx);
+  template <typename T>
+  void DeviceSums(const Tensor& x, const Tensor* dy);
+  // dev_sums_ (2 C, plus `count` when count is not null) all-reduced through `reducer` on the
+  // host: one copy there, one back.
+  void AllReduceDeviceSums(BatchStatsReducer& reducer, double* count);
   // The per-channel a (gamma invstd), mean and b (beta) of the last forward, in T.
   template <typename T>
   void ForwardAffine(std::vector<T>& a, std::vector<T>& m, std::vector<T>& b) const;
@@ -111,6 +131,11 @@ class BatchNormLayer : public TypedLayer<BatchNormLayer, AllFloatTypes, KernelAr
   double count_ = 0;
   std::vector<double> reduce_buf_;  // all-reduce staging
   std::vector<double> partials_;    // channels-last sums: one row of 2 C per block of rows
+  // On a device: partial sums (2 C per plane or block of rows), the sums (2 C), the last
+  // forward's [mean | invstd] (f64) and [gamma invstd | mean | beta], and the input gradient's
+  // coefficients (3 C, in the activations' dtype).
+  Tensor dev_part_, dev_sums_, dev_stats_, dev_affine_, dev_coef_;
+  Tensor host_sums_;  // the sums' host copy, synchronized (2 C + 1: the count last)
 };
 // Instantiated in the .cpp, where the kernels are defined.
 extern template class TypedLayer<BatchNormLayer, AllFloatTypes, KernelArgs::kOneInput>;

@@ -5,6 +5,8 @@
 //
 // Groups (distributed.sync_bn_group = g): ranks [k g, (k+1) g) share statistics; g = W is the
 // whole job, g = 1 means per-rank statistics (then no reducer is made). The sums travel as f64.
+// The values are host memory: a batch norm on a device copies its per-channel sums to the host
+// (one copy), calls AllReduceSum, and copies them back (layers/batch_norm.h).
 // Threads: called from the training thread only.
 #pragma once
 

@@ -243,9 +243,9 @@ TEST(DataParallelOnDevice, CompressedGradientsAndACheckpointMoveBetweenDeviceAnd
   ExpectSameState(cpu.state, rest.state, "resumed on the CPU from the device's checkpoint");
 }
 
-// Synchronized batch norm through the path batch norm has on the test device (its CPU kernel
-// inside a device kernel: the statistics are reduced on the group's communicator from the
-// device's stream): ResNet-20 on two ranks matches the CPU bitwise.
+// Synchronized batch norm through batch norm's own device path (its sums copied to the host,
+// reduced on the group's communicator, copied back): ResNet-20 on two ranks matches the CPU
+// bitwise.
 TEST(DataParallelOnDevice, SyncBatchNormOnTheTestDeviceMatchesTheCpu) {
   Job s;
   s.model = "resnet20";
