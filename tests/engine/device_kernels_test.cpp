@@ -148,6 +148,19 @@ struct ReverseTwice {
   CORTADO_HOST_DEVICE void operator()(int64_t i) const { y[i] = x[n - 1 - i] * 2.0f; }
 };
 
+}  // namespace
+
+#ifdef CORTADO_HAVE_CUDA
+// A CUDA build's RunIndexed names the body's CUDA launch, which a .cu file instantiates for a
+// layer's bodies; this test body has none (it never runs on a GPU), so the launch is defined here.
+template <>
+void cuda::LaunchIndexed<ReverseTwice>(int, int64_t, const ReverseTwice&) {
+  Fail("the test body ReverseTwice has no CUDA kernel");
+}
+#endif
+
+namespace {
+
 TEST(RunIndexed, TheCpuAndTheTestDeviceRunTheBodyOverTheWholeRange) {
   const int64_t n = 10007;  // several chunks, the last one short
   Tensor x = Values(n, DType::kF32, 11);
