@@ -177,6 +177,9 @@ std::string ConvolutionLayer::Note() const {
 }
 
 std::string ConvolutionLayer::KernelInfo() const {
+  const Device device = params_[0].value.device();
+  if (device.type == DeviceType::kCUDA) return "cuDNN";
+  if (device.type == DeviceType::kTest) return "reference bodies (the test device has no cuDNN)";
   if (!fast_tried_) return "im2col";
   return fast_ready_ ? StrCat("oneDNN ", fast_->Describe())
                      : StrCat("im2col on NCHW copies (", fast_why_, ")");
