@@ -177,7 +177,7 @@ std::string ConvolutionLayer::Note() const {
 }
 
 std::string ConvolutionLayer::KernelInfo() const {
-  const Device device = params_[0].value.device();
+  const Device device = params_.empty() ? Device::CPU() : params_[0].value.device();
   if (device.type == DeviceType::kCUDA) return "cuDNN";
   if (device.type == DeviceType::kTest) return "reference bodies (the test device has no cuDNN)";
   if (!fast_tried_) return "im2col";
