@@ -4,7 +4,9 @@
 #include <cmath>
 #include <mutex>
 #include <opencv2/core.hpp>
+#ifdef CORTADO_IMAGE_CODECS
 #include <opencv2/imgcodecs.hpp>
+#endif
 #include <opencv2/imgproc.hpp>
 
 #include "engine/base/error.h"
@@ -247,6 +249,11 @@ bool DecodeWithOpenCV(const uint8_t* data, size_t size, bool keep_gray, ImageU8*
     *why = "empty input";
     return false;
   }
+#ifndef CORTADO_IMAGE_CODECS
+  *why =
+      "not a JPEG, and this build decodes only JPEG (configured with -DCORTADO_IMAGE_CODECS=OFF)";
+  return false;
+#else
   cv::Mat img;
   try {
     // EXIF orientation is ignored, as PIL/torchvision and the libjpeg path do.
@@ -286,6 +293,7 @@ bool DecodeWithOpenCV(const uint8_t* data, size_t size, bool keep_gray, ImageU8*
   cv::Mat dst = MatOf(*out);
   rgb.copyTo(dst);
   return true;
+#endif
 }
 
 void ResizeImage(const ImageU8& in, int width, int height, ImageU8* out) {

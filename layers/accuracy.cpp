@@ -2,7 +2,10 @@
 
 #include <cmath>
 
+#include "engine/tensor/indexed_launch.h"
+#include "layers/device_staging.h"
 #include "layers/layer_util.h"
+#include "layers/loss_kernels.h"
 
 namespace cortado {
 
@@ -28,6 +31,28 @@ void AccuracyLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<
          x.ToString(), ", got ", label.ToString());
   }
   top[0]->data.Resize({}, MasterDType(x.dtype()));  // a fraction, in f32 for bf16/f16
+  hit_.Resize({x.dim(0)}, DType::kI32);
+}
+
+void AccuracyLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
+  const Tensor& scores = bottom[0]->data;
+  // bf16/f16: the scores widened on the device, as the CPU's ForwardInF32 widens them.
+  const Tensor& x = IsLowPrecision(scores.dtype()) ? WidenedF32(scores, wide_) : scores;
+  KeepOn(hit_, x.device());  // the flags are the device path's alone
+  const Tensor& label = bottom[1]->data;
+  Tensor& accuracy = top[0]->data;
+  const int64_t n = x.dim(0);
+  const std::string what = Describe() + " forward";
+  DispatchFloat(x.dtype(), what, [&](auto zero) {
+    using T = decltype(zero);
+    RunIndexed(what.c_str(), {x, label, hit_}, n,
+               kernels::AccuracyRows<T>{x.device_data<T>(), label.device_data<int32_t>(),
+                                        hit_.device_data<int32_t>(), x.dim(1), top_k_},
+               16);
+    RunIndexed(
+        what.c_str(), {hit_, accuracy}, 1,
+        kernels::AccuracyOfRows<T>{hit_.device_data<int32_t>(), accuracy.device_data<T>(), n});
+  });
 }
 
 template <typename T>

@@ -8,6 +8,10 @@
 // it, and a NaN label score is never correct. top_k >= C makes every sample correct.
 // Labels outside [0, C) throw naming the layer and the sample.
 // No backward: CanBackpropTo is false for every input.
+// Device (f32, f64): the shared bodies of layers/loss_kernels.h, a hit flag per sample then one
+// ordered count; the result stays on the device (the Net copies scalars back). A label out of
+// range makes the accuracy NaN there (a device cannot throw). bf16/f16 on a device: the f32
+// bodies on the scores widened there, as the CPU computes them in f32.
 #pragma once
 
 #include "engine/graph/typed_layer.h"
@@ -28,10 +32,14 @@ class AccuracyLayer : public TypedLayer<AccuracyLayer, WideFloatTypes> {
   void BackwardBF16(const Blobs&, const std::vector<bool>&, const Blobs&) override {}
   void BackwardF16(const Blobs&, const std::vector<bool>&, const Blobs&) override {}
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void ForwardOnDevice(const Blobs& bottom, const Blobs& top) override;
+  void BackwardOnDevice(const Blobs&, const std::vector<bool>&, const Blobs&) override {}
 
  private:
   CORTADO_TYPED_LAYER_KERNELS();
   int64_t top_k_ = 1;
+  Tensor hit_;   // i32 (N) on a device: 1 where the sample is correct
+  Tensor wide_;  // f32 on a device: bf16/f16 scores widened
 };
 // Instantiated in the .cpp, where the kernels are defined.
 extern template class TypedLayer<AccuracyLayer, WideFloatTypes>;

@@ -3,6 +3,8 @@
 #include <cstring>
 
 #include "engine/base/thread_pool.h"
+#include "engine/tensor/indexed_launch.h"
+#include "layers/copy_kernels.h"
 #include "layers/layer_util.h"
 
 namespace cortado {
@@ -85,6 +87,65 @@ template <typename T>
 void ConcatLayer::BackwardT(const Blobs& top, const std::vector<bool>& propagate_down,
                             const Blobs& bottom) {
   CopySlices(bottom, top[0], axis_, outer_, inner_, /*to_top=*/false, &propagate_down);
+}
+
+namespace {
+
+// Launches one slice copy in units of U (sizes in bytes: the slice, the wide axis, the offset).
+template <typename U>
+void LaunchSliceCopy(const char* what, const Tensor& narrow, const Tensor& wide, bool to_wide,
+                     int64_t outer, int64_t slice, int64_t wide_len, int64_t at) {
+  constexpr int64_t u = sizeof(U);
+  U* n = static_cast<U*>(narrow.raw_data());
+  U* w = static_cast<U*>(wide.raw_data());
+  kernels::SliceCopy<U> body{};
+  body.src = to_wide ? n : w;
+  body.dst = to_wide ? w : n;
+  body.slice = slice / u;
+  body.wide = wide_len / u;
+  body.at = at / u;
+  body.to_wide = to_wide;
+  RunIndexed(what, {narrow, wide}, outer * (slice / u), body);
+}
+
+}  // namespace
+
+void ConcatLayer::CopySlicesOnDevice(const Blobs& bottom, Blob* top, bool to_top,
+                                     const std::vector<bool>* which) {
+  const int64_t elem = static_cast<int64_t>(DTypeSize(top->data.dtype()));
+  const Tensor& wide = to_top ? top->data : top->grad;
+  const int64_t wide_len = top->data.dim(axis_) * inner_ * elem;  // bytes per outer index
+  const std::string what = Describe() + (to_top ? " forward" : " backward");
+  int64_t offset = 0;  // along the axis
+  for (size_t i = 0; i < bottom.size(); ++i) {
+    const int64_t len = bottom[i]->data.dim(axis_);
+    const int64_t slice = len * inner_ * elem, at = offset * inner_ * elem;
+    offset += len;
+    if (!to_top && !(*which)[i]) continue;
+    const Tensor& narrow = to_top ? bottom[i]->data : bottom[i]->grad;
+    // The widest unit dividing every size and both addresses.
+    const auto bits = static_cast<uint64_t>(slice | wide_len | at) |
+                      reinterpret_cast<uintptr_t>(narrow.raw_data()) |
+                      reinterpret_cast<uintptr_t>(wide.raw_data());
+    if (bits % 8 == 0) {
+      LaunchSliceCopy<uint64_t>(what.c_str(), narrow, wide, to_top, outer_, slice, wide_len, at);
+    } else if (bits % 4 == 0) {
+      LaunchSliceCopy<uint32_t>(what.c_str(), narrow, wide, to_top, outer_, slice, wide_len, at);
+    } else if (bits % 2 == 0) {
+      LaunchSliceCopy<uint16_t>(what.c_str(), narrow, wide, to_top, outer_, slice, wide_len, at);
+    } else {
+      LaunchSliceCopy<uint8_t>(what.c_str(), narrow, wide, to_top, outer_, slice, wide_len, at);
+    }
+  }
+}
+
+void ConcatLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
+  CopySlicesOnDevice(bottom, top[0], /*to_top=*/true, nullptr);
+}
+
+void ConcatLayer::BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                                   const Blobs& bottom) {
+  CopySlicesOnDevice(bottom, top[0], /*to_top=*/false, &propagate_down);
 }
 
 template class TypedLayer<ConcatLayer, AllDTypes>;

@@ -4,6 +4,9 @@
 
 #include "engine/base/random.h"
 #include "engine/base/thread_pool.h"
+#include "engine/tensor/indexed_launch.h"
+#include "layers/device_staging.h"
+#include "layers/dropout_kernels.h"
 #include "layers/layer_util.h"
 
 namespace cortado {
@@ -37,6 +40,73 @@ void DropoutLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<B
   mask_.Resize(bottom[0]->data.shape(), DType::kU8);
 }
 
+void DropoutLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
+  const Tensor& in = bottom[0]->data;
+  Tensor& out = top[0]->data;
+  last_forward_train_ = phase() == Phase::kTrain && ratio_ > 0.0;
+  // bf16/f16: widened on the device into f32, computed there in place (each element reads its
+  // own before writing it) and rounded back, as the CPU's ForwardInF32 computes them.
+  const bool low = IsLowPrecision(in.dtype());
+  const Tensor& x = low ? WidenedF32(in, wide_) : in;
+  Tensor& y = low ? wide_ : out;
+  const int64_t n = x.numel();
+  const std::string what = Describe() + " forward";
+  DispatchFloat(x.dtype(), what, [&](auto zero) {
+    using T = decltype(zero);
+    if (!last_forward_train_) {
+      RunIndexed(what.c_str(), {x, y}, n,
+                 kernels::CopyElements<T>{x.device_data<T>(), y.device_data<T>()}, 32768);
+      return;
+    }
+    KeepOn(mask_, x.device());
+    // The CPU kernel's draw (ForwardT): the same key, the same global element indices.
+    const int64_t samples = std::max<int64_t>(1, x.ndim() > 0 ? x.dim(0) : 1);
+    const int64_t per_sample = n / samples;
+    const bool nhwc = x.channels_last() && !x.IsLayoutTrivial();
+    const int64_t channels = nhwc ? x.dim(1) : 1;
+    kernels::DropoutForward<T> body{x.device_data<T>(),
+                                    y.device_data<T>(),
+                                    mask_.device_data<uint8_t>(),
+                                    HashCombine(HashCombine(context().seed, HashString(name())),
+                                                static_cast<uint64_t>(context().iteration)),
+                                    ratio_,
+                                    static_cast<T>(1.0 / (1.0 - ratio_)),
+                                    per_sample,
+                                    context().sample_base,
+                                    context().sample_stride,
+                                    channels,
+                                    nhwc ? per_sample / channels : 1};
+    RunIndexed(what.c_str(), {x, y, mask_}, n, body, kDropoutChunk);
+  });
+  if (low) out.ConvertFrom(y);
+}
+
+void DropoutLayer::BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                                    const Blobs& bottom) {
+  if (!propagate_down[0]) return;
+  Tensor& grad = bottom[0]->grad;
+  // bf16/f16: as forward, in place on the gradient widened on the device.
+  const bool low = IsLowPrecision(grad.dtype());
+  const Tensor& dy = low ? WidenedF32(top[0]->grad, wide_) : top[0]->grad;
+  Tensor& dx = low ? wide_ : grad;
+  const int64_t n = dy.numel();
+  const std::string what = Describe() + " backward";
+  DispatchFloat(dy.dtype(), what, [&](auto zero) {
+    using T = decltype(zero);
+    if (!last_forward_train_) {
+      RunIndexed(what.c_str(), {dy, dx}, n,
+                 kernels::CopyElements<T>{dy.device_data<T>(), dx.device_data<T>()}, 32768);
+      return;
+    }
+    RunIndexed(
+        what.c_str(), {mask_, dy, dx}, n,
+        kernels::DropoutBackward<T>{mask_.device_data<uint8_t>(), dy.device_data<T>(),
+                                    dx.device_data<T>(), static_cast<T>(1.0 / (1.0 - ratio_))},
+        32768);
+  });
+  if (low) grad.ConvertFrom(dx);
+}
+
 template <typename T>
 void DropoutLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
   last_forward_train_ = phase() == Phase::kTrain && ratio_ > 0.0;
@@ -51,6 +121,7 @@ void DropoutLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
                                     static_cast<uint64_t>(context().iteration));
   const T scale = static_cast<T>(1.0 / (1.0 - ratio_));
   const double ratio = ratio_;
+  KeepOn(mask_, Device::CPU());
   uint8_t* mask = mask_.data<uint8_t>();
   // Element f of local sample j is element f of global sample sample_base + j * stride, so
   // W ranks draw the masks one process draws for the combined batch.

@@ -1,7 +1,5 @@
 #include "layers/flatten.h"
 
-#include <cstring>
-
 #include "layers/layer_util.h"
 
 namespace cortado {
@@ -23,23 +21,30 @@ void FlattenLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<B
   top[0]->data = bottom[0]->data.View(TopShape(bottom[0]->data.shape()));
 }
 
-template <typename T>
-void FlattenLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
+void FlattenLayer::View(const Blobs& bottom, const Blobs& top) {
   // Re-view in case the bottom was reallocated after Reshape.
   top[0]->data = bottom[0]->data.View(TopShape(bottom[0]->data.shape()));
+}
+
+void FlattenLayer::CopyGradient(const Blobs& top, const std::vector<bool>& propagate_down,
+                                const Blobs& bottom) {
+  if (!propagate_down[0]) return;
+  Tensor& dx = bottom[0]->grad;     // bottom: any shape
+  const Tensor& dy = top[0]->grad;  // top: the same elements under TopShape
+  CORTADO_CHECK(dx.numel() == dy.numel() && dx.dtype() == dy.dtype(), Describe(), ": gradient ",
+                dy.ToString(), " does not match input ", dx.ToString());
+  dx.CopyFrom(dy);  // nothing where they share memory; on a device, queued there
+}
+
+template <typename T>
+void FlattenLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
+  View(bottom, top);
 }
 
 template <typename T>
 void FlattenLayer::BackwardT(const Blobs& top, const std::vector<bool>& propagate_down,
                              const Blobs& bottom) {
-  if (!propagate_down[0]) return;
-  Tensor& dx = bottom[0]->grad;     // bottom: (d0, ..., dk)
-  const Tensor& dy = top[0]->grad;  // top: (d0, ..., d[axis-1], prod)
-  CORTADO_CHECK(dx.numel() == dy.numel() && dx.dtype() == dy.dtype(), Describe(), ": gradient ",
-                dy.ToString(), " does not match input ", dx.ToString());
-  if (dx.numel() > 0 && dx.raw_data() != dy.raw_data()) {
-    std::memcpy(dx.raw_data(), dy.raw_data(), dx.nbytes());
-  }
+  CopyGradient(top, propagate_down, bottom);
 }
 
 template class TypedLayer<FlattenLayer, AllDTypes>;

@@ -22,6 +22,7 @@
 #include "engine/graph/layer.h"
 #include "engine/graph/math.h"
 #include "engine/tensor/tensor.h"
+#include "layers/element_codes.h"
 
 namespace cortado {
 
@@ -95,6 +96,32 @@ void WidenSpan(const S* src, int64_t n, Compute<S>* dst) {
   } else {
     std::copy(src, src + n, dst);
   }
+}
+
+// Calls fn(E{}) with the element codes (layers/element_codes.h) of a floating dtype, for a
+// layer's device path to pick its shared bodies' instantiation; fails naming the layer otherwise.
+template <class Fn>
+void WithElementCodes(const Layer& layer, DType dtype, const Fn& fn) {
+  switch (dtype) {
+    case DType::kF32:
+      return fn(kernels::PlainCodes<float>{});
+    case DType::kF64:
+      return fn(kernels::PlainCodes<double>{});
+    case DType::kBF16:
+      return fn(kernels::BF16Codes{});
+    case DType::kF16:
+      return fn(kernels::F16Codes{});
+    default:
+      Fail(layer.Describe(), ": no device kernel for ", DTypeName(dtype),
+           " (floating dtypes only)");
+  }
+}
+
+// t's elements as E stores them, at t's address on its device (for a body's pointers; the
+// caller has dispatched on t's dtype).
+template <class E>
+typename E::Stored* StoredData(const Tensor& t) {
+  return static_cast<typename E::Stored*>(t.raw_data());
 }
 
 // C (Compute<S>) = op(A) op(B) + beta C for operands stored as S: the f32/f64 GEMM, or the

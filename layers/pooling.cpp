@@ -5,7 +5,10 @@
 #include <limits>
 
 #include "engine/base/thread_pool.h"
+#include "engine/tensor/device_runtime.h"
+#include "engine/tensor/indexed_launch.h"
 #include "layers/layer_util.h"
+#include "layers/pooling_kernels.h"
 
 namespace cortado {
 namespace {
@@ -82,13 +85,17 @@ void PoolingLayer::Reshape(const std::vector<Blob*>& bottom, const std::vector<B
   top[0]->data.Resize({x.dim(0), x.dim(1), out_h_, out_w_}, x.dtype());
   top[0]->data.set_format(x.format());
   if (!is_max_) return;
+  // The argmax lives on the input's device, where the forward kernel writes it.
+  const Device device = x.device();
   if (context().inference && context().scratch != nullptr) {
     // Nothing reads the argmax after this forward: every pooling layer of the net uses one.
     Tensor& shared = context().scratch->ForwardOnly();
     argmax_ = Tensor();  // drops this layer's hold on a smaller buffer before the shared grows
+    if (shared.device() != device) shared = Tensor({0}, DType::kI32, AllocatorFor(device));
     shared.Resize(top[0]->data.shape(), DType::kI32);
     argmax_ = shared;
   } else {
+    if (argmax_.device() != device) argmax_ = Tensor({0}, DType::kI32, AllocatorFor(device));
     argmax_.Resize(top[0]->data.shape(), DType::kI32);
   }
 }
@@ -192,8 +199,8 @@ void PoolingLayer::ForwardPlane(const T* xp, T* yp, int32_t* argp) const {
   const bool fast_2x2 = is_max_ && !global_ && kh_ == 2 && kw_ == 2 && sh_ == 2 && sw_ == 2 &&
                         ph_ == 0 && pw_ == 0 && 2 * oh_n <= h && 2 * ow_n <= w;
   if (global_ && !is_max_) {
+    // In order (no vector partial sums): NHWC's sum, and the device body's, bit for bit.
     T s = T(0);
-#pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < in_plane; ++i) s += xp[i];
     yp[0] = s / static_cast<T>(in_plane);
     return;
@@ -512,6 +519,66 @@ void PoolingLayer::BackwardT(const Tensor&, const Tensor& dyt, bool propagate, T
         BackwardPlane<T>(dy + pl * out_plane, dx + pl * in_plane, argp, g);
       }
     }
+  });
+}
+
+kernels::PoolShape PoolingLayer::BodyShape(bool channels_last) const {
+  kernels::PoolShape s;
+  s.channels = channels_;
+  s.height = height_;
+  s.width = width_;
+  s.out_h = out_h_;
+  s.out_w = out_w_;
+  s.kernel_h = kh_, s.kernel_w = kw_, s.stride_h = sh_, s.stride_w = sw_;
+  s.pad_h = ph_, s.pad_w = pw_;
+  s.channels_last = channels_last;
+  s.count_include_pad = count_include_pad_;
+  return s;
+}
+
+template <class E>
+void PoolingLayer::ForwardDevice(const Tensor& x, Tensor& y) {
+  const kernels::PoolShape s = BodyShape(x.channels_last());
+  const auto* xp = StoredData<E>(x);
+  auto* yp = StoredData<E>(y);
+  const std::string what = Describe() + " forward";
+  if (is_max_) {
+    RunIndexed(what.c_str(), {x, y, argmax_}, y.numel(),
+               kernels::MaxPoolForward<E>{s, xp, yp, argmax_.device_data<int32_t>()});
+  } else if (global_) {
+    RunIndexed(what.c_str(), {x, y}, y.numel(), kernels::GlobalAvgPoolForward<E>{s, xp, yp});
+  } else {
+    RunIndexed(what.c_str(), {x, y}, y.numel(), kernels::AvgPoolForward<E>{s, xp, yp});
+  }
+}
+
+template <class E>
+void PoolingLayer::BackwardDevice(const Tensor& dy, Tensor& dx) {
+  const kernels::PoolShape s = BodyShape(dx.channels_last());
+  const auto* dyp = StoredData<E>(dy);
+  auto* dxp = StoredData<E>(dx);
+  const std::string what = Describe() + " backward";
+  if (is_max_) {
+    RunIndexed(what.c_str(), {dy, argmax_, dx}, dx.numel(),
+               kernels::MaxPoolBackward<E>{s, dyp, argmax_.device_data<int32_t>(), dxp});
+  } else if (global_) {
+    RunIndexed(what.c_str(), {dy, dx}, dx.numel(), kernels::GlobalAvgPoolBackward<E>{s, dyp, dxp});
+  } else {
+    RunIndexed(what.c_str(), {dy, dx}, dx.numel(), kernels::AvgPoolBackward<E>{s, dyp, dxp});
+  }
+}
+
+void PoolingLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
+  WithElementCodes(*this, bottom[0]->data.dtype(), [&](auto codes) {
+    ForwardDevice<decltype(codes)>(bottom[0]->data, top[0]->data);
+  });
+}
+
+void PoolingLayer::BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                                    const Blobs& bottom) {
+  if (!propagate_down[0]) return;
+  WithElementCodes(*this, bottom[0]->data.dtype(), [&](auto codes) {
+    BackwardDevice<decltype(codes)>(top[0]->grad, bottom[0]->grad);
   });
 }
 

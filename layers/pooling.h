@@ -14,12 +14,18 @@
 // Channels-last (NHWC) inputs run kernels of their own that visit each window in the same order
 // (so ties, NaN and sums come out as in NCHW) with the channels innermost, vectorized; the
 // argmax then holds, per output element, the plane index h * W + w of its input.
+// On a device (every dtype, both formats): the shared bodies of layers/pooling_kernels.h, one
+// index per output forward and per input element backward (a gather, no atomics), bit for bit
+// the CPU kernels (bf16 and f16 computed in f32 and rounded once, as the CPU does).
 // Threads: ParallelFor over the N * C planes (NHWC: over output rows forward, images backward).
 #pragma once
 
 #include "engine/graph/typed_layer.h"
 
 namespace cortado {
+namespace kernels {
+struct PoolShape;
+}  // namespace kernels
 
 class PoolingLayer : public TypedLayer<PoolingLayer, AllFloatTypes, KernelArgs::kOneInput> {
  public:
@@ -30,8 +36,18 @@ class PoolingLayer : public TypedLayer<PoolingLayer, AllFloatTypes, KernelArgs::
 
  protected:
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void ForwardOnDevice(const Blobs& bottom, const Blobs& top) override;
+  void BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                        const Blobs& bottom) override;
 
  private:
+  // The device paths for stored type E (layers/element_codes.h).
+  template <class E>
+  void ForwardDevice(const Tensor& x, Tensor& y);
+  template <class E>
+  void BackwardDevice(const Tensor& dy, Tensor& dx);
+  // The current geometry for the bodies (global pooling: the whole plane as one window).
+  kernels::PoolShape BodyShape(bool channels_last) const;
   // bf16 and f16: each plane widened, pooled by the f32 kernel, rounded back.
   CORTADO_TYPED_LAYER_ONE_INPUT_KERNELS();
   template <typename T>
@@ -62,8 +78,9 @@ class PoolingLayer : public TypedLayer<PoolingLayer, AllFloatTypes, KernelArgs::
   int64_t planes_ = 0, height_ = 0, width_ = 0, out_h_ = 0, out_w_ = 0;
   int64_t channels_ = 0;
   int64_t kh_ = 0, kw_ = 0, sh_ = 1, sw_ = 1, ph_ = 0, pw_ = 0;
-  // i32 (N, C, H_out, W_out): index h * W + w within the plane (max only); in an inference net
-  // the net's ScratchSpace::ForwardOnly buffer, shared by every pooling layer.
+  // i32 (N, C, H_out, W_out) on the input's device: index h * W + w within the plane (max
+  // only); in an inference net the net's ScratchSpace::ForwardOnly buffer, shared by every
+  // pooling layer.
   Tensor argmax_;
 };
 // Instantiated in the .cpp, where the kernels are defined.

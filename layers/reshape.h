@@ -5,7 +5,8 @@
 // the same position and one -1 takes whatever size makes the element counts agree (Caffe's
 // rules), e.g. [0, -1, 21].
 // Forward shares the bottom's storage (a view, no copy); backward copies the top grad into the
-// bottom grad (the net owns that buffer). Any dtype.
+// bottom grad (the net owns that buffer). Any dtype. On a device the same: a view forward, a
+// tensor copy on the device backward (none where the gradients already share memory).
 #pragma once
 
 #include <vector>
@@ -24,11 +25,20 @@ class ReshapeLayer : public TypedLayer<ReshapeLayer, AllDTypes> {
 
  protected:
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void ForwardOnDevice(const Blobs& bottom, const Blobs& top) override { View(bottom, top); }
+  void BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                        const Blobs& bottom) override {
+    CopyGradient(top, propagate_down, bottom);
+  }
 
  private:
   // Moves bytes only, so one implementation serves every dtype (T is not used).
   CORTADO_TYPED_LAYER_KERNELS();
   Shape TopShape(const Shape& bottom_shape) const;
+  // Forward on every device: top = bottom's storage under TopShape.
+  void View(const Blobs& bottom, const Blobs& top);
+  // Backward on every device: dx = dy unless they share memory.
+  void CopyGradient(const Blobs& top, const std::vector<bool>& propagate_down, const Blobs& bottom);
   std::vector<int64_t> shape_;
 };
 // Instantiated in the .cpp, where the kernels are defined.

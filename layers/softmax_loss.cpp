@@ -4,7 +4,10 @@
 #include <cmath>
 
 #include "engine/base/thread_pool.h"
+#include "engine/tensor/indexed_launch.h"
+#include "layers/device_staging.h"
 #include "layers/layer_util.h"
+#include "layers/loss_kernels.h"
 
 namespace cortado {
 
@@ -48,11 +51,59 @@ void SoftmaxWithLossLayer::Reshape(const std::vector<Blob*>& bottom,
   // in f32 there).
   top[0]->data.Resize({}, MasterDType(bottom[0]->data.dtype()));
   prob_.Resize({num_, classes_}, MasterDType(bottom[0]->data.dtype()));
+  row_loss_.Resize({num_}, DType::kF64);
   sample_loss_.resize(num_);
+}
+
+void SoftmaxWithLossLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
+  const Tensor& logits = bottom[0]->data;
+  // bf16/f16: the logits widened on the device, as the CPU's ForwardInF32 widens them; the
+  // probabilities and the loss are f32 there.
+  const Tensor& x = IsLowPrecision(logits.dtype()) ? WidenedF32(logits, wide_) : logits;
+  KeepOn(prob_, x.device());
+  KeepOn(row_loss_, x.device());
+  const Tensor& label = bottom[1]->data;
+  Tensor& loss = top[0]->data;
+  const std::string what = Describe() + " forward";
+  DispatchFloat(x.dtype(), what, [&](auto zero) {
+    using T = decltype(zero);
+    RunIndexed(what.c_str(), {x, label, prob_, row_loss_}, num_,
+               kernels::SoftmaxLossRows<T>{x.device_data<T>(), label.device_data<int32_t>(),
+                                           prob_.device_data<T>(), row_loss_.device_data<double>(),
+                                           classes_, label_smoothing_},
+               16);
+    RunIndexed(
+        what.c_str(), {row_loss_, loss}, 1,
+        kernels::MeanOfRows<T>{row_loss_.device_data<double>(), loss.device_data<T>(), num_});
+  });
+}
+
+void SoftmaxWithLossLayer::BackwardOnDevice(const Blobs& top,
+                                            const std::vector<bool>& propagate_down,
+                                            const Blobs& bottom) {
+  if (!propagate_down[0]) return;
+  Tensor& grad = bottom[0]->grad;
+  // bf16/f16: the f32 gradient on the device, rounded into the input's dtype after (the CPU's
+  // BackwardInF32); the probabilities and the loss's gradient are f32 already.
+  const bool low = IsLowPrecision(grad.dtype());
+  Tensor& dx = low ? StagedF32(grad, wide_) : grad;
+  const Tensor& label = bottom[1]->data;
+  const Tensor& dloss = top[0]->grad;
+  const std::string what = Describe() + " backward";
+  DispatchFloat(dx.dtype(), what, [&](auto zero) {
+    using T = decltype(zero);
+    RunIndexed(what.c_str(), {prob_, label, dloss, dx}, num_,
+               kernels::SoftmaxLossGradRows<T>{prob_.device_data<T>(), label.device_data<int32_t>(),
+                                               dloss.device_data<T>(), dx.device_data<T>(), num_,
+                                               classes_, label_smoothing_},
+               16);
+  });
+  if (low) grad.ConvertFrom(dx);
 }
 
 template <typename T>
 void SoftmaxWithLossLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
+  KeepOn(prob_, Device::CPU());
   const T* x = bottom[0]->data.data<T>();                  // logits: (N, C)
   const int32_t* label = bottom[1]->data.data<int32_t>();  // (N)
   T* prob = prob_.data<T>();                               // (N, C)
@@ -96,21 +147,17 @@ template <typename T>
 void SoftmaxWithLossLayer::BackwardT(const Blobs& top, const std::vector<bool>& propagate_down,
                                      const Blobs& bottom) {
   if (!propagate_down[0]) return;
-  const int32_t* label = bottom[1]->data.data<int32_t>();
-  const T* prob = prob_.data<T>();
-  T* dx = bottom[0]->grad.data<T>();  // (N, C)
-  const int64_t c_n = classes_;
-  const double scale = num_ > 0 ? static_cast<double>(top[0]->grad.data<T>()[0]) / num_ : 0.0;
-  const T s = static_cast<T>(scale);
-  const T off = static_cast<T>(scale * label_smoothing_ / static_cast<double>(c_n));
-  const T hit = static_cast<T>(scale * (1.0 - label_smoothing_));
+  // The device path's body, per sample (the CPU's statements; one code, so the host compiler
+  // contracts the products the same way for the CPU and the test device).
+  const kernels::SoftmaxLossGradRows<T> rows{prob_.data<T>(),
+                                             bottom[1]->data.data<int32_t>(),
+                                             top[0]->grad.data<T>(),
+                                             bottom[0]->grad.data<T>(),
+                                             num_,
+                                             classes_,
+                                             label_smoothing_};
   ParallelFor(num_, 16, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const T* pi = prob + i * c_n;
-      T* di = dx + i * c_n;
-      for (int64_t c = 0; c < c_n; ++c) di[c] = s * pi[c] - off;
-      di[label[i]] -= hit;
-    }
+    for (int64_t i = i0; i < i1; ++i) rows(i);
   });
 }
 

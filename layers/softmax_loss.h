@@ -10,6 +10,11 @@
 // A label outside [0, C) throws naming the layer, the sample and the value.
 // No gradient flows to the label (CanBackpropTo(1) is false).
 // Threads: ParallelFor over samples; the per-sample losses are summed in sample order.
+// Device (f32, f64): the shared bodies of layers/loss_kernels.h, per sample then one ordered sum,
+// so the test device's loss and gradient are the CPU's bit for bit; the loss and the gradient's
+// scale (the loss's gradient) stay on the device. A label out of range makes the loss NaN there
+// (a device cannot throw). bf16/f16 on a device: the f32 bodies on the logits widened there, as
+// the CPU computes them in f32.
 #pragma once
 
 #include <vector>
@@ -30,6 +35,9 @@ class SoftmaxWithLossLayer : public TypedLayer<SoftmaxWithLossLayer, WideFloatTy
 
  protected:
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void ForwardOnDevice(const Blobs& bottom, const Blobs& top) override;
+  void BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                        const Blobs& bottom) override;
 
  private:
   CORTADO_TYPED_LAYER_KERNELS();
@@ -38,6 +46,8 @@ class SoftmaxWithLossLayer : public TypedLayer<SoftmaxWithLossLayer, WideFloatTy
   int64_t num_ = 0, classes_ = 0;
   Tensor prob_;                      // (N, C) softmax from the last Forward
   std::vector<double> sample_loss_;  // (N)
+  Tensor row_loss_;                  // f64 (N) on a device: the per-sample losses there
+  Tensor wide_;                      // f32 on a device: bf16/f16 logits or their gradient
 };
 // Instantiated in the .cpp, where the kernels are defined.
 extern template class TypedLayer<SoftmaxWithLossLayer, WideFloatTypes>;

@@ -1,8 +1,13 @@
 #include "layers/split.h"
 
 #include <algorithm>
+#include <string>
+#include <type_traits>
 
 #include "engine/base/thread_pool.h"
+#include "engine/tensor/device_runtime.h"
+#include "engine/tensor/indexed_launch.h"
+#include "layers/copy_kernels.h"
 #include "layers/layer_util.h"
 
 namespace cortado {
@@ -62,6 +67,51 @@ void SplitLayer::BackwardT(const Blobs& top, const std::vector<bool>& propagate_
 template <typename T>
 void SplitLayer::ForwardT(const Blobs& bottom, const Blobs& top) {
   Share(bottom, top);
+}
+
+template <class E>
+void SplitLayer::SumOnDevice(const Blobs& top, Tensor& dx) {
+  using A = typename E::Acc;
+  const int64_t n = dx.numel();
+  const int n_top = static_cast<int>(top.size());
+  // 16-bit storage keeps the running sum of a long split in f32 between passes.
+  constexpr bool kWide = !std::is_same_v<typename E::Stored, A>;
+  if (kWide && n_top > kernels::kSumTopsPerPass) {
+    if (partial_.device() != dx.device()) {
+      partial_ = Tensor({0}, DType::kF32, AllocatorFor(dx.device()));
+    }
+    partial_.Resize({n}, DType::kF32);
+  }
+  const std::string what = Describe() + " backward";
+  for (int first = 0; first < n_top; first += kernels::kSumTopsPerPass) {
+    const int count = std::min(kernels::kSumTopsPerPass, n_top - first);
+    const bool last = first + count == n_top;
+    kernels::SumTops<E> body{};
+    std::vector<Tensor> given{dx};
+    for (int j = 0; j < count; ++j) {
+      body.dy[j] = StoredData<E>(top[first + j]->grad);
+      given.push_back(top[first + j]->grad);
+    }
+    body.count = count;
+    if constexpr (kWide) {
+      if (first > 0) body.partial = static_cast<const A*>(partial_.raw_data());
+      if (!last) body.running = static_cast<A*>(partial_.raw_data());
+      if (n_top > kernels::kSumTopsPerPass) given.push_back(partial_);
+    } else if (first > 0) {
+      body.partial = StoredData<E>(dx);  // f32 and f64 add into dx, as the CPU does
+    }
+    if (last || !kWide) body.out = StoredData<E>(dx);
+    RunIndexed(what.c_str(), given, n, body);
+  }
+}
+
+void SplitLayer::BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                                  const Blobs& bottom) {
+  if (!propagate_down[0]) return;
+  Tensor& dx = bottom[0]->grad;
+  if (top.size() == 1) return dx.CopyFrom(top[0]->grad);  // the bits as they are, as the CPU
+  WithElementCodes(*this, bottom[0]->data.dtype(),
+                   [&](auto codes) { SumOnDevice<decltype(codes)>(top, dx); });
 }
 
 template class TypedLayer<SplitLayer, AllFloatTypes>;

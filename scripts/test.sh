@@ -11,7 +11,8 @@
 #      proves what one without it computes (the codecs' tests still run every kernel set the
 #      CPU has: they pick them by name, not by the cap);
 #   4. TSan (build/tsan/, -O1): the thread pool, the batch loader and LMDB sources, two
-#      data-parallel ranks training as threads (overlap and synchronized batch norm), and the
+#      data-parallel ranks training as threads (overlap and synchronized batch norm; and on test
+#      devices, whose stream threads copy buckets out while the communicator reduces), and the
 #      communication library (its MPI backend aside: Open MPI is not instrumented).
 # Warnings are errors in every build (CORTADO_WERROR).
 #   scripts/test.sh [--no-sanitize]     --no-sanitize: stage 1, 2 and a forced-AVX2 Release
@@ -23,7 +24,7 @@ sanitize=1
 for arg in "$@"; do
   case "$arg" in
     --no-sanitize) sanitize=0 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown option '$arg' (known: --no-sanitize)" >&2; exit 2 ;;
   esac
 done
@@ -117,7 +118,7 @@ if ((sanitize)); then
   # matters for RDMA memory, which these tests do not use.
   export UCX_MEM_EVENTS=no
   build/tsan/tests/test_concurrency \
-    --gtest_filter='ThreadPool.*:Loader.*:LmdbSourceTest.*:CorruptRecordsTest.*:DetectionSourceTest.*:DataParallelThreads.*'
+    --gtest_filter='ThreadPool.*:Loader.*:LmdbSourceTest.*:CorruptRecordsTest.*:DetectionSourceTest.*:DataParallelThreads.*:DataParallelOnDevice.TwoRanks*'
   # Without the MPI backend's tests: inside Open MPI, whose threads TSan cannot see, it
   # reports lock-order inversions of Open MPI's own (mca_btl_tcp_add_procs).
   # Also without the single-threaded codec kernel sweep (nothing for TSan to see, and past its

@@ -9,6 +9,7 @@
 
 #include "engine/base/error.h"
 #include "engine/base/log.h"
+#include "tools/device_feed.h"
 #include "tools/metrics.h"
 
 namespace cortado {
@@ -201,37 +202,10 @@ class EvalProgress {
 }  // namespace
 
 void FeedBatch(Net& net, const Batch& batch) {
-  CORTADO_CHECK(batch.images.dtype() == DType::kF32 && batch.labels.dtype() == DType::kI32,
-                "data source produced ", batch.images.ToString(), " images and ",
-                batch.labels.ToString(), " labels (want f32 and i32)");
+  if (net.device() != Device::CPU()) return FeedStaged(net, StageBatch(net, batch));
+  CheckBatchFitsNet(net, batch);
   Tensor& data = net.input("data");
-  CORTADO_CHECK(
-      batch.images.ndim() == 4 && data.ndim() == 4 && batch.images.dim(1) == data.dim(1) &&
-          batch.images.dim(2) == data.dim(2) && batch.images.dim(3) == data.dim(3),
-      "data source produced images ", batch.images.ToString(), " but the net expects [N, ",
-      data.dim(1), ", ", data.dim(2), ", ", data.dim(3), "]");
   const bool same_format = batch.images.format() == data.format() || batch.images.IsLayoutTrivial();
-  if (net.device() != Device::CPU()) {
-    // Onto the device by explicit copies, after any reorder or conversion on the host.
-    Tensor images = batch.images;
-    if (!same_format) images = images.Reordered(data.format());
-    if (images.dtype() != data.dtype()) {
-      Tensor converted(images.shape(), data.dtype());
-      converted.set_format(images.format());
-      converted.ConvertFrom(images);
-      images = converted;
-    }
-    data.Resize(images.shape(), data.dtype());
-    data.set_format(images.ndim() == 4 ? net.layout() : MemoryFormat::kNCHW);
-    data.CopyFrom(images.To(net.device()));
-    // A detector's label input is the batch's ground-truth boxes (f32, declared keep_dtype).
-    Tensor& label = net.input("label");
-    const Tensor& truth =
-        batch.boxes.defined() && label.dtype() != DType::kI32 ? batch.boxes : batch.labels;
-    label.Resize(truth.shape(), truth.dtype());
-    label.CopyFrom(truth.To(net.device()));
-    return;
-  }
   if (data.dtype() == DType::kF32 && same_format) {
     data = batch.images;
     data.set_format(data.ndim() == 4 ? net.layout() : MemoryFormat::kNCHW);

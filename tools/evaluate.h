@@ -20,7 +20,8 @@
 namespace cortado {
 
 // Points the net's inputs at the batch (no copy: the net reads them during this step only); an
-// f64 net gets a converted copy. Throws when the images do not fit the net's input.
+// f64 net gets a converted copy; a net on a device gets the batch staged through pinned memory
+// (tools/device_feed.h). Throws when the images do not fit the net's input.
 void FeedBatch(Net& net, const Batch& batch);
 
 struct EvalResult {

@@ -10,6 +10,7 @@
 #include "engine/base/error.h"
 #include "engine/base/log.h"
 #include "engine/io/yaml_config.h"
+#include "engine/tensor/device_runtime.h"
 #include "tools/command_line.h"
 #include "tools/train_reporter.h"
 
@@ -30,6 +31,7 @@ Trainer::Trainer(RunConfig config, World world)
       reporter_(std::make_unique<TrainReporter>(*this)) {
   const uint64_t seed = config_.seed;
   const ShardSpec shard{world_.rank, world_.size};
+  if (world_.size > 1) TakeRankDevice();
   // The sources write batches in the net's memory format.
   config_.data.channels_last = ConfigLayout(config_) == MemoryFormat::kNHWC;
   train_source_ = MakeTrainSource(config_.data, shard, seed);
@@ -52,10 +54,20 @@ Trainer::Trainer(RunConfig config, World world)
   batches_per_epoch_ = train_source_->batches_per_epoch();
   max_iter_ = config_.solver.epoch_based ? config_.solver.max_epochs * batches_per_epoch_
                                          : config_.solver.max_iter;
-  CORTADO_CHECK(world_.size == 1 || config_.device == Device::CPU(),
-                "device: ", config_.device.ToString(), " with ", world_.size,
-                " ranks: data-parallel training runs on the CPU only so far");
   if (world_.size > 1) JoinRanks();
+}
+
+// One device per rank on a machine, as torchrun lays ranks out: device N with several ranks puts
+// local rank l on N + l (device: cuda gives rank l cuda:l; the test device, test:l).
+void Trainer::TakeRankDevice() {
+  if (config_.device == Device::CPU()) return;
+  const Device first = config_.device;
+  config_.device.index += world_.local_rank;
+  std::string why;
+  CORTADO_CHECK(DeviceUsable(config_.device, &why), "device: ", first.ToString(), " with ",
+                world_.local_size, " ranks on this machine gives local rank ", world_.local_rank,
+                " ", config_.device.ToString(), ", which it cannot use (", why,
+                "): one device per rank, so run at most as many ranks per machine as devices");
 }
 
 void Trainer::JoinRanks() {
@@ -150,6 +162,7 @@ int Trainer::Run(const TrainOptions& options, const std::atomic<bool>* stop) {
                max_iter_, ")");
   }
   train_source_->Start(iteration_ / batches_per_epoch_, iteration_ % batches_per_epoch_);
+  staged_ = StagedBatch{};  // a batch staged before the source moved is not the next one
   stop_agreed_ = false;
   const auto run_start = Clock::now();
   const int code = Loop(options, stop);
@@ -220,9 +233,14 @@ EvalResult Trainer::RunEval(const std::atomic<bool>* stop) {
 StepTimes Trainer::Step(const std::atomic<bool>* stop) {
   StepTimes times;
   const auto t0 = Clock::now();
-  train_source_->Next(batch_);
+  // On a device this step's batch was staged during the last one (ForwardBackward), except first.
+  if (!staged_.defined()) {
+    train_source_->Next(batch_);
+    if (net_->device() != Device::CPU()) staged_ = StageBatch(*net_, batch_);
+  }
   const auto t1 = Clock::now();
-  times.data_wait = Seconds(t0, t1);
+  times.data_wait = Seconds(t0, t1) + staging_seconds_;
+  staging_seconds_ = 0;
   const double scale = scaler_ ? scaler_->scale() : 1.0;
   double loss = ForwardBackward(scale, stop);
   const auto t2 = Clock::now();
@@ -243,7 +261,12 @@ StepTimes Trainer::Step(const std::atomic<bool>* stop) {
 }
 
 double Trainer::ForwardBackward(double scale, const std::atomic<bool>* stop) {
-  FeedBatch(*net_, batch_);
+  if (staged_.defined()) {
+    FeedStaged(*net_, std::move(staged_));
+    staged_ = StagedBatch{};
+  } else {
+    FeedBatch(*net_, batch_);
+  }
   net_->set_phase(Phase::kTrain);
   net_->set_iteration(iteration_);
   if (dp_) dp_->BeginStep(iteration_);
@@ -260,6 +283,13 @@ double Trainer::ForwardBackward(double scale, const std::atomic<bool>* stop) {
                   " (try a lower solver.base_lr or a warmup)");
   }
   net_->Backward(scale);
+  if (net_->device() != Device::CPU() && iteration_ + 1 < max_iter_) {
+    // The next step's batch: read and copied while the device runs this step's backward.
+    const auto t0 = Clock::now();
+    train_source_->Next(batch_);
+    staged_ = StageBatch(*net_, batch_);
+    staging_seconds_ = Seconds(t0, Clock::now());
+  }
   InjectTestFault(/*reduced=*/false);
   return loss;
 }
@@ -335,8 +365,12 @@ void Trainer::InjectTestFault(bool reduced) {
   }
   if (after != reduced || rank != world_.rank || iteration != iteration_) return;
   Param& p = *net_->params().front();
-  if (p.grad.dtype() == DType::kF32) p.grad.data<float>()[0] = INFINITY;
-  if (p.grad.dtype() == DType::kF64) p.grad.data<double>()[0] = INFINITY;
+  // On a device through explicit copies of the first element.
+  Tensor first = p.grad.View({1}, 0);
+  Tensor host = first.To(Device::CPU());
+  if (host.dtype() == DType::kF32) host.data<float>()[0] = INFINITY;
+  if (host.dtype() == DType::kF64) host.data<double>()[0] = INFINITY;
+  if (first.device() != Device::CPU()) first.CopyFrom(host.To(first.device()));
 }
 
 void Trainer::KeepBuffers() {

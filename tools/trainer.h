@@ -27,6 +27,7 @@
 #include "engine/io/checkpoint.h"
 #include "engine/parallel/data_parallel.h"
 #include "engine/parallel/sync_batch_norm.h"
+#include "tools/device_feed.h"
 #include "tools/evaluate.h"
 #include "tools/metrics.h"
 #include "tools/net_setup.h"
@@ -106,7 +107,9 @@ class Trainer : public CheckpointState {
   void LoadState(const Checkpoint& checkpoint, const std::string& path) override;
 
  private:
-  // Construction, with several ranks: synchronized batch norm and the data-parallel glue.
+  // Construction, with several ranks: this rank's device (device index + local rank), then
+  // synchronized batch norm and the data-parallel glue.
+  void TakeRankDevice();
   void JoinRanks();
   std::string JobDescription() const;
 
@@ -171,6 +174,10 @@ class Trainer : public CheckpointState {
   // The net's buffers as they were before this step's forward (with a dynamic loss scale).
   std::vector<Tensor> kept_buffers_;
   Batch batch_;
+  // On a device: the next step's batch, staged (tools/device_feed.h) during this step's backward,
+  // and the seconds that took (counted in the next step's data wait).
+  StagedBatch staged_;
+  double staging_seconds_ = 0;
   int64_t iteration_ = 0;
   int64_t max_iter_ = 0;
   int64_t batches_per_epoch_ = 1;

@@ -212,6 +212,23 @@ class CudaRuntimeImpl final : public DeviceRuntime {
     }
   }
 
+  std::unique_ptr<StreamEvent> CopyToHostAsync(Tensor& dst, const Tensor& src) override {
+    CORTADO_CHECK(
+        dst.numel() == src.numel() && dst.dtype() == src.dtype() && dst.device() == Device::CPU(),
+        "asynchronous copy of ", src.ToString(), " on ", src.device().ToString(), " into ",
+        dst.ToString(), " on ", dst.device().ToString(),
+        ": it copies a GPU tensor into host memory of its size and type");
+    cuda::CudaContext& ctx = ContextOf(src);
+    if (dst.numel() > 0) {
+      // Into pinned memory the copy runs asynchronously; the block is held from reuse until the
+      // stream has passed it.
+      CORTADO_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(),
+                                         cudaMemcpyDeviceToHost, ctx.compute_stream()));
+      RecordPinnedUse(dst.raw_data(), ComputeStream(ctx));
+    }
+    return events_->RecordOn(ComputeStream(ctx));
+  }
+
   void Fill(Tensor& t, double value) override {
     cuda::CudaContext& ctx = ContextOf(t);
     cuda::LaunchFill(t.raw_data(), t.dtype(), t.numel(), value, ctx.compute_stream());

@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "engine/base/error.h"
+#include "engine/tensor/device_runtime.h"
 
 namespace cortado {
 
@@ -32,7 +33,7 @@ dist::DataType WireTypeOf(DType dtype, const std::string& what) {
 }
 
 DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptions options)
-    : net_(net), comm_(comm), options_(options) {
+    : net_(net), comm_(comm), options_(options), device_(net.device()) {
   // Parameters in the order backward finishes them: layers in reverse.
   std::vector<Param*> order;
   for (auto it = net_.layers().rbegin(); it != net_.layers().rend(); ++it) {
@@ -104,10 +105,21 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
     }
   }
 
-  // The block is the communicator's registered memory: registered once, here, and on one host
-  // over UCX mapped by the other ranks, whose all-reduces then read and write it directly.
-  block_ = Tensor({plan.block_elements}, dtype, allocator_);
-  block_.Zero();
+  // On the CPU the block is the communicator's registered memory: registered once, here, and on
+  // one host over UCX mapped by the other ranks, whose all-reduces then read and write it
+  // directly. On a device the block is device memory, and the all-reduces run on a host staging
+  // block of the same layout, pinned so that each bucket's copy out runs asynchronously.
+  if (device_ == Device::CPU()) {
+    block_ = Tensor({plan.block_elements}, dtype, allocator_);
+    block_.Zero();
+    staging_ = block_;
+  } else {
+    block_ = Tensor({plan.block_elements}, dtype, AllocatorFor(device_));
+    block_.Zero();
+    staging_ = Tensor({plan.block_elements}, dtype, RuntimeFor(device_).PinnedHostAllocator());
+    staging_.Zero();
+    copied_.resize(buckets_.size());
+  }
   if (options_.error_feedback) {
     residual_ = Tensor({plan.block_elements}, DType::kF32);
     residual_.Zero();
@@ -127,6 +139,7 @@ DataParallel::DataParallel(Net& net, dist::Communicator& comm, DataParallelOptio
 DataParallel::~DataParallel() {
   net_.set_grad_ready_hook(nullptr);
   WaitAll(false);
+  WaitCopies(false);
   // The gradients (views into the block) may outlive this object, the communicator not.
   allocator_->Detach();
 }
@@ -145,9 +158,64 @@ void DataParallel::WaitAll(bool rethrow) {
   }
 }
 
+// A device's bucket copies (copied_): how many elements of bucket b travel between the device
+// block and the host staging. The control words, after the last parameter, live on the host only:
+// SetControl writes them there while the copies run.
+int64_t DataParallel::CopiedElements(size_t b) const {
+  const Bucket& bucket = buckets_[b];
+  return std::max<int64_t>(0, std::min(bucket.end, control_index_) - bucket.begin);
+}
+
+void DataParallel::CopyOut(size_t b) {
+  if (copied_[b]) return;
+  const int64_t n = CopiedElements(b), at = buckets_[b].begin;
+  Tensor host = staging_.View({n}, at);
+  copied_[b] = RuntimeFor(device_).CopyToHostAsync(host, block_.View({n}, at));
+}
+
+bool DataParallel::OnHost(size_t run, bool wait) {
+  if (device_ == Device::CPU()) return true;
+  for (size_t b = runs_[run].begin; b < runs_[run].end; ++b) {
+    CORTADO_ASSERT(copied_[b] != nullptr);
+    if (wait) {
+      copied_[b]->Wait();
+    } else if (!copied_[b]->Reached()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void DataParallel::CopyBack(size_t run) {
+  if (device_ == Device::CPU()) return;
+  for (size_t b = runs_[run].begin; b < runs_[run].end; ++b) {
+    const int64_t n = CopiedElements(b), at = buckets_[b].begin;
+    if (n == 0) continue;
+    Tensor dst = block_.View({n}, at);
+    // From pinned memory: queued, ahead of the solver's step on the same stream.
+    RuntimeFor(device_).Copy(dst, staging_.View({n}, at));
+  }
+}
+
+void DataParallel::WaitCopies(bool rethrow) {
+  for (auto& event : copied_) {
+    if (!event) continue;
+    if (rethrow) {
+      event->Wait();
+    } else {
+      try {
+        event->Wait();
+      } catch (...) {
+      }
+    }
+  }
+}
+
 void DataParallel::BeginStep(int64_t step) {
   step_ = step;
   WaitAll(true);  // nothing may still write the block (a step that failed halfway)
+  WaitCopies(true);
+  for (auto& event : copied_) event.reset();
   for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].params;
   for (auto& w : work_) w.reset();
   next_run_ = 0;
@@ -166,14 +234,14 @@ void DataParallel::SetControl(double loss, bool stop_vote) {
 }
 
 void DataParallel::SetControlWord(int i, double value) {
-  DispatchFloat(block_.dtype(), "gradient block", [&](auto zero) {
+  DispatchFloat(staging_.dtype(), "gradient block", [&](auto zero) {
     using T = decltype(zero);
-    block_.data<T>()[control_index_ + i] = static_cast<T>(value);
+    staging_.data<T>()[control_index_ + i] = static_cast<T>(value);
   });
 }
 
 double DataParallel::ControlWord(int i) const {
-  return ElementAsDouble(block_, control_index_ + i);
+  return ElementAsDouble(staging_, control_index_ + i);
 }
 
 void DataParallel::OnGradientsReady(std::vector<Param>& params) {
@@ -183,9 +251,11 @@ void DataParallel::OnGradientsReady(std::vector<Param>& params) {
     if (--pending_[it->second] == 0) {
       ready_at_[it->second] = Trace::Clock::now();
       ready_seen_[it->second] = true;
+      // On a device the bucket's copy out is queued behind the backward that finished it.
+      if (options_.overlap && device_ != Device::CPU()) CopyOut(it->second);
     }
   }
-  if (options_.overlap) IssueReadyRuns();
+  if (options_.overlap) IssueReadyRuns(/*wait=*/false);
 }
 
 void DataParallel::CutRuns() {
@@ -207,12 +277,17 @@ void DataParallel::CutRuns() {
   queued_at_.resize(runs_.size());
 }
 
-void DataParallel::IssueReadyRuns() {
+void DataParallel::IssueReadyRuns(bool wait) {
   while (next_run_ < runs_.size()) {
     const IssueRun& run = runs_[next_run_];
     for (size_t b = run.begin; b < run.end; ++b) {
       if (pending_[b] != 0) return;
+      // A bucket without parameters (the control words alone) is complete from the start.
+      if (device_ != Device::CPU()) CopyOut(b);
     }
+    // On a device a run goes out once its copies have reached the host staging; during backward
+    // without waiting for them (the next hook looks again).
+    if (!OnHost(next_run_, wait)) return;
     Issue(next_run_++);
   }
 }
@@ -223,7 +298,7 @@ void DataParallel::Issue(size_t r) {
   const size_t b = runs_[r].begin;
   const Bucket& bucket = buckets_[b];
   const size_t esize = DTypeSize(block_.dtype());
-  char* base = static_cast<char*>(block_.raw_data()) + static_cast<size_t>(bucket.begin) * esize;
+  char* base = static_cast<char*>(staging_.raw_data()) + static_cast<size_t>(bucket.begin) * esize;
   const size_t count = static_cast<size_t>(buckets_[runs_[r].end - 1].end - bucket.begin);
   queued_at_[r] = Trace::Clock::now();
   if (bucket.codec == dist::CodecKind::kF32) {
@@ -261,7 +336,7 @@ std::string DataParallel::bucket_algorithms() const {
   for (const IssueRun& run : runs_) {
     const Bucket& b = buckets_[run.begin];
     const size_t bytes = static_cast<size_t>(buckets_[run.end - 1].end - b.begin) * esize;
-    const char* at = static_cast<const char*>(block_.raw_data()) + b.begin * esize;
+    const char* at = static_cast<const char*>(staging_.raw_data()) + b.begin * esize;
     std::string algo = b.codec != dist::CodecKind::kF32
                            ? "compressed ring"
                            : comm_.AllReduceAlgorithmFor(bytes, dist::Algorithm::kAuto, at);
@@ -281,7 +356,21 @@ DataParallel::StepResult DataParallel::FinishStep() {
   const auto t0 = Trace::Clock::now();
   // Backward has returned: every gradient is final, whatever the hook saw.
   std::fill(pending_.begin(), pending_.end(), 0);
-  IssueReadyRuns();
+  if (device_ != Device::CPU()) {
+    // Every copy out queued first (without overlap all of them are queued here), then each
+    // run goes out as soon as its own copies have reached the host.
+    for (size_t b = 0; b < buckets_.size(); ++b) CopyOut(b);
+  }
+  IssueReadyRuns(/*wait=*/true);
+  if (device_ != Device::CPU()) {
+    // Every copy out has run: an error of the device's queued work surfaces here, before the
+    // reduced gradients go back.
+    RuntimeFor(device_).Synchronize(device_.index);
+    for (size_t r = 0; r < runs_.size(); ++r) {
+      work_[r]->Wait();
+      CopyBack(r);  // while the later runs are still being reduced
+    }
+  }
   WaitAll(true);
   const auto t1 = Trace::Clock::now();
   last_wait_s_ = std::chrono::duration<double>(t1 - t0).count();

@@ -78,6 +78,17 @@
 // f32 (when the last parameters are compressed, the control words get an f32 bucket of their
 // own).
 //
+// Devices. For a net on a device (Net::device(), a GPU or the test device) the block is device
+// memory and the gradients views into it, while the all-reduces, the codecs and the error-feedback
+// residuals run on the host, on a staging block of the same layout from the runtime's pinned
+// allocator. When a bucket's parameters are ready its copy out (device -> staging, one per bucket)
+// is queued behind the backward that finished it; a run is issued once its copies have reached
+// the host, which the hook checks without waiting and FinishStep waits for, so the all-reduces
+// still overlap backward. Without overlap every copy is queued in FinishStep. After each run is
+// reduced its copies back are queued, ahead of the solver's step on the device's stream. The
+// control words live in the staging block only. On the CPU the staging block is the block itself:
+// no copy, no event.
+//
 // Threads: every call, and the hook, runs on the training thread; the all-reduces run on the
 // communicator's worker thread. The communicator must not be used by anything else while a
 // step is in flight (synchronized batch norm gets a communicator of its own).
@@ -101,6 +112,7 @@
 #include "engine/io/checkpoint.h"
 #include "engine/parallel/bucket_plan.h"
 #include "engine/parallel/codec_plan.h"
+#include "engine/tensor/caching_allocator.h"
 #include "engine/tensor/registered_allocator.h"
 
 namespace cortado {
@@ -256,7 +268,9 @@ class DataParallel : public CheckpointState {
   void SaveCodecPlan(Checkpoint& ckpt) const;
   void LoadCodecPlan(const Checkpoint& ckpt, const std::string& path);
   void OnGradientsReady(std::vector<Param>& params);
-  void IssueReadyRuns();
+  // Issues the complete runs in order; on a device only those whose copies reached the host
+  // staging, waiting for them when `wait`.
+  void IssueReadyRuns(bool wait);
   void Issue(size_t run);
   // Cuts the buckets into issue runs: under auto, consecutive f32 buckets join (MergeRuns);
   // otherwise one run per bucket. Between steps only.
@@ -303,13 +317,26 @@ class DataParallel : public CheckpointState {
   void StartTrial();
   void TrialStep(double step_s);
 
+  // A net on a device (see "Devices" above DataParallel): bucket b's elements that travel
+  // between the device block and the host staging (all but the control words); its copy out,
+  // queued once per step; whether a run's copies have reached the host (waiting for them when
+  // `wait`); the reduced run's copies back; and a wait for every copy out queued.
+  int64_t CopiedElements(size_t b) const;
+  void CopyOut(size_t b);
+  bool OnHost(size_t run, bool wait);
+  void CopyBack(size_t run);
+  void WaitCopies(bool rethrow);
+
   Net& net_;
   dist::Communicator& comm_;
   DataParallelOptions options_;
+  Device device_;  // the net's
   dist::DataType wire_type_ = dist::DataType::kF32;
   std::shared_ptr<RegisteredAllocator> allocator_ = std::make_shared<RegisteredAllocator>(comm_);
-  Tensor block_;
-  Tensor residual_;       // error feedback; empty when off
+  Tensor block_;    // on the net's device
+  Tensor staging_;  // on the host: block_ itself on the CPU, else pinned memory of its layout
+  std::vector<std::unique_ptr<StreamEvent>> copied_;  // per bucket: its copy out (a device's)
+  Tensor residual_;                                   // error feedback; empty when off
   Tensor residual_kept_;  // the residual as BeginStep found it (compressed buckets' ranges)
   std::vector<Tensor> saved_residuals_;  // every rank's, for SaveState (rank r's at r)
   int64_t step_ = 0;

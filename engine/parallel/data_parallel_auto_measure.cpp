@@ -217,7 +217,7 @@ std::vector<double> DataParallel::AgreedMeasurement() {
     if (!auto_bucket_[b] || !UsesFeedback(buckets_[b].codec)) continue;
     // The guard: this rank's residual against the reduced gradient of the step just done.
     const float* r = residual_.data<float>();
-    const float* g = block_.data<float>();
+    const float* g = staging_.data<float>();
     double rr = 0, gg = 0;
     for (int64_t i = buckets_[b].begin; i < buckets_[b].end; ++i) {
       rr += static_cast<double>(r[i]) * r[i];

@@ -45,6 +45,12 @@ class DeviceRuntime {
   // formats differ). The default refuses, naming the device: a backend that runs channels-last
   // nets implements it.
   virtual void Reorder(Tensor& dst, const Tensor& src);
+  // dst (host memory, best from PinnedHostAllocator) = src (on this runtime's device), queued on
+  // the device's stream behind its work so far, without waiting: the host reads dst only once
+  // the returned event is reached (data-parallel training copies each gradient bucket out this
+  // way while backward runs on). The default copies at once (Copy) and returns an event that is
+  // reached already.
+  virtual std::unique_ptr<StreamEvent> CopyToHostAsync(Tensor& dst, const Tensor& src);
   virtual void Synchronize(int index) = 0;
 };
 

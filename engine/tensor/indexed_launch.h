@@ -36,14 +36,13 @@ void LaunchIndexed(int device, int64_t n, const Body& body);
 // `what` and the tensor that is elsewhere. CPU when there is none.
 Device DeviceOfLaunch(const char* what, const std::vector<Tensor>& tensors);
 
-// Runs body(i) for i in [0, n) on the device of `tensors` (every tensor the body reads or
-// writes). Host loops split the range in chunks of at least `grain` indices. Asynchronous on a
-// device, as a kernel launch is; on the CPU it returns when done.
+// Runs body(i) for i in [0, n) where `device` is the CPU or a test device (a host loop split in
+// chunks of at least `grain` indices; on the test device inside one kernel given `tensors`) and
+// returns true; returns false, doing nothing, for a GPU. RunIndexed's host half; bodies that have
+// no CUDA instantiation (tests' own) call it directly.
 template <class Body>
-void RunIndexed(const char* what, std::vector<Tensor> tensors, int64_t n, const Body& body,
-                int64_t grain = 4096) {
-  const Device device = DeviceOfLaunch(what, tensors);
-  if (n <= 0) return;
+bool RunIndexedOnHost(Device device, std::vector<Tensor> tensors, int64_t n, const Body& body,
+                      int64_t grain = 4096) {
   auto host_loop = [body, n, grain] {
     ParallelFor(n, grain, [&body](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) body(i);
@@ -51,17 +50,32 @@ void RunIndexed(const char* what, std::vector<Tensor> tensors, int64_t n, const 
   };
   switch (device.type) {
     case DeviceType::kCPU:
-      return host_loop();
+      if (n > 0) host_loop();
+      return true;
     case DeviceType::kTest:
-      return LaunchOnTestDevice(device, std::move(tensors), host_loop);
+      if (n > 0) LaunchOnTestDevice(device, std::move(tensors), host_loop);
+      return true;
     case DeviceType::kCUDA:
-#ifdef CORTADO_HAVE_CUDA
-      return cuda::LaunchIndexed(device.index, n, body);
-#else
-      Fail(what, " on ", device.ToString(), ": this build has no CUDA backend");
-#endif
+      return false;
   }
-  Fail(what, ": no route for ", device.ToString());
+  return false;
+}
+
+// Runs body(i) for i in [0, n) on the device of `tensors` (every tensor the body reads or
+// writes). Host loops split the range in chunks of at least `grain` indices. Asynchronous on a
+// device, as a kernel launch is; on the CPU it returns when done. Body must have external linkage
+// (not in an anonymous namespace): a CUDA build instantiates it in a .cu file.
+template <class Body>
+void RunIndexed(const char* what, std::vector<Tensor> tensors, int64_t n, const Body& body,
+                int64_t grain = 4096) {
+  const Device device = DeviceOfLaunch(what, tensors);
+  if (RunIndexedOnHost(device, std::move(tensors), n, body, grain)) return;
+  if (device.type != DeviceType::kCUDA) Fail(what, ": no route for ", device.ToString());
+#ifdef CORTADO_HAVE_CUDA
+  if (n > 0) cuda::LaunchIndexed(device.index, n, body);
+#else
+  Fail(what, " on ", device.ToString(), ": this build has no CUDA backend");
+#endif
 }
 
 }  // namespace cortado

@@ -334,6 +334,26 @@ class TestRuntime final : public DeviceRuntime {
     }
   }
 
+  std::unique_ptr<StreamEvent> CopyToHostAsync(Tensor& dst, const Tensor& src) override {
+    CORTADO_CHECK(dst.numel() == src.numel() && dst.dtype() == src.dtype() &&
+                      src.device().type == DeviceType::kTest && dst.device() == Device::CPU(),
+                  "asynchronous copy of ", src.ToString(), " on ", src.device().ToString(),
+                  " into ", dst.ToString(), " on ", dst.device().ToString(),
+                  ": it copies a test-device tensor into host memory of its size and type");
+    const int index = src.device().index;
+    if (dst.numel() > 0) {
+      Launch(src.device(), {dst, src},
+             [d = dst.raw_data(), s = src.raw_data(), bytes = dst.nbytes()] {
+               std::memcpy(d, s, bytes);
+             });
+      // Pinned memory is held from reuse until the stream has passed the copy (the tensors the
+      // launch holds keep any other host memory alive).
+      auto* pinned = static_cast<CachingAllocator*>(PinnedHostAllocator().get());
+      pinned->RecordUse(dst.raw_data(), StreamRef{index, nullptr});
+    }
+    return tickets_->Record(StreamRef{index, nullptr});
+  }
+
   void Fill(Tensor& t, double value) override {
     const DType dtype = t.dtype();
     const int64_t n = t.numel();

@@ -8,7 +8,8 @@
 //    device tensor) faults at once, as a device pointer dereferenced on the host would.
 //  - Each device has a stream: an ordered queue run by a thread of its own. Kernels, fills,
 //    conversions, reorders and copies are queued there and return at once; Synchronize waits,
-//    and a copy into host memory waits for its own completion (DeviceRuntime's contract). A copy
+//    and a copy into host memory waits for its own completion (DeviceRuntime's contract), but for
+//    CopyToHostAsync, whose event (a ticket on the stream) is reached once it has run. A copy
 //    from the pinned allocator's memory runs after the call returns (its block is held from reuse
 //    until the stream has passed it, through the pinned cache's events); from other host memory
 //    the call waits.

@@ -142,36 +142,27 @@ TEST(DeviceKernelsRoute, MixedDevicesOrTypesAreRefusedNamingTheTensor) {
 
 // A body for RunIndexed: y[i] = x[n - 1 - i] * 2 (each index writes its own element).
 struct ReverseTwice {
-  const float* x;
-  float* y;
-  int64_t n;
+  const float* x = nullptr;
+  float* y = nullptr;
+  int64_t n = 0;
   CORTADO_HOST_DEVICE void operator()(int64_t i) const { y[i] = x[n - 1 - i] * 2.0f; }
 };
-
-}  // namespace
-
-#ifdef CORTADO_HAVE_CUDA
-// A CUDA build's RunIndexed names the body's CUDA launch, which a .cu file instantiates for a
-// layer's bodies; this test body has none (it never runs on a GPU), so the launch is defined here.
-template <>
-void cuda::LaunchIndexed<ReverseTwice>(int, int64_t, const ReverseTwice&) {
-  Fail("the test body ReverseTwice has no CUDA kernel");
-}
-#endif
-
-namespace {
 
 TEST(RunIndexed, TheCpuAndTheTestDeviceRunTheBodyOverTheWholeRange) {
   const int64_t n = 10007;  // several chunks, the last one short
   Tensor x = Values(n, DType::kF32, 11);
   Tensor y({n}, DType::kF32);
-  RunIndexed("reverse", {x, y}, n, ReverseTwice{x.data<float>(), y.data<float>(), n}, 1000);
+  // RunIndexedOnHost: RunIndexed's CPU and test-device half (a test's body has no CUDA
+  // instantiation, which RunIndexed would need in a CUDA build).
+  ASSERT_TRUE(RunIndexedOnHost(Device::CPU(), {x, y}, n,
+                               ReverseTwice{x.data<float>(), y.data<float>(), n}, 1000));
   for (int64_t i = 0; i < n; i += 13) ASSERT_EQ(y.data<float>()[i], 2 * x.data<float>()[n - 1 - i]);
   Tensor xd = x.To(kTest0), yd = Tensor({n}, DType::kF32).To(kTest0);
-  RunIndexed(
-      "reverse", {xd, yd}, n,
+  ASSERT_TRUE(RunIndexedOnHost(
+      kTest0, {xd, yd}, n,
       ReverseTwice{static_cast<const float*>(xd.raw_data()), static_cast<float*>(yd.raw_data()), n},
-      1000);
+      1000));
+  EXPECT_FALSE(RunIndexedOnHost(Device{DeviceType::kCUDA, 0}, {}, n, ReverseTwice{}));
   EXPECT_TRUE(SameBytes(y, Host(yd)));
   EXPECT_TRUE(TestDeviceMemoryGuarded(yd.raw_data()));  // closed again after the kernel
 }
@@ -181,7 +172,7 @@ TEST(RunIndexed, TensorsOnTwoDevicesAreRefusedNamingBoth) {
   Tensor y = Tensor({10}, DType::kF32).To(kTest0);
   y.set_name("pool1");
   try {
-    RunIndexed("max pooling forward", {x, y}, 10, ReverseTwice{nullptr, nullptr, 10});
+    DeviceOfLaunch("max pooling forward", {x, y});
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("max pooling forward: 'pool1' f32[10] is on test:0, not "

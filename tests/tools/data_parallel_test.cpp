@@ -12,6 +12,7 @@
 //     rank, and resumes bitwise;
 //   - batch-norm groups of all ranks, of one rank and of two;
 //   - overlap on and off give bitwise identical parameters, and so do the TCP and UCX transports;
+//   - ranks on the test device (--device test, rank r on test:r) give the CPU's bitwise;
 //   - mpirun (TCP and MPI backends) and srun's variables run the job `cortado launch` runs;
 //   - evaluation over 3 ranks equals one process's, image for image;
 //   - a config that differs between ranks stops every rank naming the rank and the line;
@@ -417,6 +418,20 @@ TEST_F(DataParallelTest, OverlapOnAndOffGiveBitwiseIdenticalParameters) {
   Checkpoint on = Train(config, 3, 4, "on", "--set distributed.overlap=true");
   Checkpoint off = Train(config, 3, 4, "off", "--set distributed.overlap=false");
   ExpectBitwiseEqual(on, off);
+}
+
+// `cortado launch` with --device test: rank r trains on test:r, its buckets copied through
+// pinned host staging while backward runs, and the job equals the same ranks on the CPU bit for
+// bit, through rank 0's start-up broadcast and a codec with error feedback to the checkpoint.
+TEST_F(DataParallelTest, RanksOnTheTestDeviceTrainBitwiseAsOnTheCpu) {
+  const std::string config =
+      Config(kLeNet,
+             "distributed: {bucket_mb: 0.1, first_bucket_mb: 0.02, codec: epgc8, "
+             "error_feedback: true}\n");
+  Checkpoint cpu = Train(config, 2, 4, "cpu");
+  Checkpoint test = Train(config, 2, 4, "test", "--device test");
+  ASSERT_NE(test.Find("error_feedback/rank1"), nullptr);
+  ExpectBitwiseEqual(cpu, test);
 }
 
 // The transport carries bytes; it must not change one bit of the result (the reductions run in

@@ -1,6 +1,6 @@
 // `cortado train --device`: the guarded test device trains LeNet on Fashion-MNIST through the
-// device code path with the CPU's losses, and a device that cannot be used stops the run with one
-// line saying why.
+// device code path with the CPU's losses, and a device that cannot be used (unknown, absent, or
+// past the last device for a rank of a data-parallel job) stops the run with one line saying why.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,9 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "engine/base/error.h"
 #include "engine/tensor/device_runtime.h"
 #include "tests/support/files.h"
 #include "tests/tools/fashion_slice.h"
+#include "tools/trainer.h"
 
 namespace cortado {
 namespace {
@@ -118,6 +120,27 @@ TEST(TrainDeviceErrors, AnUnusableOrUnknownDeviceIsOneLineNamingTheKey) {
     EXPECT_EQ(r.code, 1) << device << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_NE(r.err.find("device"), std::string::npos) << r.err;
+  }
+}
+
+// With several ranks each takes its own device, the config's index plus its local rank; a rank
+// past the last device stops with one line naming the device it would take and why not.
+TEST(TrainDeviceErrors, ARankPastTheLastDeviceIsRefusedNamingTheDevice) {
+  World world;
+  world.rank = world.local_rank = 2;
+  world.size = world.local_size = 3;
+  try {
+    Trainer trainer(LoadRunConfig(std::string(CORTADO_SOURCE_DIR) + "/configs/fashion_lenet.yaml",
+                                  {"device=test:2"}, /*need_train=*/true, /*check_data=*/false),
+                    std::move(world));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("device: test:2 with 3 ranks on this machine gives local rank 2 test:4"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("one device per rank"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
   }
 }
 
