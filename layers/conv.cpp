@@ -8,6 +8,8 @@
 #include "engine/base/random.h"
 #include "engine/base/thread_pool.h"
 #include "engine/graph/math.h"
+#include "engine/tensor/device_runtime.h"
+#include "engine/tensor/indexed_launch.h"
 #include "layers/batch_norm.h"
 #include "layers/layer_util.h"
 #include "layers/relu.h"
@@ -118,6 +120,7 @@ void ConvolutionLayer::Reshape(const std::vector<Blob*>& bottom, const std::vect
   }
   top[0]->data.Resize({x.dim(0), num_output_, oh, ow}, x.dtype());
   top[0]->data.set_format(x.format());
+  nhwc_ = x.channels_last();
   if (x.channels_last()) PrepareFast(x.dtype());
 }
 
@@ -174,6 +177,9 @@ std::string ConvolutionLayer::Note() const {
 }
 
 std::string ConvolutionLayer::KernelInfo() const {
+  const Device device = params_.empty() ? Device::CPU() : params_[0].value.device();
+  if (device.type == DeviceType::kCUDA) return "cuDNN";
+  if (device.type == DeviceType::kTest) return "reference bodies (the test device has no cuDNN)";
   if (!fast_tried_) return "im2col";
   return fast_ready_ ? StrCat("oneDNN ", fast_->Describe())
                      : StrCat("im2col on NCHW copies (", fast_why_, ")");
@@ -589,6 +595,149 @@ void ConvolutionLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propa
     const A* db0 = db_ws[0].data<A>();
     std::copy(db0, db0 + cout, db);
     for (int t = 1; t < tasks; ++t) AddKernel(db_ws[t].data<A>(), db, cout);
+  }
+}
+
+ConvDims ConvolutionLayer::device_dims() const {
+  return {.n = batch_,
+          .c = channels_,
+          .h = geo_.h,
+          .w = geo_.w,
+          .k = num_output_,
+          .kh = kernel_h_,
+          .kw = kernel_w_,
+          .stride_h = stride_h_,
+          .stride_w = stride_w_,
+          .pad_h = pad_h_,
+          .pad_w = pad_w_,
+          .dilation_h = dilation_h_,
+          .dilation_w = dilation_w_,
+          .groups = groups_,
+          .oh = geo_.oh,
+          .ow = geo_.ow,
+          .nhwc = nhwc_,
+          .ohwi = nhwc_};
+}
+
+bool ConvolutionLayer::OwnDevicePath(const Tensor& x) const {
+  // 16-bit storage would need 16-bit filters and f32 gradients (the CPU's mixed precision), and a
+  // folded batch norm its scaled weights: not on a device yet.
+  if (IsLowPrecision(x.dtype()) || folded_bn_ != nullptr || relu_post_) return false;
+  if (x.dtype() == DType::kF64 && x.device().type == DeviceType::kCUDA) {
+    Fail(Describe(), ": f64 on ", x.device().ToString(),
+         ": cuDNN has no f64 convolutions (f64 runs on the CPU and the test device)");
+  }
+  return true;
+}
+
+void ConvolutionLayer::ConvOnDevice(ConvPassKind pass, const Tensor& x, const Tensor& w,
+                                    const Tensor& y) {
+  const ConvDims d = device_dims();
+  if (x.device().type == DeviceType::kCUDA) {
+#ifdef CORTADO_HAVE_CUDA
+    return cuda::LayerConvolution(x.device().index, d, pass, x.dtype(), x.raw_data(), w.raw_data(),
+                                  y.raw_data());
+#endif
+  }
+  // The test device (and any other without cuDNN): the direct reference passes.
+  DispatchFloat(x.dtype(), Describe(), [&](auto zero) {
+    using T = decltype(zero);
+    const char* what = "convolution on a device";
+    switch (pass) {
+      case ConvPassKind::kForward:
+        return RunIndexed(
+            what, {x, w, y}, y.numel(),
+            kernels::ConvForward<T>{d, x.device_data<T>(), w.device_data<T>(), y.device_data<T>()},
+            64);
+      case ConvPassKind::kBackwardData:
+        return RunIndexed(what, {x, w, y}, x.numel(),
+                          kernels::ConvBackwardData<T>{d, y.device_data<T>(), w.device_data<T>(),
+                                                       x.device_data<T>()},
+                          64);
+      case ConvPassKind::kBackwardFilter:
+        return RunIndexed(what, {x, w, y}, w.numel(),
+                          kernels::ConvBackwardFilter<T>{d, x.device_data<T>(), y.device_data<T>(),
+                                                         w.device_data<T>()},
+                          1);
+    }
+  });
+}
+
+const Tensor& ConvolutionLayer::DeviceFilter(bool forward) {
+  const Tensor& w = params_[0].value;
+  if (!nhwc_) return w;
+  bool stale = ohwi_version_ != context().params_version;
+  if (!ohwi_weights_.defined() || !ohwi_weights_.SameShape(w) ||
+      ohwi_weights_.dtype() != w.dtype() || ohwi_weights_.device() != w.device()) {
+    ohwi_weights_ = Tensor(w.shape(), w.dtype(), AllocatorFor(w.device()));
+    ohwi_weights_.set_format(MemoryFormat::kNHWC);
+    ohwi_weights_.set_name(w.name() + " (OHWI)");
+    stale = true;
+  }
+  // A training net's weights change at every step (the solver's update, on the device, which
+  // does not move params_version): each forward reorders them again and the backward of the step
+  // reads that copy. An inference net's change only through LoadState or ParamsChanged.
+  if (forward && !context().inference) stale = true;
+  if (stale) {
+    ohwi_weights_.ReorderFrom(w);
+    ohwi_version_ = context().params_version;
+  }
+  return ohwi_weights_;
+}
+
+void ConvolutionLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
+  const Tensor& x = bottom[0]->data;
+  if (!OwnDevicePath(x)) return Layer::ForwardOnDevice(bottom, top);
+  Tensor& y = top[0]->data;
+  if (x.dim(0) == 0) return;
+  const Tensor& w = DeviceFilter(/*forward=*/true);
+  ConvOnDevice(ConvPassKind::kForward, x, w, y);
+  if (!has_bias_) return;
+  const Tensor& bias = params_[1].value;
+  DispatchFloat(x.dtype(), Describe(), [&](auto zero) {
+    using T = decltype(zero);
+    RunIndexed("convolution bias", {bias, y}, y.numel(),
+               kernels::ConvAddBias<T>{device_dims(), bias.device_data<T>(), y.device_data<T>()});
+  });
+}
+
+void ConvolutionLayer::BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                                        const Blobs& bottom) {
+  const Tensor& x = bottom[0]->data;
+  if (!OwnDevicePath(x)) return Layer::BackwardOnDevice(top, propagate_down, bottom);
+  const Tensor& dy = top[0]->grad;
+  Tensor& dw = params_[0].grad;
+  Tensor* db = has_bias_ ? &params_[1].grad : nullptr;
+  if (x.dim(0) == 0) {  // no terms: zero gradients, as the CPU writes them
+    dw.Zero();
+    if (db != nullptr) db->Zero();
+    return;
+  }
+  // The weight gradient, overwritten (OHWI first with channels-last activations).
+  if (nhwc_) {
+    if (!ohwi_gradient_.defined() || !ohwi_gradient_.SameShape(dw) ||
+        ohwi_gradient_.dtype() != dw.dtype() || ohwi_gradient_.device() != dw.device()) {
+      ohwi_gradient_ = Tensor(dw.shape(), dw.dtype(), AllocatorFor(dw.device()));
+      ohwi_gradient_.set_format(MemoryFormat::kNHWC);
+      ohwi_gradient_.set_name(dw.name() + " (OHWI)");
+    }
+    ConvOnDevice(ConvPassKind::kBackwardFilter, x, ohwi_gradient_, dy);
+    dw.ReorderFrom(ohwi_gradient_);
+  } else {
+    ConvOnDevice(ConvPassKind::kBackwardFilter, x, dw, dy);
+  }
+  if (db != nullptr) {
+    DispatchFloat(x.dtype(), Describe(), [&](auto zero) {
+      using T = decltype(zero);
+      RunIndexed(
+          "convolution bias gradient", {dy, *db}, num_output_,
+          kernels::ConvBiasGradient<T>{device_dims(), dy.device_data<T>(), db->device_data<T>()},
+          1);
+    });
+  }
+  if (propagate_down[0]) {
+    // The filter the forward of this step used (its copy is current).
+    ConvOnDevice(ConvPassKind::kBackwardData, bottom[0]->grad, DeviceFilter(/*forward=*/false), dy);
   }
 }
 

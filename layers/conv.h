@@ -44,6 +44,17 @@
 // inference net (NetOptions::fuse) the convolution absorbs a following BatchNorm (its running
 // statistics folded into the weights and bias at each reorder: w' = w gamma / sqrt(var + eps), b' =
 // (b - mean) gamma / sqrt(var + eps) + beta) and ReLU (a post-op of the primitive).
+//
+// On a device (f32; f64 on the test device) the layer runs its own passes, ConvOnDevice: cuDNN on
+// a GPU, the direct reference bodies of layers/conv_kernels.h on the test device (which has no
+// cuDNN), with the bias and its gradient as shared bodies on both. Channels-last activations take
+// OHWI filters (cuDNN's fast kernels want them): a private device copy of the weights, reordered
+// from the OIHW parameter at every forward of a training net (once per step, after the solver's
+// update; an inference net only when LayerContext::params_version moves), and the weight gradient
+// comes out OHWI into a private buffer that is reordered into the OIHW gradient. The parameter and
+// checkpoints stay OIHW. Gradients are overwritten, as on the CPU. bf16/f16 and a convolution that
+// absorbed the layer after it run Layer's default there (the CPU kernel inside one test-device
+// kernel; refused on a GPU).
 #pragma once
 
 #include <array>
@@ -53,6 +64,7 @@
 
 #include "engine/graph/conv_onednn.h"
 #include "engine/graph/typed_layer.h"
+#include "layers/conv_kernels.h"
 #include "layers/im2col.h"
 
 namespace cortado {
@@ -86,9 +98,15 @@ class ConvolutionLayer : public TypedLayer<ConvolutionLayer, AllFloatTypes, Kern
   static int64_t column_budget();
   static void SetColumnBudgetForTesting(int64_t elements);
   double ForwardFlops() const override;
+  // The convolution at the current shapes as a device runs it (the input's format from the last
+  // Reshape; OHWI filters with NHWC activations).
+  ConvDims device_dims() const;
 
  protected:
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void ForwardOnDevice(const Blobs& bottom, const Blobs& top) override;
+  void BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                        const Blobs& bottom) override;
 
  private:
   template <typename T>
@@ -152,6 +170,20 @@ class ConvolutionLayer : public TypedLayer<ConvolutionLayer, AllFloatTypes, Kern
   bool relu_post_ = false;
   uint64_t weights_version_ = 0;  // LayerContext::params_version of the kept reordered copy
   std::vector<float> fold_scale_, fold_bias_;
+
+  // The device path. Whether it runs the layer's own passes for this input (else Layer's
+  // default); refuses f64 on a GPU naming the layer.
+  bool OwnDevicePath(const Tensor& x) const;
+  // One pass in cuDNN's terms (x, w, y; backward data writes x's place, backward filter w's):
+  // cuDNN on a GPU, the reference bodies on the test device.
+  void ConvOnDevice(ConvPassKind pass, const Tensor& x, const Tensor& w, const Tensor& y);
+  // The filter as the device pass reads it: the OIHW parameter, or with NHWC activations the
+  // OHWI copy (reordered again by a training forward, or when params_version moved).
+  const Tensor& DeviceFilter(bool forward);
+  bool nhwc_ = false;          // the input's format at the last Reshape
+  Tensor ohwi_weights_;        // channels-last on a device: the weights as OHWI
+  Tensor ohwi_gradient_;       // and their gradient, before it is reordered into the OIHW one
+  uint64_t ohwi_version_ = 0;  // LayerContext::params_version of ohwi_weights_
 };
 
 }  // namespace cortado

@@ -5,6 +5,7 @@
 #include "engine/base/random.h"
 #include "engine/base/thread_pool.h"
 #include "engine/graph/math.h"
+#include "engine/tensor/indexed_launch.h"
 #include "layers/layer_util.h"
 
 namespace cortado {
@@ -98,6 +99,71 @@ void InnerProductLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool prop
     A* dx = lowp ? wide_.data<A>() : reinterpret_cast<A*>(dxt->data<T>());
     ParallelLayerGemm<T>(false, false, n, num_input_, num_output_, dy, w, A(0), dx);
     if constexpr (lowp) NarrowSpan<T>(dx, n * num_input_, dxt->data<T>());
+  }
+}
+
+bool InnerProductLayer::OwnDevicePath(const Tensor& x) const {
+  if (IsLowPrecision(x.dtype())) return false;  // 16-bit products with f32 gradients: not yet
+  if (x.dtype() == DType::kF64 && x.device().type == DeviceType::kCUDA) {
+    Fail(Describe(), ": f64 on ", x.device().ToString(),
+         ": cuBLASLt has no f64 products (f64 runs on the CPU and the test device)");
+  }
+  return true;
+}
+
+void InnerProductLayer::MatmulOnDevice(const MatmulDims& d, const Tensor& a, const Tensor& b,
+                                       const Tensor& c, const Tensor* bias,
+                                       const Tensor* bias_grad) {
+  if (c.device().type == DeviceType::kCUDA) {
+#ifdef CORTADO_HAVE_CUDA
+    return cuda::LayerMatmul(c.device().index, d, c.dtype(), a.raw_data(), b.raw_data(),
+                             c.raw_data(), bias != nullptr ? bias->raw_data() : nullptr,
+                             bias_grad != nullptr ? bias_grad->raw_data() : nullptr);
+#endif
+  }
+  // The test device (and any other without cuBLASLt): the product bodies.
+  DispatchFloat(c.dtype(), Describe(), [&](auto zero) {
+    using T = decltype(zero);
+    const Tensor none;
+    RunIndexed(
+        "inner product on a device", {a, b, c, bias != nullptr ? *bias : none}, d.m * d.n,
+        kernels::Matmul<T>{d, a.device_data<T>(), b.device_data<T>(),
+                           bias != nullptr ? bias->device_data<T>() : nullptr, c.device_data<T>()},
+        64);
+    if (bias_grad != nullptr) {
+      RunIndexed("inner product bias gradient", {a, *bias_grad}, d.m,
+                 kernels::MatmulBiasGradient<T>{d, a.device_data<T>(), bias_grad->device_data<T>()},
+                 1);
+    }
+  });
+}
+
+void InnerProductLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
+  const Tensor& x = bottom[0]->data;  // (N, K), flattened from axis 1
+  if (!OwnDevicePath(x)) return Layer::ForwardOnDevice(bottom, top);
+  const int64_t n = x.dim(0);
+  if (n == 0) return;
+  MatmulOnDevice(InnerProductForward(n, num_input_, num_output_, has_bias_), x, params_[0].value,
+                 top[0]->data, has_bias_ ? &params_[1].value : nullptr, nullptr);
+}
+
+void InnerProductLayer::BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                                         const Blobs& bottom) {
+  const Tensor& x = bottom[0]->data;
+  if (!OwnDevicePath(x)) return Layer::BackwardOnDevice(top, propagate_down, bottom);
+  const int64_t n = x.dim(0);
+  const Tensor& dy = top[0]->grad;
+  Tensor* db = has_bias_ ? &params_[1].grad : nullptr;
+  if (n == 0) {  // no terms: zero gradients, as the CPU's GEMM and sums write them
+    params_[0].grad.Zero();
+    if (db != nullptr) db->Zero();
+    return;
+  }
+  MatmulOnDevice(InnerProductWeightGradient(n, num_input_, num_output_, has_bias_), dy, x,
+                 params_[0].grad, nullptr, db);
+  if (propagate_down[0]) {
+    MatmulOnDevice(InnerProductInputGradient(n, num_input_, num_output_), dy, params_[0].value,
+                   bottom[0]->grad, nullptr, nullptr);
   }
 }
 

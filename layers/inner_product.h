@@ -7,9 +7,15 @@
 // Params: <name>.weight (kWeight), <name>.bias (kBias).
 // Threads: the three GEMMs go through ParallelGemm (rows or columns of the result split across
 // the pool; each result element is computed by one thread, so results are deterministic).
+// On a device (f32; f64 on the test device) the same three products run through MatmulOnDevice:
+// cuBLASLt on a GPU (the bias added by its epilogue, the bias gradient by BGRADB in the weight
+// gradient's pass), the product bodies of layers/matmul_kernels.h on the test device. Gradients
+// are overwritten, as on the CPU. bf16/f16 run Layer's default there (the CPU kernel inside one
+// test-device kernel; refused on a GPU).
 #pragma once
 
 #include "engine/graph/typed_layer.h"
+#include "layers/matmul_kernels.h"
 
 namespace cortado {
 
@@ -23,9 +29,13 @@ class InnerProductLayer
     return 2.0 * static_cast<double>(batch_) * static_cast<double>(num_input_) *
            static_cast<double>(num_output_);
   }
+  int64_t num_input() const { return num_input_; }
 
  protected:
   void LayerSetUp(const std::vector<Blob*>& bottom, const std::vector<Blob*>& top) override;
+  void ForwardOnDevice(const Blobs& bottom, const Blobs& top) override;
+  void BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
+                        const Blobs& bottom) override;
 
  private:
   // bf16 and f16: 16-bit operands, products accumulated in f32 (engine/graph/gemm_lowp.h).
@@ -39,6 +49,14 @@ class InnerProductLayer
   Tensor& WeightCopy();
   Tensor own_weight_copy_;
   Tensor wide_;  // 16-bit kernels: the f32 output or input gradient before rounding
+
+  // The device path. Whether it runs the layer's own products for this input (else Layer's
+  // default); refuses f64 on a GPU naming the layer.
+  bool OwnDevicePath(const Tensor& x) const;
+  // One product (a, b, c, bias, bias_grad as MatmulDims says; null where it has none): cuBLASLt
+  // on a GPU, the product bodies on the test device.
+  void MatmulOnDevice(const MatmulDims& dims, const Tensor& a, const Tensor& b, const Tensor& c,
+                      const Tensor* bias, const Tensor* bias_grad);
 };
 // Instantiated in the .cpp, where the kernels are defined.
 extern template class TypedLayer<InnerProductLayer, AllFloatTypes, KernelArgs::kOneInput>;

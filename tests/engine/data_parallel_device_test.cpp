@@ -3,14 +3,19 @@
 // ranks on the CPU. Rank 0's starting state reaches rank 1 through host copies (BroadcastState);
 // each bucket is copied out of the device block into pinned host staging while backward runs
 // (overlap on), all-reduced there (codecs and error feedback included), and copied back before
-// the solver's step; any host access of device memory on the way would fault. The layers run the
-// same arithmetic in the same order on both (net_on_test_device_test.cpp), so losses, weights,
-// momentum and residuals must agree bit for bit; a checkpoint written from the device run resumes
-// on the CPU as the CPU run goes on.
+// the solver's step; any host access of device memory on the way would fault. The convolutions and
+// inner products run their device path there (reference sums in another order than the CPU's
+// GEMMs: net_on_test_device_test.cpp), so the device run agrees with the CPU's within bounds
+// (ExpectCloseRun), while everything the data-parallel path itself does is checked bit for bit:
+// rank 1 against rank 0 on the device, and overlap on against off. A checkpoint written from the
+// device run resumes on the CPU as the CPU run goes on, within the same bounds.
 // Built into test_concurrency too, for the TSan stage: the test device's stream threads copy
 // buckets while the communicator's worker thread reduces earlier ones.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -188,36 +193,85 @@ void ExpectSameState(const Checkpoint& want, const Checkpoint& got, const std::s
   }
 }
 
-void ExpectSameRun(const Outcome& cpu, const Outcome& dev) {
-  ASSERT_EQ(cpu.losses.size(), dev.losses.size());
-  for (size_t i = 0; i < cpu.losses.size(); ++i) {
-    EXPECT_EQ(cpu.losses[i], dev.losses[i]) << "step " << i;  // bitwise
+// Every float tensor of `want` within `rel` of its largest element in `got` (others bitwise), and
+// the losses within `rel` relative. The bound: a few steps of LeNet or ResNet-20 from the same
+// start, whose one-step differences are a few units in the last place of each sum
+// (tests/layers/device_conv_test.cpp); the largest differences seen when this was written are
+// printed, and the bound leaves them a decade or more. A real error (a bucket copied from the wrong
+// place, a stale weight copy) moves the state by more than 1e-2 of its scale.
+constexpr double kCloseLoss = 1e-5, kCloseState = 1e-4;
+
+// `rel`: the bound; tensors whose name starts with `skip` are only looked for.
+void ExpectCloseState(const Checkpoint& want, const Checkpoint& got, const std::string& what,
+                      double rel = kCloseState, const std::string& skip = "") {
+  ASSERT_FALSE(want.tensors.empty()) << what;
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& [name, a] : want.tensors) {
+    const Tensor* b = got.Find(name);
+    ASSERT_NE(b, nullptr) << name << ", " << what;
+    if (!skip.empty() && name.rfind(skip, 0) == 0) continue;
+    EXPECT_EQ(b->device(), Device::CPU()) << name;
+    ASSERT_EQ(a.nbytes(), b->nbytes()) << name << ", " << what;
+    if (a.dtype() != DType::kF32 && a.dtype() != DType::kF64) {
+      EXPECT_EQ(std::memcmp(a.raw_data(), b->raw_data(), a.nbytes()), 0)
+          << name << " differs, " << what;
+      continue;
+    }
+    double largest = 0, diff = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      const double x = ElementAsDouble(a, i), y = ElementAsDouble(*b, i);
+      largest = std::max(largest, std::fabs(x));
+      diff = std::max(diff, std::fabs(x - y));
+    }
+    EXPECT_LE(diff, rel * largest) << name << ", " << what;
+    if (largest > 0 && diff / largest > worst) worst = diff / largest, worst_name = name;
   }
+  std::printf("%s: largest difference %.3g of a tensor's largest element (%s)\n", what.c_str(),
+              worst, worst_name.c_str());
+}
+
+void ExpectCloseLosses(const std::vector<double>& want, const std::vector<double>& got) {
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_LE(std::fabs(want[i] - got[i]), kCloseLoss * std::fabs(want[i]))
+        << "step " << i << ": " << want[i] << " against " << got[i];
+  }
+}
+
+// The device run within the bounds of the CPU's; its two ranks bitwise alike.
+void ExpectCloseRun(const Outcome& cpu, const Outcome& dev) {
+  ExpectCloseLosses(cpu.losses, dev.losses);
   EXPECT_EQ(cpu.state.tensors.size(), dev.state.tensors.size());
-  ExpectSameState(cpu.state, dev.state, "CPU against the test device");
+  ExpectCloseState(cpu.state, dev.state, "CPU against the test device");
   ExpectSameState(dev.rank1, dev.state, "rank 1 against rank 0 on the test device");
 }
 
 // f32 gradients with overlap on: several buckets go out during backward, each after its copy
 // reached the host. The same with overlap off (every copy queued after backward) trains bitwise
-// alike.
-TEST(DataParallelOnDevice, TwoRanksOnTheTestDeviceTrainAsOnTheCpuBitwise) {
+// as with overlap on.
+TEST(DataParallelOnDevice, TwoRanksOnTheTestDeviceTrainAsOnTheCpu) {
   Job s;
   const Outcome cpu = Train(s);
   s.on_device = true;
   const Outcome dev = Train(s);
   EXPECT_GE(dev.buckets, 3u) << "too few buckets to overlap anything";
-  ExpectSameRun(cpu, dev);
+  ExpectCloseRun(cpu, dev);
   EXPECT_NE(cpu.losses.front(), cpu.losses.back()) << "it did not train";
   s.overlap = false;
   const Outcome after = Train(s);
-  ExpectSameRun(cpu, after);
+  EXPECT_EQ(dev.losses, after.losses);
+  ExpectSameState(dev.state, after.state, "overlap off against on, on the test device");
 }
 
-// epgc8 with error feedback: the codec and the residuals run on the host staging, so the
-// compressed all-reduce sees the same bytes as on the CPU. The device run's checkpoint after 2
-// steps (weights, momentum, both ranks' residuals) resumes on the CPU, and its third step ends
-// bitwise where the CPU run's third step does: the device's first two steps were the CPU's.
+// epgc8 with error feedback: the codec and the residuals run on the host staging. The device run's
+// checkpoint after 2 steps (weights, momentum, both ranks' residuals) resumes on the CPU, and its
+// third step ends where the CPU run's third step does. The codec widens the bounds: a gradient
+// element that the two runs' rounding puts on either side of an 8-bit level goes out one level
+// apart (about 1/127 of its group's largest) and its residual a whole level apart (twice a
+// residual's usual size), so weights and momentum are held to 5e-2 of their largest element
+// (1.1e-3 and 1e-2 seen when this was written) and the residuals are only looked for.
+constexpr double kCodecState = 5e-2;
 TEST(DataParallelOnDevice, CompressedGradientsAndACheckpointMoveBetweenDeviceAndCpu) {
   Job s;
   s.codec = "epgc8";
@@ -226,8 +280,7 @@ TEST(DataParallelOnDevice, CompressedGradientsAndACheckpointMoveBetweenDeviceAnd
   s.steps = 2;
   const Outcome dev = Train(s);
   ASSERT_EQ(dev.losses.size(), 2u);
-  EXPECT_EQ(dev.losses[0], cpu.losses[0]);
-  EXPECT_EQ(dev.losses[1], cpu.losses[1]);
+  ExpectCloseLosses({cpu.losses[0], cpu.losses[1]}, dev.losses);
   ASSERT_NE(dev.state.Find("error_feedback/rank1"), nullptr);
   ExpectSameState(dev.rank1, dev.state, "rank 1 against rank 0 on the test device");
 
@@ -238,14 +291,16 @@ TEST(DataParallelOnDevice, CompressedGradientsAndACheckpointMoveBetweenDeviceAnd
   resumed.resume = &dev.state;
   const Outcome rest = Train(resumed);
   ASSERT_EQ(rest.losses.size(), 1u);
-  EXPECT_EQ(rest.losses[0], cpu.losses[2]);
+  ExpectCloseLosses({cpu.losses[2]}, rest.losses);
   EXPECT_EQ(cpu.state.tensors.size(), rest.state.tensors.size());
-  ExpectSameState(cpu.state, rest.state, "resumed on the CPU from the device's checkpoint");
+  ExpectCloseState(cpu.state, rest.state, "resumed on the CPU from the device's checkpoint",
+                   kCodecState, "error_feedback/");
 }
 
 // Synchronized batch norm through batch norm's own device path (its sums copied to the host,
 // reduced on the group's communicator, copied back): ResNet-20 on two ranks matches the CPU
-// bitwise.
+// within the bounds (2 steps: before its f32 trajectory turns chaotic,
+// net_on_test_device_test.cpp; the convolutions' reference bodies sum in another order).
 TEST(DataParallelOnDevice, SyncBatchNormOnTheTestDeviceMatchesTheCpu) {
   Job s;
   s.model = "resnet20";
@@ -254,7 +309,7 @@ TEST(DataParallelOnDevice, SyncBatchNormOnTheTestDeviceMatchesTheCpu) {
   const Outcome cpu = Train(s);
   s.on_device = true;
   const Outcome dev = Train(s);
-  ExpectSameRun(cpu, dev);
+  ExpectCloseRun(cpu, dev);
 }
 
 }  // namespace

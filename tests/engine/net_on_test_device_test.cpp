@@ -1,11 +1,33 @@
 // Training on the guarded test device (engine/tensor/test_device.h) against the CPU: the net, the
 // solver and the loss scaler allocate on the device, inputs go in by explicit copies, the loss
 // and the overflow flag come back by one copy each, and any host access of device memory on the
-// way would fault. ReLU and the SGD step and finite check run the shared bodies; the other layers
-// run their CPU kernels inside test-device kernels (Layer::CpuKernelOnTestDevice), so the same
-// arithmetic runs in the same order and the trajectories must agree bit for bit.
+// way would fault. ReLU, eltwise sums, pooling, the copies, the loss, the SGD step and the finite
+// check run shared bodies (bitwise the CPU's arithmetic); the convolutions and inner products run
+// their device path (the reference bodies the test device has in place of cuDNN and cuBLASLt),
+// whose sums add the same terms as the CPU's GEMMs in another order; the layers without a device
+// path (batch norm) run their CPU kernels inside test-device kernels
+// (Layer::CpuKernelOnTestDevice).
+//
+// So the trajectories agree within bounds, not bit for bit. One step's outputs differ by a few
+// units in the last place of each sum (tests/layers/device_conv_test.cpp bounds them); training
+// carries those differences along:
+//  - LeNet in f32 (30 steps): the losses agreed to every bit and every tensor of the net's and
+//    the solver's state to within 1.1e-6 of its largest element when this was written. The test
+//    allows 1e-5 relative on the losses and 1e-4 of each tensor's largest element: two decades of
+//    room, and still far below what a real error does (a stale OHWI weight copy moves the state
+//    by more than 1e-2 of its scale, and the loss at once).
+//  - ResNet-20 in f32 is chaotic at this batch and learning rate: its batch norms on 6 images
+//    amplify a one-ulp difference about tenfold per step from step 3 on, and the CPU's own NCHW
+//    and NHWC runs (im2col + GEMM against oneDNN, both the reference) end 30 steps 7% apart in
+//    the loss. A bound there would prove nothing, so ResNet-20 runs in f64, where the same growth
+//    starts from 1e-16: after 30 steps the losses agreed to 1.3e-12 relative. The test allows
+//    1e-9 (relative on the losses, of each tensor's largest element on the state).
+//  - f16 (LeNet) computes its convolutions through the CPU kernels on the device (the 16-bit
+//    device path is not built yet), so it stays bitwise, and so does moving a checkpoint.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -116,44 +138,75 @@ void ExpectSameState(const Checkpoint& a, const Checkpoint& b) {
   }
 }
 
-void ExpectSameTrajectory(const TrainSetup& s, int steps) {
+// The device's trajectory within `loss_rel` of the CPU's losses (relative) and its final state
+// within `state_rel` of each float tensor's largest element (others bitwise); see the top.
+void ExpectCloseTrajectory(const TrainSetup& s, int steps, double loss_rel, double state_rel) {
   const TrainRun cpu = Train(s, Device::CPU(), steps);
   const TrainRun dev = Train(s, kTest0, steps);
   ASSERT_EQ(cpu.losses.size(), dev.losses.size());
   for (size_t i = 0; i < cpu.losses.size(); ++i) {
-    EXPECT_EQ(cpu.losses[i], dev.losses[i]) << "step " << i;  // bitwise
+    EXPECT_LE(std::fabs(cpu.losses[i] - dev.losses[i]), loss_rel * std::fabs(cpu.losses[i]))
+        << "step " << i << ": CPU " << cpu.losses[i] << ", test device " << dev.losses[i];
   }
   EXPECT_EQ(cpu.skipped, dev.skipped);
-  ExpectSameState(cpu.state, dev.state);
+  const Checkpoint& a = cpu.state;
+  const Checkpoint& b = dev.state;
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const auto& [name, t] = a.tensors[i];
+    const auto& [other_name, u] = b.tensors[i];
+    ASSERT_EQ(name, other_name);
+    EXPECT_EQ(u.device(), Device::CPU()) << name;  // checkpoints hold host copies
+    ASSERT_EQ(t.nbytes(), u.nbytes()) << name;
+    ASSERT_EQ(t.dtype(), u.dtype()) << name;
+    if (t.dtype() != DType::kF32 && t.dtype() != DType::kF64) {
+      EXPECT_EQ(std::memcmp(t.raw_data(), u.raw_data(), t.nbytes()), 0) << name << " differs";
+      continue;
+    }
+    double largest = 0, diff = 0;
+    for (int64_t j = 0; j < t.numel(); ++j) {
+      const double x = ElementAsDouble(t, j), y = ElementAsDouble(u, j);
+      largest = std::max(largest, std::fabs(x));
+      diff = std::max(diff, std::fabs(x - y));
+    }
+    EXPECT_LE(diff, state_rel * largest) << name << ": largest element " << largest;
+  }
   // It trained: the loss moved.
   EXPECT_NE(cpu.losses.front(), cpu.losses.back());
 }
 
-TEST(NetOnTestDevice, LeNetThirtyStepsEqualTheCpuBitwiseNCHW) {
-  ExpectSameTrajectory(TrainSetup{"lenet", MemoryFormat::kNCHW}, 30);
+// f32 LeNet and f64 ResNet-20 (see the top).
+constexpr double kLeNetLoss = 1e-5, kLeNetState = 1e-4;
+constexpr double kF64Bound = 1e-9;
+
+TEST(NetOnTestDevice, LeNetThirtyStepsWithinTheBoundOfTheCpuNCHW) {
+  ExpectCloseTrajectory(TrainSetup{"lenet", MemoryFormat::kNCHW}, 30, kLeNetLoss, kLeNetState);
 }
 
-TEST(NetOnTestDevice, LeNetThirtyStepsEqualTheCpuBitwiseNHWC) {
-  ExpectSameTrajectory(TrainSetup{"lenet", MemoryFormat::kNHWC}, 30);
+TEST(NetOnTestDevice, LeNetThirtyStepsWithinTheBoundOfTheCpuNHWC) {
+  ExpectCloseTrajectory(TrainSetup{"lenet", MemoryFormat::kNHWC}, 30, kLeNetLoss, kLeNetState);
 }
 
-TEST(NetOnTestDevice, LeNetWithAMemoryPlanEqualsTheCpuBitwise) {
+TEST(NetOnTestDevice, LeNetWithAMemoryPlanWithinTheBoundOfTheCpu) {
   TrainSetup s{"lenet", MemoryFormat::kNHWC};
   s.plan_memory = true;
-  ExpectSameTrajectory(s, 10);
+  ExpectCloseTrajectory(s, 10, kLeNetLoss, kLeNetState);
 }
 
-TEST(NetOnTestDevice, ResNet20ThirtyStepsEqualTheCpuBitwise) {
-  ExpectSameTrajectory(TrainSetup{"resnet20", MemoryFormat::kNHWC}, 30);
+TEST(NetOnTestDevice, ResNet20ThirtyStepsInF64WithinTheBoundOfTheCpu) {
+  TrainSetup s{"resnet20", MemoryFormat::kNHWC};
+  s.dtype = DType::kF64;
+  ExpectCloseTrajectory(s, 30, kF64Bound, kF64Bound);
 }
 
-TEST(NetOnTestDevice, ResNet20FusedWithAMemoryPlanEqualsTheCpuBitwise) {
+TEST(NetOnTestDevice, ResNet20FusedWithAMemoryPlanInF64WithinTheBoundOfTheCpu) {
   // Batch norm and the residual sums take their ReLUs (the sum's fused ReLU on the device's
   // shared bodies), and the activations share one planned arena on the device.
   TrainSetup s{"resnet20", MemoryFormat::kNHWC};
+  s.dtype = DType::kF64;
   s.fuse = true;
   s.plan_memory = true;
-  ExpectSameTrajectory(s, 10);
+  ExpectCloseTrajectory(s, 10, kF64Bound, kF64Bound);
 }
 
 TEST(NetOnTestDevice, Fp16OverflowStepsAreSkippedAsOnTheCpu) {

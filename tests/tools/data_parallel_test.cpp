@@ -12,7 +12,8 @@
 //     rank, and resumes bitwise;
 //   - batch-norm groups of all ranks, of one rank and of two;
 //   - overlap on and off give bitwise identical parameters, and so do the TCP and UCX transports;
-//   - ranks on the test device (--device test, rank r on test:r) give the CPU's bitwise;
+//   - ranks on the test device (--device test, rank r on test:r) give the CPU's within 0.1 of the
+//     update (its convolutions sum in another order, which epgc8's 8-bit levels amplify);
 //   - mpirun (TCP and MPI backends) and srun's variables run the job `cortado launch` runs;
 //   - evaluation over 3 ranks equals one process's, image for image;
 //   - a config that differs between ranks stops every rank naming the rank and the line;
@@ -421,9 +422,14 @@ TEST_F(DataParallelTest, OverlapOnAndOffGiveBitwiseIdenticalParameters) {
 }
 
 // `cortado launch` with --device test: rank r trains on test:r, its buckets copied through
-// pinned host staging while backward runs, and the job equals the same ranks on the CPU bit for
-// bit, through rank 0's start-up broadcast and a codec with error feedback to the checkpoint.
-TEST_F(DataParallelTest, RanksOnTheTestDeviceTrainBitwiseAsOnTheCpu) {
+// pinned host staging while backward runs, and the job equals the same ranks on the CPU, through
+// rank 0's start-up broadcast and a codec with error feedback to the checkpoint: within 0.1 of the
+// update. The test device's convolutions and inner products sum in another order than the CPU's
+// GEMMs (tests/engine/net_on_test_device_test.cpp), and epgc8 turns the few gradient elements
+// that this rounding puts on either side of an 8-bit level into one level's difference (1.8e-3 of
+// the update on the parameters, 1.5e-2 on the momentum when this was written); an error of the
+// device path (a bucket from the wrong place) is of the order of the update itself.
+TEST_F(DataParallelTest, RanksOnTheTestDeviceTrainAsOnTheCpu) {
   const std::string config =
       Config(kLeNet,
              "distributed: {bucket_mb: 0.1, first_bucket_mb: 0.02, codec: epgc8, "
@@ -431,7 +437,7 @@ TEST_F(DataParallelTest, RanksOnTheTestDeviceTrainBitwiseAsOnTheCpu) {
   Checkpoint cpu = Train(config, 2, 4, "cpu");
   Checkpoint test = Train(config, 2, 4, "test", "--device test");
   ASSERT_NE(test.Find("error_feedback/rank1"), nullptr);
-  ExpectBitwiseEqual(cpu, test);
+  ExpectClose(cpu, test, InitialState(config), 0.1, /*momentum=*/true);
 }
 
 // The transport carries bytes; it must not change one bit of the result (the reductions run in

@@ -16,6 +16,7 @@
 #include "engine/base/error.h"
 #include "engine/tensor/device_runtime.h"
 #include "tests/support/files.h"
+#include "tests/tools/fashion_slice.h"
 #include "tools/trainer.h"
 
 namespace cortado {
@@ -70,14 +71,16 @@ class TrainOnDevice : public ::testing::Test {
     if (!dir_.empty()) fs::remove_all(dir_);
   }
 
-  // Six iterations of configs/fashion_lenet.yaml on `device`; returns its train losses.
+  // Six iterations of configs/fashion_lenet.yaml on `device`, at batch 16 (the test device's
+  // convolutions are reference bodies, one sum per element: slow on purpose); returns its train
+  // losses.
   std::vector<std::string> Train(const std::string& device) {
     const fs::path metrics = dir_ / (device + ".jsonl");
-    const Result r =
-        Cortado("train --config " + std::string(CORTADO_SOURCE_DIR) +
-                "/configs/fashion_lenet.yaml" + " --device " + device +
-                " --threads 1 --no-progress --stop-at-iter 6 --metrics " + metrics.string() +
-                " --set log.interval=1 --set checkpoint.dir=" + (dir_ / device).string());
+    const Result r = Cortado(
+        "train --config " + std::string(CORTADO_SOURCE_DIR) + "/configs/fashion_lenet.yaml" +
+        " --device " + device + " --threads 1 --no-progress --stop-at-iter 6 --metrics " +
+        metrics.string() + " --set log.interval=1 --set data.batch_size=16 --set checkpoint.dir=" +
+        (dir_ / device).string());
     EXPECT_EQ(r.code, 130) << r.err;  // stopped at the iteration asked for, as documented
     return TrainLosses(metrics);
   }
@@ -91,11 +94,14 @@ TEST_F(TrainOnDevice, TheTestDeviceGivesTheCpusLosses) {
   EXPECT_EQ(cpu.size(), 6u);
   EXPECT_EQ(cpu, test);  // as printed: bitwise up to the metrics' digits
 
-  // The checkpoint the test device saved evaluates alike on the CPU and on the test device.
+  // The checkpoint the test device saved evaluates alike on the CPU and on the test device, on
+  // the first 256 test images.
+  tooltest::WriteFashionSlice(dir_, "t10k", 256);
   const std::string eval = "eval --config " + std::string(CORTADO_SOURCE_DIR) +
                            "/configs/fashion_lenet.yaml --checkpoint auto --threads 1 "
-                           "--no-progress --set checkpoint.dir=" +
-                           (dir_ / "test").string();
+                           "--no-progress --set data.batch_size=16 --set data.val=" +
+                           (dir_ / "t10k-images-idx3-ubyte.gz").string() +
+                           " --set checkpoint.dir=" + (dir_ / "test").string();
   const Result on_cpu = Cortado(eval + " --device cpu");
   const Result on_test = Cortado(eval + " --device test");
   EXPECT_EQ(on_cpu.code, 0) << on_cpu.err;
