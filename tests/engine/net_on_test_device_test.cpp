@@ -1,12 +1,12 @@
 // Training on the guarded test device (engine/tensor/test_device.h) against the CPU: the net, the
 // solver and the loss scaler allocate on the device, inputs go in by explicit copies, the loss
 // and the overflow flag come back by one copy each, and any host access of device memory on the
-// way would fault. ReLU, eltwise sums, pooling, the copies, the loss, the SGD step and the finite
-// check run shared bodies (bitwise the CPU's arithmetic); the convolutions and inner products run
-// their device path (the reference bodies the test device has in place of cuDNN and cuBLASLt),
-// whose sums add the same terms as the CPU's GEMMs in another order; the layers without a device
-// path (batch norm) run their CPU kernels inside test-device kernels
-// (Layer::CpuKernelOnTestDevice).
+// way would fault. ReLU, eltwise, batch norm, pooling, the copies, the loss, accuracy, the SGD
+// step and the finite check run shared bodies (bitwise the CPU's arithmetic); the convolutions and
+// inner products run their device path (the reference bodies the test device has in place of
+// cuDNN and cuBLASLt), whose sums add the same terms as the CPU's GEMMs in another order; in 16
+// bits the convolutions, products and batch norm still run their CPU kernels inside test-device
+// kernels (Layer::CpuKernelOnTestDevice).
 //
 // So the trajectories agree within bounds, not bit for bit. One step's outputs differ by a few
 // units in the last place of each sum (tests/layers/device_conv_test.cpp bounds them); training
