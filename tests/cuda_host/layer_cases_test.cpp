@@ -83,20 +83,22 @@ TEST(LayerMatmulCase, TheInnerProductsProductsAreTheCublasLtTestsCases) {
   // ResNet-50's classifier: x (256 x 2048), W (1000 x 2048); as tests/cuda_host/
   // cublaslt_matmul_test.cpp's Forward, WeightGrad and InputGrad.
   for (bool bias : {true, false}) {
-    ExpectCase(LayerMatmulCase(InnerProductForward(256, 2048, 1000, bias), DType::kF32),
-               {.m = 256,
-                .n = 1000,
-                .k = 2048,
-                .transpose_b = true,
-                .epilogue = bias ? MatmulEpilogue::kBias : MatmulEpilogue::kNone});
-    ExpectCase(LayerMatmulCase(InnerProductWeightGradient(256, 2048, 1000, bias), DType::kF32),
+    ExpectCase(
+        LayerMatmulCase(InnerProductForward(256, 2048, 1000, bias), DType::kF32, DType::kF32),
+        {.m = 256,
+         .n = 1000,
+         .k = 2048,
+         .transpose_b = true,
+         .epilogue = bias ? MatmulEpilogue::kBias : MatmulEpilogue::kNone});
+    ExpectCase(LayerMatmulCase(InnerProductWeightGradient(256, 2048, 1000, bias), DType::kF32,
+                               DType::kF32),
                {.m = 1000,
                 .n = 2048,
                 .k = 256,
                 .transpose_a = true,
                 .epilogue = bias ? MatmulEpilogue::kBiasGradient : MatmulEpilogue::kNone});
   }
-  ExpectCase(LayerMatmulCase(InnerProductInputGradient(256, 2048, 1000), DType::kF32),
+  ExpectCase(LayerMatmulCase(InnerProductInputGradient(256, 2048, 1000), DType::kF32, DType::kF32),
              {.m = 256, .n = 2048, .k = 1000});
 }
 
