@@ -102,5 +102,32 @@ TEST(LayerMatmulCase, TheInnerProductsProductsAreTheCublasLtTestsCases) {
              {.m = 256, .n = 2048, .k = 1000});
 }
 
+TEST(LayerMatmulCase, SixteenBitActivationsKeepTheirWeightGradientInF32) {
+  // bf16 and f16 activations (InnerProductLayer::MatmulOnDevice): 16-bit products, the forward
+  // and the input gradient stored in 16 bits, the weight gradient and db in f32 (the CPU's
+  // master dtype), all pairs cuBLASLt's descriptors accept.
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    ExpectCase(LayerMatmulCase(InnerProductForward(256, 2048, 1000, true), dtype, dtype),
+               {.m = 256,
+                .n = 1000,
+                .k = 2048,
+                .transpose_b = true,
+                .dtype = dtype,
+                .out_dtype = dtype,
+                .epilogue = MatmulEpilogue::kBias});
+    ExpectCase(
+        LayerMatmulCase(InnerProductWeightGradient(256, 2048, 1000, true), dtype, DType::kF32),
+        {.m = 1000,
+         .n = 2048,
+         .k = 256,
+         .transpose_a = true,
+         .dtype = dtype,
+         .out_dtype = DType::kF32,
+         .epilogue = MatmulEpilogue::kBiasGradient});
+    ExpectCase(LayerMatmulCase(InnerProductInputGradient(256, 2048, 1000), dtype, dtype),
+               {.m = 256, .n = 2048, .k = 1000, .dtype = dtype, .out_dtype = dtype});
+  }
+}
+
 }  // namespace
 }  // namespace cortado::cuda
