@@ -8,6 +8,7 @@
 #include "engine/tensor/device_runtime.h"
 #include "engine/tensor/indexed_launch.h"
 #include "layers/batch_norm_kernels.h"
+#include "layers/layer_util.h"
 
 namespace cortado {
 
@@ -536,39 +537,29 @@ void EnsureOnDevice(Tensor& t, Device device, const Shape& shape, DType dtype) {
 }  // namespace
 
 void BatchNormLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
-  switch (bottom[0]->data.dtype()) {
-    case DType::kF32:
-      return DeviceForward<float>(bottom[0]->data, top[0]->data);
-    case DType::kF64:
-      return DeviceForward<double>(bottom[0]->data, top[0]->data);
-    default:
-      return Layer::ForwardOnDevice(bottom, top);
-  }
+  WithElementCodes(*this, bottom[0]->data.dtype(), [&](auto codes) {
+    DeviceForward<decltype(codes)>(bottom[0]->data, top[0]->data);
+  });
 }
 
 void BatchNormLayer::BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
                                       const Blobs& bottom) {
-  switch (bottom[0]->data.dtype()) {
-    case DType::kF32:
-      return DeviceBackward<float>(bottom[0]->data, top[0]->grad, propagate_down[0],
-                                   &bottom[0]->grad);
-    case DType::kF64:
-      return DeviceBackward<double>(bottom[0]->data, top[0]->grad, propagate_down[0],
+  WithElementCodes(*this, bottom[0]->data.dtype(), [&](auto codes) {
+    DeviceBackward<decltype(codes)>(bottom[0]->data, top[0]->grad, propagate_down[0],
                                     &bottom[0]->grad);
-    default:
-      return Layer::BackwardOnDevice(top, propagate_down, bottom);
-  }
+  });
 }
 
-template <typename T>
+template <class E>
 void BatchNormLayer::DeviceSums(const Tensor& x, const Tensor* dy) {
+  using T = typename E::Acc;
   const int64_t c_n = channels_, n = num_, s = spatial_;
   const bool nhwc = x.channels_last();
   const int64_t parts = nhwc ? (n * s + kRowBlock - 1) / kRowBlock : n;
   EnsureOnDevice(dev_part_, x.device(), {parts * 2 * c_n}, DType::kF64);
   double* part = dev_part_.device_data<double>();
-  const kernels::BnReduceArgs<T> r{x.device_data<T>(),
-                                   dy != nullptr ? dy->device_data<T>() : nullptr,
+  const kernels::BnReduceArgs<E> r{StoredData<E>(x),
+                                   dy != nullptr ? StoredData<E>(*dy) : nullptr,
                                    dev_affine_.device_data<T>(),
                                    n,
                                    c_n,
@@ -577,10 +568,10 @@ void BatchNormLayer::DeviceSums(const Tensor& x, const Tensor* dy) {
   const Tensor dyt = dy != nullptr ? *dy : Tensor();
   if (nhwc) {
     RunIndexed("batch norm sums", {x, dyt, dev_affine_, dev_part_}, parts * c_n,
-               kernels::BnRowBlockSums<T>{r, part}, 1);
+               kernels::BnRowBlockSums<E>{r, part}, 1);
   } else {
     RunIndexed("batch norm sums", {x, dyt, dev_affine_, dev_part_}, n * c_n,
-               kernels::BnPlaneSums<T>{r, part}, 1);
+               kernels::BnPlaneSums<E>{r, part}, 1);
   }
   RunIndexed("batch norm sums", {dev_part_, dev_sums_}, c_n,
              kernels::BnCombineSums{part, dev_sums_.device_data<double>(), parts, c_n}, 1);
@@ -599,17 +590,18 @@ void BatchNormLayer::AllReduceDeviceSums(BatchStatsReducer& reducer, double* cou
   runtime.Copy(dev_sums_, sums);  // from pageable memory: done (queued first) when it returns
 }
 
-template <typename T>
+template <class E>
 void BatchNormLayer::DeviceForward(const Tensor& xt, Tensor& yt) {
+  using T = typename E::Acc;  // the parameters', running statistics' and coefficients' dtype
   const Device device = xt.device();
   const int64_t c_n = channels_;
   EnsureOnDevice(dev_sums_, device, {2 * c_n}, DType::kF64);
   EnsureOnDevice(dev_stats_, device, {2 * c_n}, DType::kF64);
-  EnsureOnDevice(dev_affine_, device, {3 * c_n}, xt.dtype());
+  EnsureOnDevice(dev_affine_, device, {3 * c_n}, MasterDType(xt.dtype()));
   last_used_batch_stats_ = !UseGlobalStats();
   double count = static_cast<double>(num_ * spatial_);
   if (last_used_batch_stats_) {
-    DeviceSums<T>(xt, nullptr);
+    DeviceSums<E>(xt, nullptr);
     BatchStatsReducer* reducer = Reducer();
     if (reducer != nullptr) AllReduceDeviceSums(*reducer, &count);
     if (count <= 1) {
@@ -630,19 +622,19 @@ void BatchNormLayer::DeviceForward(const Tensor& xt, Tensor& yt) {
                  running_var.device_data<T>(), dev_stats_.device_data<double>(),
                  dev_affine_.device_data<T>(), c_n, count, eps_, momentum_, last_used_batch_stats_},
              1);
-  RunIndexed(
-      "batch norm forward", {xt, dev_affine_, yt}, xt.numel(),
-      kernels::BnNormalize<T>{xt.device_data<T>(), dev_affine_.device_data<T>(),
-                              yt.device_data<T>(), c_n, spatial_, xt.channels_last(), relu_});
+  RunIndexed("batch norm forward", {xt, dev_affine_, yt}, xt.numel(),
+             kernels::BnNormalize<E>{StoredData<E>(xt), dev_affine_.device_data<T>(),
+                                     StoredData<E>(yt), c_n, spatial_, xt.channels_last(), relu_});
 }
 
-template <typename T>
+template <class E>
 void BatchNormLayer::DeviceBackward(const Tensor& xt, const Tensor& dyt, bool propagate,
                                     Tensor* dxt) {
+  using T = typename E::Acc;
   if (!affine_ && !propagate) return;
   const int64_t c_n = channels_;
   // The forward's statistics and coefficients are on the device (dev_stats_, dev_affine_).
-  DeviceSums<T>(xt, &dyt);
+  DeviceSums<E>(xt, &dyt);
   if (affine_) {
     Tensor& dgamma = params_[0].grad;
     Tensor& dbeta = params_[1].grad;
@@ -656,7 +648,7 @@ void BatchNormLayer::DeviceBackward(const Tensor& xt, const Tensor& dyt, bool pr
   if (last_used_batch_stats_) {
     if (BatchStatsReducer* reducer = Reducer()) AllReduceDeviceSums(*reducer, nullptr);
   }
-  EnsureOnDevice(dev_coef_, xt.device(), {3 * c_n}, xt.dtype());
+  EnsureOnDevice(dev_coef_, xt.device(), {3 * c_n}, MasterDType(xt.dtype()));
   const Tensor gamma = affine_ ? params_[0].value : Tensor();
   RunIndexed("batch norm input gradient coefficients", {dev_sums_, dev_stats_, gamma, dev_coef_},
              c_n,
@@ -667,9 +659,9 @@ void BatchNormLayer::DeviceBackward(const Tensor& xt, const Tensor& dyt, bool pr
              1);
   RunIndexed(
       "batch norm backward", {xt, dyt, dev_affine_, dev_coef_, *dxt}, xt.numel(),
-      kernels::BnInputGrad<T>{xt.device_data<T>(), dyt.device_data<T>(),
-                              dev_affine_.device_data<T>(), dev_coef_.device_data<T>(),
-                              dxt->device_data<T>(), c_n, spatial_, xt.channels_last(), relu_});
+      kernels::BnInputGrad<E>{StoredData<E>(xt), StoredData<E>(dyt), dev_affine_.device_data<T>(),
+                              dev_coef_.device_data<T>(), StoredData<E>(*dxt), c_n, spatial_,
+                              xt.channels_last(), relu_});
 }
 
 template class TypedLayer<BatchNormLayer, AllFloatTypes, KernelArgs::kOneInput>;

@@ -43,8 +43,10 @@
 // On a device (f32, f64): the shared bodies of layers/batch_norm_kernels.h, whose sums are the
 // CPU's in the CPU's order, so a device's results are the CPU's bit for bit. The statistics and
 // coefficients stay on the device; synchronized, the 2 C per-channel sums come to the host in one
-// copy, are all-reduced there as on the CPU, and go back in one copy. bf16 and f16 fall back to
-// Layer's device route.
+// copy, are all-reduced there as on the CPU, and go back in one copy. bf16 and f16 run the same
+// bodies through their element codes (layers/element_codes.h): widened on load, statistics in
+// f64, the rest in f32 as the CPU's 16-bit kernels, stored rounded once, the fused ReLU's
+// backward masking where the stored 16-bit output is 0: bit for bit the CPU's too.
 #pragma once
 
 #include <string>
@@ -99,13 +101,13 @@ class BatchNormLayer : public TypedLayer<BatchNormLayer, AllFloatTypes, KernelAr
   template <typename S, bool kRelu>
   void InputGradient(const S* x, const S* dy, bool nhwc, const std::vector<double>& coef_a,
                      const std::vector<double>& coef_b, const std::vector<double>& coef_c, S* dx);
-  // The device's kernels (T: f32 or f64) and their per-channel sums of x (forward, dy null) or of
-  // g and g (x - mean) (backward) into dev_sums_.
-  template <typename T>
+  // The device's kernels (E: the element codes of x's dtype, layers/element_codes.h) and their
+  // per-channel sums of x (forward, dy null) or of g and g (x - mean) (backward) into dev_sums_.
+  template <class E>
   void DeviceForward(const Tensor& x, Tensor& y);
-  template <typename T>
+  template <class E>
   void DeviceBackward(const Tensor& x, const Tensor& dy, bool propagate, Tensor* dx);
-  template <typename T>
+  template <class E>
   void DeviceSums(const Tensor& x, const Tensor* dy);
   // dev_sums_ (2 C, plus `count` when count is not null) all-reduced through `reducer` on the
   // host: one copy there, one back.

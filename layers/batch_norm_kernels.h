@@ -14,7 +14,11 @@
 // Rounding alike also needs no fused multiply-adds, which a compiler forms differently in a
 // vectorized loop and in a scalar body: layers/CMakeLists.txt builds batch_norm.cpp with
 // -ffp-contract=off and cuda/batch_norm.cu with --fmad=false.
-// Bodies hold raw pointers and scalars only; T is f32 or f64 (the device path's dtypes).
+// Bodies hold raw pointers and scalars only. The element bodies read and write x, dy, y and dx
+// through element codes E (layers/element_codes.h): f32 and f64 as they are, bf16 and f16 widened
+// to f32 on load and rounded once on store, as the CPU's 16-bit kernels do (Widen, Narrow); the
+// per-channel values (parameters, running statistics, coefficients) are in T = E::Acc, the
+// master dtype.
 #pragma once
 
 #include <math.h>
@@ -24,6 +28,7 @@
 #include <type_traits>
 
 #include "cortado/dist/half.h"  // CORTADO_HOST_DEVICE
+#include "layers/element_codes.h"
 
 namespace cortado::kernels {
 
@@ -96,57 +101,61 @@ CORTADO_HOST_DEVICE void BnLaneSums(int64_t s, const Terms& terms, double& out1,
   out2 = ((l2[0] + l2[1]) + (l2[2] + l2[3])) + ((l2[4] + l2[5]) + (l2[6] + l2[7]));
 }
 
-template <typename T>
+template <class E>
 struct BnPtrLoad {
-  const T* p;
-  CORTADO_HOST_DEVICE T operator()(int64_t j) const { return p[j]; }
+  const typename E::Stored* p;
+  CORTADO_HOST_DEVICE typename E::Acc operator()(int64_t j) const { return E::Load(p[j]); }
 };
+// Whether the fused ReLU's stored output of z is positive (the unfused ReLU's mask): z rounded
+// to the stored type first, so 16-bit values that round to 0 are masked as the stored 0 is (the
+// CPU's Positive<S>).
+template <class E>
 struct BnPositive {
-  template <typename T>
-  CORTADO_HOST_DEVICE bool operator()(T z) const {
-    return z > T(0);
+  CORTADO_HOST_DEVICE bool operator()(typename E::Acc z) const {
+    return E::Load(E::Store(z)) > typename E::Acc(0);
   }
 };
 
 // Backward's terms of element j of one NCHW plane (x, dy) with its channel's coefficients.
-template <typename T>
+template <class E>
 struct BnPlaneGradTerms {
-  const T* x;
-  const T* dy;
+  using T = typename E::Acc;
+  const typename E::Stored* x;
+  const typename E::Stored* dy;
   T a, m, b;
   bool relu;
   CORTADO_HOST_DEVICE void operator()(int64_t j, double& t1, double& t2) const {
-    BnGradTerms<T>(x[j], dy[j], a, m, b, relu, BnPositive{}, t1, t2);
+    BnGradTerms<T>(E::Load(x[j]), E::Load(dy[j]), a, m, b, relu, BnPositive<E>{}, t1, t2);
   }
 };
 
 // Shapes and the pass a reduction is for: x (and dy, backward) of N x C x S elements, NCHW or
-// NHWC; affine = [a | m | b] (3 C, the forward's gamma invstd, mean and beta in T).
-template <typename T>
+// NHWC; affine = [a | m | b] (3 C, the forward's gamma invstd, mean and beta in E::Acc).
+template <class E>
 struct BnReduceArgs {
-  const T* x;
-  const T* dy;      // null: forward's sums of x and x^2
-  const T* affine;  // backward: the mask's and the centring's coefficients
+  const typename E::Stored* x;
+  const typename E::Stored* dy;   // null: forward's sums of x and x^2
+  const typename E::Acc* affine;  // backward: the mask's and the centring's coefficients
   int64_t n, c, s;
   bool relu;
 };
 
 // First launch of a reduction, NCHW: index p = i C + c, plane (i, c)'s sums into
 // part[i 2C + c] and part[i 2C + C + c].
-template <typename T>
+template <class E>
 struct BnPlaneSums {
-  BnReduceArgs<T> r;
+  BnReduceArgs<E> r;
   double* part;
   CORTADO_HOST_DEVICE void operator()(int64_t p) const {
     const int64_t i = p / r.c, c = p % r.c;
-    const T* xp = r.x + p * r.s;
+    const typename E::Stored* xp = r.x + p * r.s;
     double s1, s2;
     if (r.dy == nullptr) {
-      BnLaneSums(r.s, BnStatTerms<BnPtrLoad<T>>{{xp}}, s1, s2);
+      BnLaneSums(r.s, BnStatTerms<BnPtrLoad<E>>{{xp}}, s1, s2);
     } else {
-      const T* gp = r.dy + p * r.s;
+      const typename E::Stored* gp = r.dy + p * r.s;
       BnLaneSums(r.s,
-                 BnPlaneGradTerms<T>{xp, gp, r.affine[c], r.affine[r.c + c], r.affine[2 * r.c + c],
+                 BnPlaneGradTerms<E>{xp, gp, r.affine[c], r.affine[r.c + c], r.affine[2 * r.c + c],
                                      r.relu},
                  s1, s2);
     }
@@ -157,17 +166,18 @@ struct BnPlaneSums {
 
 // First launch, NHWC: index k C + c, the sums of channel c over rows block k into
 // part[k 2C + c] and part[k 2C + C + c] (the CPU's partials_ layout and order).
-template <typename T>
+template <class E>
 struct BnRowBlockSums {
-  BnReduceArgs<T> r;
+  BnReduceArgs<E> r;
   double* part;
   CORTADO_HOST_DEVICE void Terms(int64_t row, int64_t c, double& t1, double& t2) const {
-    const T* xr = r.x + row * r.c;
+    const typename E::Stored* xr = r.x + row * r.c;
     if (r.dy == nullptr) {
-      BnStatTerms<BnPtrLoad<T>>{{xr}}(c, t1, t2);
+      BnStatTerms<BnPtrLoad<E>>{{xr}}(c, t1, t2);
     } else {
-      BnGradTerms<T>(xr[c], r.dy[row * r.c + c], r.affine[c], r.affine[r.c + c],
-                     r.affine[2 * r.c + c], r.relu, BnPositive{}, t1, t2);
+      BnGradTerms<typename E::Acc>(E::Load(xr[c]), E::Load(r.dy[row * r.c + c]), r.affine[c],
+                                   r.affine[r.c + c], r.affine[2 * r.c + c], r.relu,
+                                   BnPositive<E>{}, t1, t2);
     }
   }
   CORTADO_HOST_DEVICE void operator()(int64_t i) const {
@@ -248,18 +258,19 @@ struct BnStatistics {
   }
 };
 
-// Element e of y = [relu](a (x - m) + b), NCHW or NHWC.
-template <typename T>
+// Element e of y = [relu](a (x - m) + b), NCHW or NHWC, computed in E::Acc and stored once.
+template <class E>
 struct BnNormalize {
-  const T* x;
+  using T = typename E::Acc;
+  const typename E::Stored* x;
   const T* affine;
-  T* y;
+  typename E::Stored* y;
   int64_t c, s;
   bool nhwc, relu;
   CORTADO_HOST_DEVICE void operator()(int64_t e) const {
     const int64_t ch = nhwc ? e % c : (e / s) % c;
-    const T v = BnAffine(affine[ch], x[e], affine[c + ch], affine[2 * c + ch]);
-    y[e] = relu ? (v > T(0) ? v : T(0)) : v;
+    const T v = BnAffine(affine[ch], E::Load(x[e]), affine[c + ch], affine[2 * c + ch]);
+    y[e] = E::Store(relu ? (v > T(0) ? v : T(0)) : v);
   }
 };
 
@@ -304,22 +315,24 @@ struct BnInputCoefficients {
   }
 };
 
-// Element e of dx = A g + B (x - m) + C, g = dy masked by the fused ReLU.
-template <typename T>
+// Element e of dx = A g + B (x - m) + C, g = dy masked by the fused ReLU (on its stored output),
+// computed in E::Acc and stored once.
+template <class E>
 struct BnInputGrad {
-  const T* x;
-  const T* dy;
+  using T = typename E::Acc;
+  const typename E::Stored* x;
+  const typename E::Stored* dy;
   const T* affine;
   const T* coef;
-  T* dx;
+  typename E::Stored* dx;
   int64_t c, s;
   bool nhwc, relu;
   CORTADO_HOST_DEVICE void operator()(int64_t e) const {
     const int64_t ch = nhwc ? e % c : (e / s) % c;
-    const T xv = x[e], m = affine[c + ch];
-    T g = dy[e];
-    if (relu) g = BnMasked(BnAffine(affine[ch], xv, m, affine[2 * c + ch]) > T(0), g);
-    dx[e] = coef[ch] * g + coef[c + ch] * (xv - m) + coef[2 * c + ch];
+    const T xv = E::Load(x[e]), m = affine[c + ch];
+    T g = E::Load(dy[e]);
+    if (relu) g = BnMasked(BnPositive<E>{}(BnAffine(affine[ch], xv, m, affine[2 * c + ch])), g);
+    dx[e] = E::Store(coef[ch] * g + coef[c + ch] * (xv - m) + coef[2 * c + ch]);
   }
 };
 

@@ -620,9 +620,8 @@ ConvDims ConvolutionLayer::device_dims() const {
 }
 
 bool ConvolutionLayer::OwnDevicePath(const Tensor& x) const {
-  // 16-bit storage would need 16-bit filters and f32 gradients (the CPU's mixed precision), and a
-  // folded batch norm its scaled weights: not on a device yet.
-  if (IsLowPrecision(x.dtype()) || folded_bn_ != nullptr || relu_post_) return false;
+  // A folded batch norm would need its scaled weights: not on a device yet.
+  if (folded_bn_ != nullptr || relu_post_) return false;
   if (x.dtype() == DType::kF64 && x.device().type == DeviceType::kCUDA) {
     Fail(Describe(), ": f64 on ", x.device().ToString(),
          ": cuDNN has no f64 convolutions (f64 runs on the CPU and the test device)");
@@ -631,36 +630,56 @@ bool ConvolutionLayer::OwnDevicePath(const Tensor& x) const {
 }
 
 void ConvolutionLayer::ConvOnDevice(ConvPassKind pass, const Tensor& x, const Tensor& w,
-                                    const Tensor& y) {
+                                    const Tensor& y, const Tensor* bias) {
   const ConvDims d = device_dims();
   if (x.device().type == DeviceType::kCUDA) {
 #ifdef CORTADO_HAVE_CUDA
-    return cuda::LayerConvolution(x.device().index, d, pass, x.dtype(), x.raw_data(), w.raw_data(),
-                                  y.raw_data());
+    cuda::LayerConvolution(x.device().index, d, pass, x.dtype(), x.raw_data(), w.raw_data(),
+                           y.raw_data());
+    if (bias == nullptr) return;
+    return WithElementCodes(*this, x.dtype(), [&](auto codes) {
+      using E = decltype(codes);
+      using A = typename E::Acc;
+      RunIndexed(
+          "convolution bias", {*bias, y}, y.numel(),
+          kernels::ConvAddBias<E>{d, StoredData<kernels::PlainCodes<A>>(*bias), StoredData<E>(y)});
+    });
 #endif
   }
-  // The test device (and any other without cuDNN): the direct reference passes.
-  DispatchFloat(x.dtype(), Describe(), [&](auto zero) {
-    using T = decltype(zero);
+  // The test device (and any other without cuDNN): the direct reference passes, 16-bit elements
+  // through their codes, the gradients of the parameters in their f32 (or f64) master dtype.
+  WithElementCodes(*this, x.dtype(), [&](auto codes) {
+    using E = decltype(codes);
+    using A = typename E::Acc;
+    using Master = kernels::PlainCodes<A>;
     const char* what = "convolution on a device";
+    const Tensor none;
     switch (pass) {
       case ConvPassKind::kForward:
         return RunIndexed(
-            what, {x, w, y}, y.numel(),
-            kernels::ConvForward<T>{d, x.device_data<T>(), w.device_data<T>(), y.device_data<T>()},
+            what, {x, w, y, bias != nullptr ? *bias : none}, y.numel(),
+            kernels::ConvForward<E>{d, StoredData<E>(x), StoredData<E>(w), StoredData<E>(y),
+                                    bias != nullptr ? StoredData<Master>(*bias) : nullptr},
             64);
       case ConvPassKind::kBackwardData:
-        return RunIndexed(what, {x, w, y}, x.numel(),
-                          kernels::ConvBackwardData<T>{d, y.device_data<T>(), w.device_data<T>(),
-                                                       x.device_data<T>()},
-                          64);
+        return RunIndexed(
+            what, {x, w, y}, x.numel(),
+            kernels::ConvBackwardData<E>{d, StoredData<E>(y), StoredData<E>(w), StoredData<E>(x)},
+            64);
       case ConvPassKind::kBackwardFilter:
         return RunIndexed(what, {x, w, y}, w.numel(),
-                          kernels::ConvBackwardFilter<T>{d, x.device_data<T>(), y.device_data<T>(),
-                                                         w.device_data<T>()},
+                          kernels::ConvBackwardFilter<E, Master>{
+                              d, StoredData<E>(x), StoredData<E>(y), StoredData<Master>(w)},
                           1);
     }
   });
+}
+
+const Tensor& ConvolutionLayer::LowPrecisionFilter(const Tensor& filter, DType dtype) {
+  if (!IsLowPrecision(dtype)) return filter;
+  Tensor& copy = DeviceLike(lowp_filter_, filter, dtype, filter.name() + " (16-bit)");
+  copy.ConvertFrom(filter);  // rounded to nearest even, as the CPU's copy
+  return copy;
 }
 
 const Tensor& ConvolutionLayer::DeviceFilter(bool forward) {
@@ -690,15 +709,8 @@ void ConvolutionLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
   if (!OwnDevicePath(x)) return Layer::ForwardOnDevice(bottom, top);
   Tensor& y = top[0]->data;
   if (x.dim(0) == 0) return;
-  const Tensor& w = DeviceFilter(/*forward=*/true);
-  ConvOnDevice(ConvPassKind::kForward, x, w, y);
-  if (!has_bias_) return;
-  const Tensor& bias = params_[1].value;
-  DispatchFloat(x.dtype(), Describe(), [&](auto zero) {
-    using T = decltype(zero);
-    RunIndexed("convolution bias", {bias, y}, y.numel(),
-               kernels::ConvAddBias<T>{device_dims(), bias.device_data<T>(), y.device_data<T>()});
-  });
+  const Tensor& w = LowPrecisionFilter(DeviceFilter(/*forward=*/true), x.dtype());
+  ConvOnDevice(ConvPassKind::kForward, x, w, y, has_bias_ ? &params_[1].value : nullptr);
 }
 
 void ConvolutionLayer::BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
@@ -714,30 +726,32 @@ void ConvolutionLayer::BackwardOnDevice(const Blobs& top, const std::vector<bool
     return;
   }
   // The weight gradient, overwritten (OHWI first with channels-last activations).
-  if (nhwc_) {
-    if (!ohwi_gradient_.defined() || !ohwi_gradient_.SameShape(dw) ||
-        ohwi_gradient_.dtype() != dw.dtype() || ohwi_gradient_.device() != dw.device()) {
-      ohwi_gradient_ = Tensor(dw.shape(), dw.dtype(), AllocatorFor(dw.device()));
-      ohwi_gradient_.set_format(MemoryFormat::kNHWC);
-      ohwi_gradient_.set_name(dw.name() + " (OHWI)");
-    }
-    ConvOnDevice(ConvPassKind::kBackwardFilter, x, ohwi_gradient_, dy);
-    dw.ReorderFrom(ohwi_gradient_);
+  Tensor& gradient = nhwc_ ? DeviceLike(ohwi_gradient_, DeviceFilter(/*forward=*/false), dw.dtype(),
+                                        dw.name() + " (OHWI)")
+                           : dw;
+  if (IsLowPrecision(x.dtype()) && x.device().type == DeviceType::kCUDA) {
+    // cuDNN writes the pass's one dtype: a 16-bit gradient, widened into the f32 one.
+    Tensor& narrow = DeviceLike(lowp_gradient_, gradient, x.dtype(), dw.name() + " (16-bit)");
+    ConvOnDevice(ConvPassKind::kBackwardFilter, x, narrow, dy);
+    gradient.ConvertFrom(narrow);
   } else {
-    ConvOnDevice(ConvPassKind::kBackwardFilter, x, dw, dy);
+    ConvOnDevice(ConvPassKind::kBackwardFilter, x, gradient, dy);
   }
+  if (nhwc_) dw.ReorderFrom(gradient);
   if (db != nullptr) {
-    DispatchFloat(x.dtype(), Describe(), [&](auto zero) {
-      using T = decltype(zero);
-      RunIndexed(
-          "convolution bias gradient", {dy, *db}, num_output_,
-          kernels::ConvBiasGradient<T>{device_dims(), dy.device_data<T>(), db->device_data<T>()},
-          1);
+    WithElementCodes(*this, x.dtype(), [&](auto codes) {
+      using E = decltype(codes);
+      using Master = kernels::PlainCodes<typename E::Acc>;
+      RunIndexed("convolution bias gradient", {dy, *db}, num_output_,
+                 kernels::ConvBiasGradient<E, Master>{device_dims(), StoredData<E>(dy),
+                                                      StoredData<Master>(*db)},
+                 1);
     });
   }
   if (propagate_down[0]) {
     // The filter the forward of this step used (its copy is current).
-    ConvOnDevice(ConvPassKind::kBackwardData, bottom[0]->grad, DeviceFilter(/*forward=*/false), dy);
+    ConvOnDevice(ConvPassKind::kBackwardData, bottom[0]->grad,
+                 LowPrecisionFilter(DeviceFilter(/*forward=*/false), x.dtype()), dy);
   }
 }
 

@@ -52,9 +52,12 @@
 // from the OIHW parameter at every forward of a training net (once per step, after the solver's
 // update; an inference net only when LayerContext::params_version moves), and the weight gradient
 // comes out OHWI into a private buffer that is reordered into the OIHW gradient. The parameter and
-// checkpoints stay OIHW. Gradients are overwritten, as on the CPU. bf16/f16 and a convolution that
-// absorbed the layer after it run Layer's default there (the CPU kernel inside one test-device
-// kernel; refused on a GPU).
+// checkpoints stay OIHW. Gradients are overwritten, as on the CPU. bf16/f16 activations take the
+// CPU's mixed precision: f32 master weights rounded into a 16-bit device copy, products summed in
+// f32, y and dx rounded once (the bias added in f32 before), the weight and bias gradients in f32
+// (on a GPU cuDNN's one dtype per pass rounds y before the bias and the weight gradient to 16
+// bits first). A convolution that absorbed the layer after it runs Layer's default there (the CPU
+// kernel inside one test-device kernel; refused on a GPU).
 #pragma once
 
 #include <array>
@@ -176,7 +179,9 @@ class ConvolutionLayer : public TypedLayer<ConvolutionLayer, AllFloatTypes, Kern
   bool OwnDevicePath(const Tensor& x) const;
   // One pass in cuDNN's terms (x, w, y; backward data writes x's place, backward filter w's):
   // cuDNN on a GPU, the reference bodies on the test device.
-  void ConvOnDevice(ConvPassKind pass, const Tensor& x, const Tensor& w, const Tensor& y);
+  // The forward takes `bias` (null without one), added before y is stored.
+  void ConvOnDevice(ConvPassKind pass, const Tensor& x, const Tensor& w, const Tensor& y,
+                    const Tensor* bias = nullptr);
   // The filter as the device pass reads it: the OIHW parameter, or with NHWC activations the
   // OHWI copy (reordered again by a training forward, or when params_version moved).
   const Tensor& DeviceFilter(bool forward);
@@ -184,6 +189,11 @@ class ConvolutionLayer : public TypedLayer<ConvolutionLayer, AllFloatTypes, Kern
   Tensor ohwi_weights_;        // channels-last on a device: the weights as OHWI
   Tensor ohwi_gradient_;       // and their gradient, before it is reordered into the OIHW one
   uint64_t ohwi_version_ = 0;  // LayerContext::params_version of ohwi_weights_
+  // 16-bit activations: the device filter rounded to their dtype (the CPU's LowPrecisionCopy),
+  // and on a GPU the 16-bit weight gradient cuDNN writes before it is widened into the f32 one.
+  const Tensor& LowPrecisionFilter(const Tensor& filter, DType dtype);
+  Tensor lowp_filter_;
+  Tensor lowp_gradient_;
 };
 
 }  // namespace cortado

@@ -4,9 +4,13 @@
 // a GPU). Each body computes one output element from the definition (no im2col, no GEMM), reading
 // x, w and y through the strides of their memory formats as cuDNN is told them (ConvDims), so the
 // layer's plumbing (formats, the OHWI weight copy, groups, dilation) runs on the test device as it
-// would on a GPU. The sums run in T (f32 or f64) in an order of their own (the longest run of
+// would on a GPU. Elements are read through element codes C (layers/element_codes.h) and the sums
+// run in C::Acc (f32 or f64; f32 for bf16 and f16, whose products are exact in f32: the CPU's
+// mixed precision), each output stored once through the codes O (16-bit outputs, or the f32
+// weight and bias gradients of 16-bit activations), in an order of their own (the longest run of
 // terms of one tap or row as a StridedDot, the rest around it): they equal the CPU's
-// im2col + GEMM within the rounding of a sum of that many terms, not bit for bit.
+// im2col + GEMM within the rounding of a sum of that many terms (and the one rounding of a 16-bit
+// output), not bit for bit.
 //
 // A CUDA build instantiates every body in layers/cuda/conv.cu; there the layer runs cuDNN for the
 // three passes (cuda::LayerConvolution below, RunConvolution's case built by LayerConvCase in
@@ -85,14 +89,18 @@ CORTADO_HOST_DEVICE void InsideRange(int64_t start, int64_t step, int64_t size, 
 
 namespace kernels {
 
-// y[i] = sum over the group's input channels and the kernel taps inside the input of x * w.
-// One index per element of y.
-template <typename T>
+// y[i] = sum over the group's input channels and the kernel taps inside the input of x * w (plus
+// bias[its channel] when given: 16-bit outputs take it before their one rounding, as the CPU
+// adds it in f32). One index per element of y.
+template <class C>
 struct ConvForward {
+  using T = typename C::Stored;
+  using A = typename C::Acc;
   ConvDims d;
   const T* x;
   const T* w;
   T* y;
+  const A* bias = nullptr;
   CORTADO_HOST_DEVICE void operator()(int64_t i) const {
     int64_t at[4];
     d.Split(i, d.k, d.oh, d.ow, at);
@@ -105,15 +113,16 @@ struct ConvForward {
     InsideRange(w0, d.dilation_w, d.w, d.kw, &s0, &s1);
     const T* xn = x + n * xs.n + first * xs.c;
     const T* wo = w + o * ws.n;
-    T sum = T(0);
+    A sum = A(0);
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t s = s0; s < s1; ++s) {
         // The tap over the group's input channels.
-        sum += StridedDot(xn + (h0 + r * d.dilation_h) * xs.h + (w0 + s * d.dilation_w) * xs.w,
-                          xs.c, wo + r * ws.h + s * ws.w, ws.c, cg);
+        sum += StridedDot<C>(xn + (h0 + r * d.dilation_h) * xs.h + (w0 + s * d.dilation_w) * xs.w,
+                             xs.c, wo + r * ws.h + s * ws.w, ws.c, cg);
       }
     }
-    y[i] = sum;
+    if (bias != nullptr) sum += bias[o];
+    y[i] = C::Store(sum);
   }
 };
 
@@ -132,8 +141,9 @@ CORTADO_HOST_DEVICE bool OutputAt(int64_t at, int64_t stride, int64_t out, int64
 // dx[i] = sum over the outputs that read x's element i (each tap whose output position is a whole
 // stride inside the output, and the group's output channels) of dy * w: a gather, so each index
 // writes its own element. One index per element of dx.
-template <typename T>
+template <class C>
 struct ConvBackwardData {
+  using T = typename C::Stored;
   ConvDims d;
   const T* dy;
   const T* w;
@@ -145,7 +155,7 @@ struct ConvBackwardData {
     const ConvDims::Strides ys = d.YStrides(), ws = d.WStrides();
     const int64_t cg = d.c / d.groups, kg = d.k / d.groups;
     const int64_t first = c / cg * kg, ci = c % cg;
-    T sum = T(0);
+    typename C::Acc sum = 0;
     for (int64_t r = 0; r < d.kh; ++r) {
       int64_t p;
       if (!OutputAt(ih + d.pad_h - r * d.dilation_h, d.stride_h, d.oh, &p)) continue;
@@ -154,21 +164,22 @@ struct ConvBackwardData {
         if (!OutputAt(iw + d.pad_w - s * d.dilation_w, d.stride_w, d.ow, &q)) continue;
         const T* dyt = dy + n * ys.n + first * ys.c + p * ys.h + q * ys.w;
         const T* wt = w + first * ws.n + ci * ws.c + r * ws.h + s * ws.w;
-        sum += StridedDot(dyt, ys.c, wt, ws.n, kg);  // over the group's output channels
+        sum += StridedDot<C>(dyt, ys.c, wt, ws.n, kg);  // over the group's output channels
       }
     }
-    dx[i] = sum;
+    dx[i] = C::Store(sum);
   }
 };
 
 // dw[i] = sum over images and the output positions where the tap reads inside the input of dy *
-// that input element. One index per element of dw (in w's format).
-template <typename T>
+// that input element, stored through O. One index per element of dw (in w's format).
+template <class C, class O = C>
 struct ConvBackwardFilter {
+  using T = typename C::Stored;
   ConvDims d;
   const T* x;
   const T* dy;
-  T* dw;
+  typename O::Stored* dw;
   CORTADO_HOST_DEVICE void operator()(int64_t i) const {
     const int64_t cg = d.c / d.groups;
     int64_t o, ci, r, s;
@@ -190,44 +201,48 @@ struct ConvBackwardFilter {
     int64_t p0, p1, q0, q1;
     InsideRange(h0, d.stride_h, d.h, d.oh, &p0, &p1);
     InsideRange(w0, d.stride_w, d.w, d.ow, &q0, &q1);
-    T sum = T(0);
+    typename C::Acc sum = 0;
     for (int64_t n = 0; n < d.n; ++n) {
       for (int64_t p = p0; p < p1; ++p) {
         const T* dyr = dy + n * ys.n + o * ys.c + p * ys.h;
         const T* xr = x + n * xs.n + c * xs.c + (h0 + p * d.stride_h) * xs.h + w0 * xs.w;
-        sum += StridedDot(dyr + q0 * ys.w, ys.w, xr + q0 * d.stride_w * xs.w, d.stride_w * xs.w,
-                          q1 - q0);
+        sum += StridedDot<C>(dyr + q0 * ys.w, ys.w, xr + q0 * d.stride_w * xs.w, d.stride_w * xs.w,
+                             q1 - q0);
       }
     }
-    dw[i] = sum;
+    dw[i] = O::Store(sum);
   }
 };
 
-// y[i] += bias[its channel]. One index per element of y.
-template <typename T>
+// y[i] += bias[its channel] (in C::Acc, the bias in f32 for 16-bit y). One index per element of y.
+template <class C>
 struct ConvAddBias {
   ConvDims d;
-  const T* bias;
-  T* y;
-  CORTADO_HOST_DEVICE void operator()(int64_t i) const { y[i] += bias[d.OutputChannel(i)]; }
+  const typename C::Acc* bias;
+  typename C::Stored* y;
+  CORTADO_HOST_DEVICE void operator()(int64_t i) const {
+    y[i] = C::Store(C::Load(y[i]) + bias[d.OutputChannel(i)]);
+  }
 };
 
-// db[o] = sum over images and output positions of dy (channel o). One index per channel.
-template <typename T>
+// db[o] = sum over images and output positions of dy (channel o), summed in C::Acc, stored
+// through O. One index per channel.
+template <class C, class O = C>
 struct ConvBiasGradient {
+  using T = typename C::Stored;
   ConvDims d;
   const T* dy;
-  T* db;
+  typename O::Stored* db;
   CORTADO_HOST_DEVICE void operator()(int64_t o) const {
     const ConvDims::Strides ys = d.YStrides();
-    T sum = T(0);
+    typename C::Acc sum = 0;
     for (int64_t n = 0; n < d.n; ++n) {
       for (int64_t p = 0; p < d.oh; ++p) {
         const T* dyr = dy + n * ys.n + o * ys.c + p * ys.h;
-        for (int64_t q = 0; q < d.ow; ++q) sum += dyr[q * ys.w];
+        for (int64_t q = 0; q < d.ow; ++q) sum += C::Load(dyr[q * ys.w]);
       }
     }
-    db[o] = sum;
+    db[o] = O::Store(sum);
   }
 };
 

@@ -103,7 +103,6 @@ void InnerProductLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool prop
 }
 
 bool InnerProductLayer::OwnDevicePath(const Tensor& x) const {
-  if (IsLowPrecision(x.dtype())) return false;  // 16-bit products with f32 gradients: not yet
   if (x.dtype() == DType::kF64 && x.device().type == DeviceType::kCUDA) {
     Fail(Describe(), ": f64 on ", x.device().ToString(),
          ": cuBLASLt has no f64 products (f64 runs on the CPU and the test device)");
@@ -116,26 +115,52 @@ void InnerProductLayer::MatmulOnDevice(const MatmulDims& d, const Tensor& a, con
                                        const Tensor* bias_grad) {
   if (c.device().type == DeviceType::kCUDA) {
 #ifdef CORTADO_HAVE_CUDA
-    return cuda::LayerMatmul(c.device().index, d, c.dtype(), a.raw_data(), b.raw_data(),
-                             c.raw_data(), bias != nullptr ? bias->raw_data() : nullptr,
+    const Tensor* b16 = bias;
+    if (bias != nullptr && bias->dtype() != c.dtype()) {
+      // cuBLASLt adds a bias in C's dtype: a 16-bit copy of the f32 one (rounded before the add,
+      // where the CPU adds it in f32).
+      b16 = &DeviceLike(lowp_bias_, *bias, c.dtype(), bias->name() + " (16-bit)");
+      lowp_bias_.ConvertFrom(*bias);
+    }
+    return cuda::LayerMatmul(c.device().index, d, a.dtype(), c.dtype(), a.raw_data(), b.raw_data(),
+                             c.raw_data(), b16 != nullptr ? b16->raw_data() : nullptr,
                              bias_grad != nullptr ? bias_grad->raw_data() : nullptr);
 #endif
   }
-  // The test device (and any other without cuBLASLt): the product bodies.
-  DispatchFloat(c.dtype(), Describe(), [&](auto zero) {
-    using T = decltype(zero);
+  // The test device (and any other without cuBLASLt): the product bodies, 16-bit operands through
+  // their codes, summed and the bias added in f32, C stored in its own dtype (16-bit, or the f32
+  // weight gradient).
+  WithElementCodes(*this, a.dtype(), [&](auto codes) {
+    using E = decltype(codes);
+    using Master = kernels::PlainCodes<typename E::Acc>;
     const Tensor none;
-    RunIndexed(
-        "inner product on a device", {a, b, c, bias != nullptr ? *bias : none}, d.m * d.n,
-        kernels::Matmul<T>{d, a.device_data<T>(), b.device_data<T>(),
-                           bias != nullptr ? bias->device_data<T>() : nullptr, c.device_data<T>()},
-        64);
+    const auto* bias_data = bias != nullptr ? StoredData<Master>(*bias) : nullptr;
+    const char* what = "inner product on a device";
+    if (c.dtype() == a.dtype()) {
+      RunIndexed(
+          what, {a, b, c, bias != nullptr ? *bias : none}, d.m * d.n,
+          kernels::Matmul<E>{d, StoredData<E>(a), StoredData<E>(b), bias_data, StoredData<E>(c)},
+          64);
+    } else {
+      RunIndexed(what, {a, b, c, bias != nullptr ? *bias : none}, d.m * d.n,
+                 kernels::Matmul<E, Master>{d, StoredData<E>(a), StoredData<E>(b), bias_data,
+                                            StoredData<Master>(c)},
+                 64);
+    }
     if (bias_grad != nullptr) {
       RunIndexed("inner product bias gradient", {a, *bias_grad}, d.m,
-                 kernels::MatmulBiasGradient<T>{d, a.device_data<T>(), bias_grad->device_data<T>()},
+                 kernels::MatmulBiasGradient<E, Master>{d, StoredData<E>(a),
+                                                        StoredData<Master>(*bias_grad)},
                  1);
     }
   });
+}
+
+const Tensor& InnerProductLayer::LowPrecisionWeights(DType dtype) {
+  const Tensor& w = params_[0].value;
+  if (!IsLowPrecision(dtype)) return w;
+  DeviceLike(lowp_weights_, w, dtype, w.name() + " (16-bit)").ConvertFrom(w);  // as the CPU's copy
+  return lowp_weights_;
 }
 
 void InnerProductLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
@@ -143,8 +168,9 @@ void InnerProductLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
   if (!OwnDevicePath(x)) return Layer::ForwardOnDevice(bottom, top);
   const int64_t n = x.dim(0);
   if (n == 0) return;
-  MatmulOnDevice(InnerProductForward(n, num_input_, num_output_, has_bias_), x, params_[0].value,
-                 top[0]->data, has_bias_ ? &params_[1].value : nullptr, nullptr);
+  MatmulOnDevice(InnerProductForward(n, num_input_, num_output_, has_bias_), x,
+                 LowPrecisionWeights(x.dtype()), top[0]->data,
+                 has_bias_ ? &params_[1].value : nullptr, nullptr);
 }
 
 void InnerProductLayer::BackwardOnDevice(const Blobs& top, const std::vector<bool>& propagate_down,
@@ -162,8 +188,8 @@ void InnerProductLayer::BackwardOnDevice(const Blobs& top, const std::vector<boo
   MatmulOnDevice(InnerProductWeightGradient(n, num_input_, num_output_, has_bias_), dy, x,
                  params_[0].grad, nullptr, db);
   if (propagate_down[0]) {
-    MatmulOnDevice(InnerProductInputGradient(n, num_input_, num_output_), dy, params_[0].value,
-                   bottom[0]->grad, nullptr, nullptr);
+    MatmulOnDevice(InnerProductInputGradient(n, num_input_, num_output_), dy,
+                   LowPrecisionWeights(x.dtype()), bottom[0]->grad, nullptr, nullptr);
   }
 }
 

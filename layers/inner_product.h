@@ -10,8 +10,9 @@
 // On a device (f32; f64 on the test device) the same three products run through MatmulOnDevice:
 // cuBLASLt on a GPU (the bias added by its epilogue, the bias gradient by BGRADB in the weight
 // gradient's pass), the product bodies of layers/matmul_kernels.h on the test device. Gradients
-// are overwritten, as on the CPU. bf16/f16 run Layer's default there (the CPU kernel inside one
-// test-device kernel; refused on a GPU).
+// are overwritten, as on the CPU. bf16/f16 activations take the CPU's mixed precision: the f32
+// master weights rounded into a 16-bit device copy, products summed in f32 with the bias added in
+// f32, y and dx rounded once, dW and db in f32 (on a GPU cuBLASLt adds a 16-bit copy of the bias).
 #pragma once
 
 #include "engine/graph/typed_layer.h"
@@ -57,6 +58,11 @@ class InnerProductLayer
   // on a GPU, the product bodies on the test device.
   void MatmulOnDevice(const MatmulDims& dims, const Tensor& a, const Tensor& b, const Tensor& c,
                       const Tensor* bias, const Tensor* bias_grad);
+  // 16-bit activations: the weights rounded to their dtype on the device (the CPU's
+  // LowPrecisionCopy); f32 and f64 read the parameter itself.
+  const Tensor& LowPrecisionWeights(DType dtype);
+  Tensor lowp_weights_;
+  Tensor lowp_bias_;  // a GPU's 16-bit bias for cuBLASLt's epilogue
 };
 // Instantiated in the .cpp, where the kernels are defined.
 extern template class TypedLayer<InnerProductLayer, AllFloatTypes, KernelArgs::kOneInput>;

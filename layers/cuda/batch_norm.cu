@@ -3,18 +3,21 @@
 #include "engine/cuda/indexed_launch.cuh"
 #include "layers/batch_norm_kernels.h"
 
+// Per element codes E (layers/element_codes.h); the per-channel bodies in E's master dtype.
+#define CORTADO_BN_BODIES(E)                                \
+  CORTADO_CUDA_INDEXED(cortado::kernels::BnPlaneSums<E>)    \
+  CORTADO_CUDA_INDEXED(cortado::kernels::BnRowBlockSums<E>) \
+  CORTADO_CUDA_INDEXED(cortado::kernels::BnNormalize<E>)    \
+  CORTADO_CUDA_INDEXED(cortado::kernels::BnInputGrad<E>)
+
 CORTADO_CUDA_INDEXED(cortado::kernels::BnCombineSums)
-CORTADO_CUDA_INDEXED(cortado::kernels::BnPlaneSums<float>)
-CORTADO_CUDA_INDEXED(cortado::kernels::BnPlaneSums<double>)
-CORTADO_CUDA_INDEXED(cortado::kernels::BnRowBlockSums<float>)
-CORTADO_CUDA_INDEXED(cortado::kernels::BnRowBlockSums<double>)
+CORTADO_BN_BODIES(cortado::kernels::PlainCodes<float>)
+CORTADO_BN_BODIES(cortado::kernels::PlainCodes<double>)
+CORTADO_BN_BODIES(cortado::kernels::BF16Codes)
+CORTADO_BN_BODIES(cortado::kernels::F16Codes)
 CORTADO_CUDA_INDEXED(cortado::kernels::BnStatistics<float>)
 CORTADO_CUDA_INDEXED(cortado::kernels::BnStatistics<double>)
-CORTADO_CUDA_INDEXED(cortado::kernels::BnNormalize<float>)
-CORTADO_CUDA_INDEXED(cortado::kernels::BnNormalize<double>)
 CORTADO_CUDA_INDEXED(cortado::kernels::BnParamGrads<float>)
 CORTADO_CUDA_INDEXED(cortado::kernels::BnParamGrads<double>)
 CORTADO_CUDA_INDEXED(cortado::kernels::BnInputCoefficients<float>)
 CORTADO_CUDA_INDEXED(cortado::kernels::BnInputCoefficients<double>)
-CORTADO_CUDA_INDEXED(cortado::kernels::BnInputGrad<float>)
-CORTADO_CUDA_INDEXED(cortado::kernels::BnInputGrad<double>)

@@ -51,14 +51,16 @@ inline ConvCase LayerConvCase(const ConvDims& d, ConvPassKind pass, DType dtype)
   return c;
 }
 
-inline MatmulCase LayerMatmulCase(const MatmulDims& d, DType dtype) {
+// `dtype` of A and B, `out_dtype` of C (and its bias or bias gradient): f32 for the weight
+// gradient of 16-bit activations, as the CPU keeps it.
+inline MatmulCase LayerMatmulCase(const MatmulDims& d, DType dtype, DType out_dtype) {
   return {.m = d.m,
           .n = d.n,
           .k = d.k,
           .transpose_a = d.transpose_a,
           .transpose_b = d.transpose_b,
           .dtype = dtype,
-          .out_dtype = dtype,
+          .out_dtype = out_dtype,
           .allow_tf32 = false,
           .epilogue = d.bias_grad ? MatmulEpilogue::kBiasGradient
                       : d.bias    ? MatmulEpilogue::kBias

@@ -83,21 +83,50 @@ TEST(LayerMatmulCase, TheInnerProductsProductsAreTheCublasLtTestsCases) {
   // ResNet-50's classifier: x (256 x 2048), W (1000 x 2048); as tests/cuda_host/
   // cublaslt_matmul_test.cpp's Forward, WeightGrad and InputGrad.
   for (bool bias : {true, false}) {
-    ExpectCase(LayerMatmulCase(InnerProductForward(256, 2048, 1000, bias), DType::kF32),
-               {.m = 256,
-                .n = 1000,
-                .k = 2048,
-                .transpose_b = true,
-                .epilogue = bias ? MatmulEpilogue::kBias : MatmulEpilogue::kNone});
-    ExpectCase(LayerMatmulCase(InnerProductWeightGradient(256, 2048, 1000, bias), DType::kF32),
+    ExpectCase(
+        LayerMatmulCase(InnerProductForward(256, 2048, 1000, bias), DType::kF32, DType::kF32),
+        {.m = 256,
+         .n = 1000,
+         .k = 2048,
+         .transpose_b = true,
+         .epilogue = bias ? MatmulEpilogue::kBias : MatmulEpilogue::kNone});
+    ExpectCase(LayerMatmulCase(InnerProductWeightGradient(256, 2048, 1000, bias), DType::kF32,
+                               DType::kF32),
                {.m = 1000,
                 .n = 2048,
                 .k = 256,
                 .transpose_a = true,
                 .epilogue = bias ? MatmulEpilogue::kBiasGradient : MatmulEpilogue::kNone});
   }
-  ExpectCase(LayerMatmulCase(InnerProductInputGradient(256, 2048, 1000), DType::kF32),
+  ExpectCase(LayerMatmulCase(InnerProductInputGradient(256, 2048, 1000), DType::kF32, DType::kF32),
              {.m = 256, .n = 2048, .k = 1000});
+}
+
+TEST(LayerMatmulCase, SixteenBitActivationsKeepTheirWeightGradientInF32) {
+  // bf16 and f16 activations (InnerProductLayer::MatmulOnDevice): 16-bit products, the forward
+  // and the input gradient stored in 16 bits, the weight gradient and db in f32 (the CPU's
+  // master dtype), all pairs cuBLASLt's descriptors accept.
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    ExpectCase(LayerMatmulCase(InnerProductForward(256, 2048, 1000, true), dtype, dtype),
+               {.m = 256,
+                .n = 1000,
+                .k = 2048,
+                .transpose_b = true,
+                .dtype = dtype,
+                .out_dtype = dtype,
+                .epilogue = MatmulEpilogue::kBias});
+    ExpectCase(
+        LayerMatmulCase(InnerProductWeightGradient(256, 2048, 1000, true), dtype, DType::kF32),
+        {.m = 1000,
+         .n = 2048,
+         .k = 256,
+         .transpose_a = true,
+         .dtype = dtype,
+         .out_dtype = DType::kF32,
+         .epilogue = MatmulEpilogue::kBiasGradient});
+    ExpectCase(LayerMatmulCase(InnerProductInputGradient(256, 2048, 1000), dtype, dtype),
+               {.m = 256, .n = 2048, .k = 1000, .dtype = dtype, .out_dtype = dtype});
+  }
 }
 
 }  // namespace

@@ -15,6 +15,12 @@
 // the CPU layer on |x|, |w|, |b| and |dy| (every pass is bilinear, so that run's outputs are the
 // sums of the absolute terms). A wrong index or a missed term is off by about sum |term| / n,
 // far outside.
+//
+// bf16 and f16 (the CPU's mixed precision: 16-bit activations and a 16-bit copy of the f32
+// weights, whose products are exact in f32, summed in f32): the sums differ as f32 sums do, by
+// 2 n eps_f32 sum |term|, and a 16-bit output is then rounded once on each side, each within
+// eps_16 / 2 of its sum, so they differ by at most 2 (n eps_f32 + eps_16 / 2) sum |term|; the test
+// allows 2 (n eps_f32 + eps_16) sum |term| (the weight and bias gradients stay f32: 2 n eps_f32).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -90,7 +96,9 @@ inline Outputs RunSteps(const Case& c, DType dtype, Device device, bool abs,
   const int64_t before = TestDeviceHostAliasCalls();
   layer->SetUp({&bottom}, {&top});
   for (Param& p : layer->params()) {
-    if (abs) p.value.CopyFrom(Values(p.value.shape(), dtype, MemoryFormat::kNCHW, 5, true));
+    // (16-bit activations keep f32 master parameters.)
+    if (abs)
+      p.value.CopyFrom(Values(p.value.shape(), p.value.dtype(), MemoryFormat::kNCHW, 5, true));
     p.value = p.value.To(device);
     p.grad = p.grad.To(device);
   }
@@ -98,7 +106,8 @@ inline Outputs RunSteps(const Case& c, DType dtype, Device device, bool abs,
   for (int step = 0; step < 2; ++step) {
     if (step == 1) {
       Param& w = layer->params()[0];
-      w.value.CopyFrom(Values(w.value.shape(), dtype, MemoryFormat::kNCHW, 7, abs).To(device));
+      w.value.CopyFrom(
+          Values(w.value.shape(), w.value.dtype(), MemoryFormat::kNCHW, 7, abs).To(device));
     }
     layer->Forward({&bottom}, {&top});
     top.grad = Values(top.data.shape(), dtype, top.data.format(), 11 + step, abs).To(device);
@@ -136,13 +145,17 @@ inline Outputs RunSteps(const Case& c, DType dtype, Device device, bool abs,
 
 // The device's outputs equal the CPU's within factor * 2 n eps sum |term| (see the top).
 inline void ExpectWithinTheBound(const Case& c, DType dtype, Device device, double factor) {
-  SCOPED_TRACE(c.label + (dtype == DType::kF64 ? ", f64" : ", f32"));
+  SCOPED_TRACE(c.label + ", " + DTypeName(dtype));
   const Outputs cpu = RunSteps(c, dtype, Device::CPU(), false);
   const Outputs dev = RunSteps(c, dtype, device, false);
   const Outputs magnitudes = RunSteps(c, dtype, Device::CPU(), true);
   EXPECT_EQ(dev.fallbacks, 0) << "ran the CPU kernel on the test device";
   const double eps = dtype == DType::kF64 ? std::numeric_limits<double>::epsilon()
                                           : std::numeric_limits<float>::epsilon();
+  // One rounding of a 16-bit output (see the top).
+  const auto output_eps = [](DType t) {
+    return t == DType::kBF16 ? 0x1p-7 : t == DType::kF16 ? 0x1p-10 : 0.0;
+  };
   ASSERT_EQ(cpu.tensors.size(), dev.tensors.size());
   ASSERT_EQ(cpu.tensors.size(), cpu.terms.size());
   for (size_t t = 0; t < cpu.tensors.size(); ++t) {
@@ -151,9 +164,10 @@ inline void ExpectWithinTheBound(const Case& c, DType dtype, Device device, doub
     const std::vector<double> a = Elements(cpu.tensors[t]), b = Elements(dev.tensors[t]);
     const std::vector<double> m = Elements(magnitudes.tensors[t]);
     const double n = static_cast<double>(cpu.terms[t]);
+    const double rounding = output_eps(cpu.tensors[t].dtype());
     int bad = 0;
     for (size_t i = 0; i < a.size() && bad < 5; ++i) {
-      const double bound = factor * 2 * n * eps * m[i];
+      const double bound = factor * 2 * (n * eps + rounding) * m[i];
       if (!(std::fabs(a[i] - b[i]) <= bound)) {
         ADD_FAILURE() << cpu.names[t] << "[" << i << "]: CPU " << a[i] << ", " << device.ToString()
                       << " " << b[i] << ", bound " << bound;

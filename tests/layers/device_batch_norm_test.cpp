@@ -1,6 +1,7 @@
 // BatchNorm's own device path (layers/batch_norm_kernels.h) on the guarded test device against
 // its CPU kernels: training and inference, forward and backward, NCHW and NHWC, with and without
-// the fused ReLU, f32 and f64, bit for bit (the device's sums run in the CPU's order), with no
+// the fused ReLU, f32, f64, bf16 and f16, bit for bit (the device's sums run in the CPU's order;
+// 16-bit values widened, the statistics in f64 and the rest in f32, stored rounded once), with no
 // CPU kernel run on the device meanwhile; and synchronized batch norm over two ranks on test:0
 // and test:1 equal to the CPU's two ranks.
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 #include "engine/parallel/sync_batch_norm.h"
 #include "engine/tensor/device_runtime.h"
 #include "engine/tensor/test_device.h"
+#include "layers/batch_norm_kernels.h"
 
 namespace cortado {
 namespace {
@@ -160,12 +162,43 @@ TEST(DeviceBatchNorm, TrainingAndInferenceRunTheSharedBodiesBitwise) {
   }
 }
 
-TEST(DeviceBatchNorm, SixteenBitFallsBackToTheCpuKernelOnTheTestDevice) {
-  const Case c{{3, 5, 4, 3}, DType::kBF16, MemoryFormat::kNHWC, true};
-  const BnRun cpu = RunBn(c, Device::CPU());
-  const BnRun dev = RunBn(c, kTest0);
-  ExpectSame(cpu, dev, Name(c));
-  EXPECT_EQ(dev.fallbacks, 4) << "two forwards and two backwards, one kernel each";
+TEST(DeviceBatchNorm, SixteenBitRunsTheSharedBodiesBitwise) {
+  std::vector<Case> cases;
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    for (MemoryFormat format : {MemoryFormat::kNCHW, MemoryFormat::kNHWC}) {
+      for (bool relu : {false, true}) {
+        for (bool global : {false, true})
+          cases.push_back({{3, 5, 4, 3}, dtype, format, relu, global});
+      }
+    }
+  }
+  // More than one block of channels-last rows; no affine parameters.
+  cases.push_back({{2, 3, 17, 9}, DType::kBF16, MemoryFormat::kNHWC, true});
+  cases.push_back({{3, 5, 4, 3}, DType::kF16, MemoryFormat::kNCHW, true, false, false});
+  for (const Case& c : cases) {
+    const BnRun cpu = RunBn(c, Device::CPU());
+    const BnRun dev = RunBn(c, kTest0);
+    ExpectSame(cpu, dev, Name(c));
+    EXPECT_EQ(dev.fallbacks, 0) << Name(c) << ": ran its CPU kernel on the test device";
+  }
+}
+
+// The fused ReLU's backward masks g where the 16-bit output was stored as 0 (the unfused ReLU's
+// mask, the CPU's Positive<S>), also where the f32 value before the rounding is positive: z =
+// 1e-8 rounds to 0 in f16 (whose smallest subnormal is 6e-8), so dx = A g is 0 there, and 1 in
+// f32.
+TEST(DeviceBatchNorm, SixteenBitFusedReluMasksWhereTheStoredOutputIsZero) {
+  const float affine[3] = {1.0f, 1.0f, 1e-8f};  // a, m, b of one channel: z = a (x - m) + b
+  const float coef[3] = {1.0f, 0.0f, 0.0f};     // dx = g
+  const uint16_t one = dist::FloatToHalf(1.0f);
+  uint16_t dx16 = 0x7c00;
+  kernels::BnInputGrad<kernels::F16Codes>{&one, &one, affine, coef, &dx16, 1, 1, false, true}(0);
+  EXPECT_EQ(dist::HalfToFloat(dx16), 0.0f);
+  const float x32 = 1.0f;
+  float dx32 = -1.0f;
+  kernels::BnInputGrad<kernels::PlainCodes<float>>{&x32, &x32, affine, coef, &dx32,
+                                                   1,    1,    false,  true}(0);
+  EXPECT_EQ(dx32, 1.0f);
 }
 
 // Two ranks as threads, each with its half of the batch and a SyncBatchNormReducer over a

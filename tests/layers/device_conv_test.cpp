@@ -1,6 +1,6 @@
 // The convolution and inner product layers' own device path on the guarded test device (the
-// reference bodies in place of cuDNN and cuBLASLt) against the CPU layer, in f32 and f64, within
-// the bound tests/layers/conv_checks.h states.
+// reference bodies in place of cuDNN and cuBLASLt) against the CPU layer, in f32, f64, bf16 and
+// f16 (the CPU's mixed precision), within the bounds tests/layers/conv_checks.h states.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -20,6 +20,14 @@ TEST(DeviceConvolution, EveryPassWithinTheBoundOfTheCpu) {
 
 TEST(DeviceInnerProduct, EveryProductWithinTheBoundOfTheCpu) {
   CheckInnerProducts(kTest0, {DType::kF32, DType::kF64}, 1);
+}
+
+TEST(DeviceConvolution, SixteenBitPassesWithinTheBoundOfTheCpu) {
+  CheckConvolutionPasses(kTest0, {DType::kBF16, DType::kF16}, 1);
+}
+
+TEST(DeviceInnerProduct, SixteenBitProductsWithinTheBoundOfTheCpu) {
+  CheckInnerProducts(kTest0, {DType::kBF16, DType::kF16}, 1);
 }
 
 TEST(DeviceConvolution, WithoutPropagateDownTheInputGradientIsLeftAlone) {
