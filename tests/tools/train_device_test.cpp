@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -91,8 +92,15 @@ class TrainOnDevice : public ::testing::Test {
 TEST_F(TrainOnDevice, TheTestDeviceGivesTheCpusLosses) {
   const std::vector<std::string> cpu = Train("cpu");
   const std::vector<std::string> test = Train("test");
-  EXPECT_EQ(cpu.size(), 6u);
-  EXPECT_EQ(cpu, test);  // as printed: bitwise up to the metrics' digits
+  ASSERT_EQ(cpu.size(), 6u);
+  ASSERT_EQ(test.size(), cpu.size());
+  // The test device's convolutions are reference bodies that add the CPU's terms in another
+  // order (net_on_test_device_test.cpp bounds LeNet's trajectory the same way): equal in Release
+  // at AVX-512 when this was written, 1e-7 apart at forced AVX2.
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double a = std::stod(cpu[i]), b = std::stod(test[i]);
+    EXPECT_NEAR(a, b, 1e-5 * std::abs(a)) << "step " << i;
+  }
 
   // The checkpoint the test device saved evaluates alike on the CPU and on the test device, on
   // the first 256 test images.
@@ -107,7 +115,14 @@ TEST_F(TrainOnDevice, TheTestDeviceGivesTheCpusLosses) {
   EXPECT_EQ(on_cpu.code, 0) << on_cpu.err;
   EXPECT_EQ(on_test.code, 0) << on_test.err;
   EXPECT_NE(on_cpu.out.find("top1 "), std::string::npos) << on_cpu.out;
-  EXPECT_EQ(on_cpu.out, on_test.out);
+  // The same counts of correct images; the mean loss (4 decimals) within a unit of its last.
+  static const std::regex figures("top1 ([0-9.]+)%  top5 ([0-9.]+)%  loss ([0-9.]+)");
+  std::smatch c, t;
+  ASSERT_TRUE(std::regex_search(on_cpu.out, c, figures)) << on_cpu.out;
+  ASSERT_TRUE(std::regex_search(on_test.out, t, figures)) << on_test.out;
+  EXPECT_EQ(c[1], t[1]);
+  EXPECT_EQ(c[2], t[2]);
+  EXPECT_NEAR(std::stod(c[3]), std::stod(t[3]), 1.5e-4);
 }
 
 TEST(TrainDeviceErrors, AnUnusableOrUnknownDeviceIsOneLineNamingTheKey) {
