@@ -171,11 +171,20 @@ bench_photos() {
   mkdir -p "$work"
 }
 
+# Stops with one line when the PyTorch peer is missing (before any run, not in the middle).
+bench_peer_torch() {
+  "$py" -c 'import torch, torchvision' 2>/dev/null || {
+    echo "scripts/bench: the PyTorch peer is not installed for $py: apt-get install python3-torch python3-torchvision" >&2
+    exit 1
+  }
+}
+
 bench_train_setup() {
   rounds=${ROUNDS:-3}
   iters=${ITERS:-2}
   warmup=${WARMUP:-1}
   threads=${THREADS:-2}
+  bench_peer_torch
   bench_cortado
   bench_out "$1"
   bench_load before "$out/info.txt"
