@@ -11,10 +11,9 @@
 
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/cuda_context.h"
+#include "engine/tensor/launch_geometry.h"
 
 namespace cortado::cuda {
-
-inline constexpr int kIndexedThreads = 256;
 
 template <class Body>
 __global__ void IndexedKernel(int64_t n, Body body) {
@@ -29,9 +28,8 @@ void LaunchIndexed(int device, int64_t n, const Body& body) {
   if (n <= 0) return;
   CudaContext& ctx = CudaContext::Get(device);
   ctx.MakeCurrent();
-  const int64_t wanted = (n + kIndexedThreads - 1) / kIndexedThreads;
-  const int blocks = static_cast<int>(wanted < 65536 ? wanted : 65536);
-  IndexedKernel<Body><<<blocks, kIndexedThreads, 0, ctx.compute_stream()>>>(n, body);
+  const LaunchGeometry g = IndexedLaunchGeometry(n);
+  IndexedKernel<Body><<<g.blocks, g.threads, 0, ctx.compute_stream()>>>(n, body);
   CORTADO_CUDA_LAUNCH();
 }
 

@@ -19,6 +19,7 @@
 
 #include "engine/base/error.h"
 #include "engine/base/thread_pool.h"
+#include "engine/tensor/launch_geometry.h"
 #include "engine/tensor/tensor.h"
 #include "engine/tensor/test_device.h"
 

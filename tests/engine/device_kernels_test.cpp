@@ -182,5 +182,26 @@ TEST(RunIndexed, TensorsOnTwoDevicesAreRefusedNamingBoth) {
   }
 }
 
+TEST(RunIndexed, TheCudaLaunchCoversEveryIndexOncePerThreadUpToItsGrid) {
+  // One index per thread while the grid grows; past 65536 blocks the threads stride.
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{255}, int64_t{256}, int64_t{257},
+                    int64_t{65536} * 256, int64_t{65536} * 256 + 1, int64_t{1} << 40}) {
+    const LaunchGeometry g = IndexedLaunchGeometry(n);
+    EXPECT_EQ(g.threads, 256) << n;
+    EXPECT_GE(g.blocks, 1) << n;
+    EXPECT_LE(g.blocks, 65536) << n;
+    const int64_t per_pass = int64_t{g.blocks} * g.threads;
+    if (n == 0) {
+      EXPECT_EQ(g.blocks, 1);  // (LaunchIndexed launches nothing for n = 0)
+    } else if (n <= int64_t{65536} * 256) {
+      EXPECT_GE(per_pass, n) << n;        // every index in the first pass
+      EXPECT_LT(per_pass - n, 256) << n;  // less than one block spare
+    } else {
+      EXPECT_EQ(g.blocks, 65536) << n;  // the grid-stride loop covers the rest
+    }
+  }
+  EXPECT_EQ(IndexedLaunchGeometry(257).blocks, 2);
+}
+
 }  // namespace
 }  // namespace cortado
