@@ -8,6 +8,7 @@
 #include "engine/tensor/device_runtime.h"
 #include "engine/tensor/indexed_launch.h"
 #include "layers/batch_norm_kernels.h"
+#include "layers/device_staging.h"
 #include "layers/layer_util.h"
 
 namespace cortado {
@@ -522,19 +523,6 @@ void BatchNormLayer::BackwardT(const Tensor& xt, const Tensor& dyt, bool propaga
     InputGradient<S, false>(x, dy, nhwc, coef_a, coef_b, coef_c, dx);
   }
 }
-
-namespace {
-
-// `t` as a device tensor of `shape` and `dtype` on `device`, reallocated only when needed.
-void EnsureOnDevice(Tensor& t, Device device, const Shape& shape, DType dtype) {
-  if (!t.defined() || t.device() != device || t.dtype() != dtype) {
-    t = Tensor(shape, dtype, AllocatorFor(device));
-  } else {
-    t.Resize(shape);
-  }
-}
-
-}  // namespace
 
 void BatchNormLayer::ForwardOnDevice(const Blobs& bottom, const Blobs& top) {
   WithElementCodes(*this, bottom[0]->data.dtype(), [&](auto codes) {

@@ -11,6 +11,7 @@
 #include "engine/tensor/device_runtime.h"
 #include "engine/tensor/indexed_launch.h"
 #include "layers/batch_norm.h"
+#include "layers/device_staging.h"
 #include "layers/layer_util.h"
 #include "layers/relu.h"
 

@@ -6,6 +6,7 @@
 #include "engine/base/thread_pool.h"
 #include "engine/graph/math.h"
 #include "engine/tensor/indexed_launch.h"
+#include "layers/device_staging.h"
 #include "layers/layer_util.h"
 
 namespace cortado {

@@ -21,7 +21,6 @@
 #include "engine/graph/gemm_lowp.h"
 #include "engine/graph/layer.h"
 #include "engine/graph/math.h"
-#include "engine/tensor/device_runtime.h"
 #include "engine/tensor/tensor.h"
 #include "layers/element_codes.h"
 
@@ -116,18 +115,6 @@ void WithElementCodes(const Layer& layer, DType dtype, const Fn& fn) {
       Fail(layer.Describe(), ": no device kernel for ", DTypeName(dtype),
            " (floating dtypes only)");
   }
-}
-
-// A tensor shaped, formatted and placed like `like`, in `dtype`, kept in `slot` (made again when
-// one of those differs): a layer's private device buffer.
-inline Tensor& DeviceLike(Tensor& slot, const Tensor& like, DType dtype, const std::string& name) {
-  if (!slot.defined() || !slot.SameShape(like) || slot.dtype() != dtype ||
-      slot.device() != like.device() || slot.format() != like.format()) {
-    slot = Tensor(like.shape(), dtype, AllocatorFor(like.device()));
-    slot.set_format(like.format());
-    slot.set_name(name);
-  }
-  return slot;
 }
 
 // t's elements as E stores them, at t's address on its device (for a body's pointers; the
